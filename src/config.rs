@@ -1,0 +1,122 @@
+//! Configuration: flags with environment twins, so containers need no arguments.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// `keyspread serve` settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "KEYSPREAD_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// `sqlite://PATH` (created if missing).
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://keyspread.db")]
+    pub database_url: String,
+
+    /// Bearer token every mutation must carry; without one, only loopback clients may mutate.
+    #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true)]
+    pub token: Option<Token>,
+
+    /// Width of the keyspace in bits; 128 is Kinesis', fewer only for experiments.
+    #[arg(long, env = "KEYSPREAD_KEYSPACE_BITS", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub keyspace_bits: u32,
+
+    /// Seconds a request may take before it is answered 408.
+    #[arg(long, env = "KEYSPREAD_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
+    pub request_timeout_secs: u64,
+}
+
+impl ServeConfig {
+    /// Defaults for tests: loopback port 0, no token, 128 bits.
+    pub fn for_tests(database_url: String) -> ServeConfig {
+        ServeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            database_url,
+            token: None,
+            keyspace_bits: 128,
+            request_timeout_secs: 10,
+        }
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+}
+
+/// A bearer token. Never printed: `Debug` and `Display` show only that one is set.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub const MIN_LEN: usize = 16;
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for Token {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.len() < Self::MIN_LEN || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!(
+                "the token must be at least {} characters without spaces",
+                Self::MIN_LEN
+            ));
+        }
+        Ok(Token(s.to_owned()))
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A database URL with any password replaced, fit for logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_never_printed() {
+        let token: Token = "correct-horse-battery-staple".parse().unwrap();
+        assert!(!format!("{token:?} {token}").contains("horse"));
+        assert!("short".parse::<Token>().is_err());
+        assert!("has a space in the middle".parse::<Token>().is_err());
+    }
+
+    #[test]
+    fn urls_lose_their_passwords() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/keys"),
+            "postgres://app:***@db:5432/keys"
+        );
+        assert_eq!(redact_url("sqlite://keyspread.db"), "sqlite://keyspread.db");
+    }
+}

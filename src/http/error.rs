@@ -1,0 +1,120 @@
+//! Errors as `application/problem+json` (RFC 9457), mapped in one place.
+
+use axum::Json;
+use axum::body::Body;
+use axum::http::{HeaderValue, Response, StatusCode, header};
+use axum::response::IntoResponse;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::keyspace;
+use crate::registry;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize, serde::Deserialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Short summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What was wrong with this request.
+    pub detail: String,
+}
+
+/// An error answered to a client.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    slug: &'static str,
+    detail: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, slug: &'static str, detail: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            slug,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad-request", detail)
+    }
+
+    pub fn unprocessable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-body", detail)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", detail)
+    }
+
+    /// A 5xx whose cause is logged here, once, inside the request span; the body stays generic.
+    pub fn internal(cause: &dyn std::fmt::Display) -> Self {
+        tracing::error!(%cause, "request failed");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the server could not complete the request; it has been logged",
+        )
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
+/// A problem response for `status` of kind `slug`.
+pub fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
+    let body = Problem {
+        kind: format!("urn:keyspread:problem:{slug}"),
+        title: status.canonical_reason().unwrap_or("Error").to_owned(),
+        status: status.as_u16(),
+        detail: detail.to_owned(),
+    };
+    let mut response = (status, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response<Body> {
+        problem(self.status, self.slug, &self.detail)
+    }
+}
+
+impl From<keyspace::Error> for ApiError {
+    fn from(err: keyspace::Error) -> Self {
+        match err {
+            keyspace::Error::Full { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "keyspace-full", err.to_string())
+            }
+            keyspace::Error::KeyTaken(_) | keyspace::Error::KeyNotHeld(_) => {
+                ApiError::internal(&err)
+            }
+            _ => ApiError::bad_request(err.to_string()),
+        }
+    }
+}
+
+impl From<registry::Error> for ApiError {
+    fn from(err: registry::Error) -> Self {
+        use registry::Error as E;
+        match err {
+            E::NotFound(_) => ApiError::not_found(err.to_string()),
+            E::Keyspace(e) => e.into(),
+            E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
+            E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),
+            E::Conflict => ApiError::new(StatusCode::CONFLICT, "conflict", err.to_string()),
+            E::Store(_) => ApiError::internal(&err),
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! `/keys`: allocate, look up, reweight, release and list assignments.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Problem};
+use crate::AppState;
+use crate::keyspace::{self, AccountId, HashKey};
+use crate::registry::Allocated;
+use crate::store;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(allocate, lookup, reweight, release))
+        .routes(routes!(list))
+}
+
+/// An account's hash key.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Assignment {
+    pub account: String,
+    /// Send this as the record's `ExplicitHashKey`.
+    pub hash_key: HashKey,
+    pub weight: u64,
+    /// When the account first got a key (RFC 3339).
+    #[schema(format = DateTime)]
+    pub created_at: String,
+}
+
+impl From<store::Assignment> for Assignment {
+    fn from(a: store::Assignment) -> Self {
+        let created =
+            OffsetDateTime::from_unix_timestamp_nanos(i128::from(a.created_at) * 1_000_000)
+                .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        Assignment {
+            account: a.account.into_string(),
+            hash_key: a.hash_key,
+            weight: a.weight,
+            created_at: created.format(&Rfc3339).unwrap_or_default(),
+        }
+    }
+}
+
+/// Optional settings for a new assignment.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AllocateRequest {
+    /// Relative load of the account, 1..=1000000 (default 1); balance compares weight sums.
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub weight: Option<u64>,
+}
+
+/// A new weight for an account.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReweightRequest {
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub weight: u64,
+}
+
+/// Paging through assignments by account.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// Start after this account (the `next` of the previous page).
+    pub after: Option<String>,
+    /// Page size, 1..=1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// One page of assignments.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AssignmentPage {
+    pub items: Vec<Assignment>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<String>,
+}
+
+fn account_id(raw: String) -> Result<AccountId, ApiError> {
+    AccountId::parse(raw).map_err(ApiError::from)
+}
+
+/// Allocate a hash key for an account (idempotent).
+#[utoipa::path(
+    post, path = "/keys/{account}", tag = "keys",
+    params(("account" = String, Path, description = "Account id: 1..=256 bytes of UTF-8, no control characters")),
+    request_body(content = Option<AllocateRequest>, description = "Optional; weight defaults to 1"),
+    responses(
+        (status = 201, description = "New assignment, committed", body = Assignment),
+        (status = 200, description = "The account already had this assignment", body = Assignment),
+        (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn allocate(
+    State(state): State<AppState>,
+    Path(account): Path<String>,
+    body: Option<Json<Option<AllocateRequest>>>,
+) -> Result<(StatusCode, Json<Assignment>), ApiError> {
+    let account = account_id(account)?;
+    let weight = body
+        .and_then(|Json(b)| b)
+        .and_then(|b| b.weight)
+        .unwrap_or(1);
+    let weight =
+        keyspace::check_weight(weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    Ok(match state.registry.allocate(account, weight).await? {
+        Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
+        Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
+    })
+}
+
+/// Look up an account's hash key.
+#[utoipa::path(
+    get, path = "/keys/{account}", tag = "keys",
+    params(("account" = String, Path, description = "Account id")),
+    responses(
+        (status = 200, description = "The account's assignment", body = Assignment),
+        (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn lookup(
+    State(state): State<AppState>,
+    Path(account): Path<String>,
+) -> Result<Json<Assignment>, ApiError> {
+    let account = account_id(account)?;
+    state
+        .registry
+        .lookup(account.as_str())
+        .map(|a| Json(a.into()))
+        .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))
+}
+
+/// Change an account's weight; its hash key stays.
+#[utoipa::path(
+    patch, path = "/keys/{account}", tag = "keys",
+    params(("account" = String, Path, description = "Account id")),
+    request_body = ReweightRequest,
+    responses(
+        (status = 200, description = "The updated assignment", body = Assignment),
+        (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn reweight(
+    State(state): State<AppState>,
+    Path(account): Path<String>,
+    Json(body): Json<ReweightRequest>,
+) -> Result<Json<Assignment>, ApiError> {
+    let account = account_id(account)?;
+    let weight =
+        keyspace::check_weight(body.weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    Ok(Json(state.registry.reweight(account, weight).await?.into()))
+}
+
+/// Release an account's hash key.
+#[utoipa::path(
+    delete, path = "/keys/{account}", tag = "keys",
+    params(("account" = String, Path, description = "Account id")),
+    responses(
+        (status = 204, description = "Released; the key may be handed out again"),
+        (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn release(
+    State(state): State<AppState>,
+    Path(account): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.registry.release(account_id(account)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// List assignments, paged by account.
+#[utoipa::path(
+    get, path = "/keys", tag = "keys",
+    params(ListParams),
+    responses(
+        (status = 200, description = "One page, ordered by account", body = AssignmentPage),
+        (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn list(
+    State(state): State<AppState>,
+    Query(params): Query<ListParams>,
+) -> Result<Json<AssignmentPage>, ApiError> {
+    let limit = params.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and 1000, got {limit}"
+        )));
+    }
+    // One extra row tells whether another page follows.
+    let mut rows = state
+        .registry
+        .list(params.after.as_deref(), limit + 1)
+        .await?;
+    let next = if rows.len() > limit as usize {
+        rows.truncate(limit as usize);
+        rows.last().map(|a| a.account.to_string())
+    } else {
+        None
+    };
+    Ok(Json(AssignmentPage {
+        items: rows.into_iter().map(Assignment::from).collect(),
+        next,
+    }))
+}

@@ -1,0 +1,177 @@
+//! Cross-cutting request handling: authentication of mutations and problem+json for every
+//! error, the framework's own rejections included.
+
+use std::net::SocketAddr;
+
+use axum::body::{Body, to_bytes};
+use axum::extract::connect_info::MockConnectInfo;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, Method, Response, StatusCode, header};
+use axum::middleware::Next;
+
+use super::error::{PROBLEM_JSON, problem};
+use crate::AppState;
+
+/// Mutations need the bearer token when one is configured, else a loopback client.
+pub async fn require_auth(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response<Body> {
+    if matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    ) {
+        return next.run(request).await;
+    }
+    match &state.token {
+        Some(token) => {
+            if bearer(request.headers()).is_some_and(|given| same_secret(given, token.expose())) {
+                return next.run(request).await;
+            }
+            let mut denied = problem(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this request changes assignments: send Authorization: Bearer <token>",
+            );
+            denied.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                "Bearer".parse().expect("static header"),
+            );
+            denied
+        }
+        None => {
+            if peer(&request).is_some_and(|addr| addr.ip().to_canonical().is_loopback()) {
+                next.run(request).await
+            } else {
+                problem(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "no token is configured, so only clients on the server's own host may change \
+                     assignments; start keyspread with KEYSPREAD_TOKEN to allow others",
+                )
+            }
+        }
+    }
+}
+
+/// The client's address, as the server saw it (or as a test mocks it).
+fn peer(request: &Request) -> Option<SocketAddr> {
+    let extensions = request.extensions();
+    extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| *addr)
+        .or_else(|| {
+            extensions
+                .get::<MockConnectInfo<SocketAddr>>()
+                .map(|MockConnectInfo(addr)| *addr)
+        })
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Compares in time independent of where the inputs differ.
+fn same_secret(given: &str, expected: &str) -> bool {
+    let (a, b) = (given.as_bytes(), expected.as_bytes());
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(a.len() ^ b.len(), |acc, (x, y)| acc | usize::from(x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// Turns any error response that is not already problem+json into one.
+pub async fn problem_for_errors(response: Response<Body>) -> Response<Body> {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let detail = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            "the request body is larger than this server accepts".to_owned()
+        }
+        StatusCode::REQUEST_TIMEOUT => "the request took longer than the server allows".to_owned(),
+        s if s.is_server_error() => "the server could not complete the request".to_owned(),
+        // Framework rejections carry a short plain-text reason: pass it on.
+        _ => {
+            let bytes = to_bytes(body, 4096).await.unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes).trim().to_owned();
+            if text.is_empty() {
+                status.canonical_reason().unwrap_or("error").to_owned()
+            } else {
+                text
+            }
+        }
+    };
+    let slug = match status {
+        StatusCode::BAD_REQUEST => "bad-request",
+        StatusCode::NOT_FOUND => "not-found",
+        StatusCode::METHOD_NOT_ALLOWED => "method-not-allowed",
+        StatusCode::REQUEST_TIMEOUT => "timeout",
+        StatusCode::PAYLOAD_TOO_LARGE => "body-too-large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported-media-type",
+        StatusCode::UNPROCESSABLE_ENTITY => "invalid-body",
+        s if s.is_server_error() => "internal",
+        _ => "client-error",
+    };
+    let mut converted = problem(status, slug, &detail);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            converted.headers_mut().insert(name, value.clone());
+        }
+    }
+    converted
+}
+
+/// Unknown paths.
+pub async fn not_found(request: Request) -> Response<Body> {
+    problem(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        &format!("no route for {} {}", request.method(), request.uri().path()),
+    )
+}
+
+/// Known paths, wrong method.
+pub async fn method_not_allowed(request: Request) -> Response<Body> {
+    problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        &format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret("0123456789abcdef", "0123456789abcdef"));
+        assert!(!same_secret("0123456789abcdeX", "0123456789abcdef"));
+        assert!(!same_secret("0123456789abcdef0", "0123456789abcdef"));
+        assert!(!same_secret("", "0123456789abcdef"));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, "bearer abc".parse().unwrap());
+        assert_eq!(bearer(&headers), Some("abc"));
+        headers.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
+    }
+}

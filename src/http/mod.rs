@@ -1,0 +1,92 @@
+//! HTTP: routes, middleware, errors and the OpenAPI document.
+
+mod error;
+mod health;
+mod keys;
+mod middleware;
+mod openapi;
+mod rebalance;
+mod shards;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{HeaderName, StatusCode};
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_swagger_ui::SwaggerUi;
+
+pub use error::{ApiError, PROBLEM_JSON, Problem};
+pub use keys::{Assignment, AssignmentPage};
+pub use shards::ShardOf;
+
+use crate::AppState;
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Every documented route, with the document built from them.
+fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .merge(keys::router())
+        .merge(shards::router())
+        .merge(rebalance::router())
+        .merge(health::router())
+}
+
+/// The OpenAPI document, as served at `/openapi.json` and committed in `openapi/`.
+pub fn openapi_json() -> String {
+    let (_, doc) = api().split_for_parts();
+    doc.to_pretty_json()
+        .expect("the OpenAPI document serializes")
+}
+
+/// The application: routes, Swagger UI and the middleware stack.
+pub fn router(state: AppState) -> Router {
+    let timeout = state.request_timeout;
+    let (routes, doc) = api()
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::require_auth,
+        ))
+        .split_for_parts();
+    let trace = TraceLayer::new_for_http().make_span_with(|request: &Request| {
+        let id = request
+            .headers()
+            .get(REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), id)
+    });
+    routes
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", doc))
+        .fallback(middleware::not_found)
+        .method_not_allowed_fallback(middleware::method_not_allowed)
+        .with_state(state)
+        // Innermost first: each `layer` call wraps everything above it.
+        .layer(
+            ServiceBuilder::new()
+                .layer(CatchPanicLayer::new())
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::REQUEST_TIMEOUT,
+                    timeout,
+                ))
+                .layer(RequestBodyLimitLayer::new(BODY_LIMIT)),
+        )
+        .layer(axum::middleware::map_response(
+            middleware::problem_for_errors,
+        ))
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+                .layer(trace)
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
+        )
+}

@@ -1,0 +1,113 @@
+//! `/rebalance`: plan, then apply, the fewest moves that even out the shards.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Problem};
+use super::shards::{MapParams, uniform_map};
+use crate::AppState;
+use crate::keyspace::{HashKey, Plan, Skew};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(preview))
+        .routes(routes!(apply))
+}
+
+/// One account moving to a key in another shard.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MoveBody {
+    pub account: String,
+    pub from: HashKey,
+    pub to: HashKey,
+    pub from_shard: usize,
+    pub to_shard: usize,
+}
+
+/// A rebalance plan.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RebalancePlan {
+    /// Names this plan and the state it was computed on; pass it to `POST /rebalance`.
+    pub plan_id: String,
+    /// Most accounts any shard holds after the plan: ceil(accounts / shards).
+    pub cap: u64,
+    /// False when some shard stays above `cap` because any further move would have made
+    /// the heaviest shard heavier (only with unequal weights).
+    pub complete: bool,
+    pub moves: Vec<MoveBody>,
+    pub before: Skew,
+    pub after: Skew,
+}
+
+impl RebalancePlan {
+    fn new(plan_id: String, plan: Plan) -> Self {
+        RebalancePlan {
+            plan_id,
+            cap: plan.cap,
+            complete: plan.complete,
+            moves: plan
+                .moves
+                .into_iter()
+                .map(|m| MoveBody {
+                    account: m.account,
+                    from: m.from,
+                    to: m.to,
+                    from_shard: m.from_shard,
+                    to_shard: m.to_shard,
+                })
+                .collect(),
+            before: plan.before,
+            after: plan.after,
+        }
+    }
+}
+
+/// Which previewed plan to apply.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyRequest {
+    pub plan_id: String,
+}
+
+/// Plan a rebalance over a uniform map; changes nothing.
+#[utoipa::path(
+    get, path = "/rebalance/preview", tag = "rebalance",
+    params(MapParams),
+    responses(
+        (status = 200, description = "The plan", body = RebalancePlan),
+        (status = 400, description = "Missing or bad shard count", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn preview(
+    State(state): State<AppState>,
+    Query(q): Query<MapParams>,
+) -> Result<Json<RebalancePlan>, ApiError> {
+    let map = uniform_map(&state, q.shards)?;
+    let (plan_id, plan) = state.registry.preview(&map).await;
+    Ok(Json(RebalancePlan::new(plan_id, plan)))
+}
+
+/// Apply a previewed plan, in one transaction.
+#[utoipa::path(
+    post, path = "/rebalance", tag = "rebalance",
+    request_body = ApplyRequest,
+    responses(
+        (status = 200, description = "The moves applied", body = RebalancePlan),
+        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Assignments changed since the preview", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a plan id", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+async fn apply(
+    State(state): State<AppState>,
+    Json(body): Json<ApplyRequest>,
+) -> Result<Json<RebalancePlan>, ApiError> {
+    let plan = state.registry.apply(body.plan_id.clone()).await?;
+    Ok(Json(RebalancePlan::new(body.plan_id, plan)))
+}

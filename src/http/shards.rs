@@ -1,0 +1,168 @@
+//! `/shard-of` and `/distribution`: where keys land on a stream's shards.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Problem};
+use crate::AppState;
+use crate::keyspace::{self, HashKey, Shard, ShardMap, Skew};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(shard_of))
+        .routes(routes!(distribution))
+}
+
+/// Which key to place: exactly one of `hash_key`, `account`, `partition_key`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ShardOfParams {
+    /// A hash key (decimal).
+    pub hash_key: Option<String>,
+    /// An account: its assigned hash key.
+    pub account: Option<String>,
+    /// A partition key: its MD5 hash, as Kinesis computes it.
+    pub partition_key: Option<String>,
+    /// Number of shards of a uniform map, 1..=100000.
+    #[param(minimum = 1, maximum = 100000)]
+    pub shards: Option<u64>,
+}
+
+/// The shard a hash key lands on.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ShardOf {
+    pub hash_key: HashKey,
+    pub shard_index: usize,
+    pub shard_id: String,
+    pub starting_hash_key: HashKey,
+    pub ending_hash_key: HashKey,
+}
+
+/// The map to measure against.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MapParams {
+    /// Number of shards of a uniform map, 1..=100000.
+    #[param(minimum = 1, maximum = 100000)]
+    pub shards: Option<u64>,
+}
+
+/// One shard's share of the accounts.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ShardLoad {
+    pub shard_index: usize,
+    pub shard_id: String,
+    pub starting_hash_key: HashKey,
+    pub ending_hash_key: HashKey,
+    /// Accounts whose keyspread key lands here.
+    pub accounts: u64,
+    /// Their weight.
+    pub weight: u64,
+    /// Accounts that would land here if Kinesis MD5-hashed their names.
+    pub md5_accounts: u64,
+    /// Their weight.
+    pub md5_weight: u64,
+}
+
+/// How accounts spread over a map, with keyspread's keys and with MD5 of the names.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Distribution {
+    pub shards: Vec<ShardLoad>,
+    /// Spread with keyspread's keys.
+    pub skew: Skew,
+    /// Spread had the account names been used as partition keys.
+    pub md5_skew: Skew,
+}
+
+/// The uniform map `shards` names.
+pub fn uniform_map(state: &AppState, shards: Option<u64>) -> Result<ShardMap, ApiError> {
+    let shards =
+        shards.ok_or_else(|| ApiError::bad_request("query parameter `shards` is required"))?;
+    Ok(ShardMap::uniform(state.registry.keyspace(), shards)?)
+}
+
+/// Find the shard a hash key, an account or a partition key lands on.
+#[utoipa::path(
+    get, path = "/shard-of", tag = "shards",
+    params(ShardOfParams),
+    responses(
+        (status = 200, description = "The shard", body = ShardOf),
+        (status = 400, description = "Not exactly one of hash_key, account, partition_key; or a bad value", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn shard_of(
+    State(state): State<AppState>,
+    Query(q): Query<ShardOfParams>,
+) -> Result<Json<ShardOf>, ApiError> {
+    let keyspace = state.registry.keyspace();
+    let key = match (q.hash_key, q.account, q.partition_key) {
+        (Some(k), None, None) => keyspace.parse(&k)?,
+        (None, Some(account), None) => {
+            state
+                .registry
+                .lookup(&account)
+                .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))?
+                .hash_key
+        }
+        (None, None, Some(pk)) => keyspace::md5_hash(&pk, keyspace),
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `hash_key`, `account`, `partition_key`",
+            ));
+        }
+    };
+    let Shard {
+        index,
+        id,
+        start,
+        end,
+    } = uniform_map(&state, q.shards)?.shard_of(key);
+    Ok(Json(ShardOf {
+        hash_key: key,
+        shard_index: index,
+        shard_id: id,
+        starting_hash_key: start,
+        ending_hash_key: end,
+    }))
+}
+
+/// Count accounts per shard, and compare with what MD5 of the names would give.
+#[utoipa::path(
+    get, path = "/distribution", tag = "shards",
+    params(MapParams),
+    responses(
+        (status = 200, description = "Per-shard counts and skew", body = Distribution),
+        (status = 400, description = "Missing or bad shard count", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn distribution(
+    State(state): State<AppState>,
+    Query(q): Query<MapParams>,
+) -> Result<Json<Distribution>, ApiError> {
+    let map = uniform_map(&state, q.shards)?;
+    let loads = state.registry.loads(&map).await;
+    let md5 = state.registry.md5_loads(&map);
+    let shards = map
+        .iter()
+        .map(|s| ShardLoad {
+            shard_index: s.index,
+            shard_id: s.id,
+            starting_hash_key: s.start,
+            ending_hash_key: s.end,
+            accounts: loads[s.index].count,
+            weight: loads[s.index].weight,
+            md5_accounts: md5[s.index].count,
+            md5_weight: md5[s.index].weight,
+        })
+        .collect();
+    Ok(Json(Distribution {
+        shards,
+        skew: Skew::of(&loads),
+        md5_skew: Skew::of(&md5),
+    }))
+}

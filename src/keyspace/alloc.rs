@@ -1,0 +1,237 @@
+//! The balanced walk that picks the next hash key (seed 000's tree, by weight).
+//!
+//! The keyspace `[lo, hi]` is read as an implicit binary search tree: the node for an
+//! interval holds its middle key `lo + ceil((hi - lo) / 2)`, its children are the intervals
+//! either side of it. To allocate, take the node's key if it is free, else descend into the
+//! child holding less weight (ties go left), skipping children with no free key. On a
+//! power-of-two keyspace this is the tree of DESIGN.md: 64, 32, 96, 16, 80, ... for 7 bits.
+
+use super::tree::{KeyTree, Load};
+use super::{Error, HashKey, Keyspace};
+
+/// The held keys of one keyspace and the walk that chooses new ones.
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    keyspace: Keyspace,
+    tree: KeyTree,
+}
+
+impl Allocator {
+    pub fn new(keyspace: Keyspace) -> Self {
+        Allocator {
+            keyspace,
+            tree: KeyTree::new(),
+        }
+    }
+
+    pub fn keyspace(&self) -> Keyspace {
+        self.keyspace
+    }
+
+    /// Count and weight of all held keys.
+    pub fn total(&self) -> Load {
+        self.tree.total()
+    }
+
+    /// Count and weight of the held keys in `[lo, hi]`.
+    pub fn load_in(&self, lo: HashKey, hi: HashKey) -> Load {
+        self.tree.load_in(lo.0, hi.0)
+    }
+
+    /// The weight of `key`, if held.
+    pub fn weight(&self, key: HashKey) -> Option<u64> {
+        self.tree.weight(key.0)
+    }
+
+    /// The key the walk picks next over the whole keyspace. Changes nothing.
+    pub fn next_key(&self) -> Result<HashKey, Error> {
+        self.next_key_in(HashKey(0), self.keyspace.max())
+    }
+
+    /// The key the walk picks next inside `[lo, hi]`. Changes nothing.
+    pub fn next_key_in(&self, lo: HashKey, hi: HashKey) -> Result<HashKey, Error> {
+        let full = Error::Full { lo, hi };
+        let (mut lo, mut hi) = (lo.0, hi.0.min(self.keyspace.max().0));
+        if lo > hi {
+            return Err(full);
+        }
+        let mut load = self.tree.load_in(lo, hi);
+        if is_full(load, lo, hi) {
+            return Err(full);
+        }
+        // Load strictly below `lo`, carried so each level costs one prefix query.
+        let mut before = self.tree.below(lo).0;
+        loop {
+            let key = lo + (hi - lo) / 2 + (hi - lo) % 2;
+            let (below_key, held) = self.tree.below(key);
+            let Some(weight) = held else {
+                return Ok(HashKey(key));
+            };
+            let left = below_key - before;
+            let right = load - left - Load::one(weight);
+            let left_open = key > lo && !is_full(left, lo, key - 1);
+            let right_open = key < hi && !is_full(right, key + 1, hi);
+            let go_left = match (left_open, right_open) {
+                (true, true) => left.weight <= right.weight,
+                (open_left, _) => open_left,
+            };
+            if go_left {
+                hi = key - 1;
+                load = left;
+            } else {
+                debug_assert!(right_open, "a non-full interval has a free key");
+                lo = key + 1;
+                load = right;
+                before = below_key + Load::one(weight);
+            }
+        }
+    }
+
+    /// Holds `key` with `weight`: a key the walk chose, or one imported from elsewhere.
+    pub fn insert(&mut self, key: HashKey, weight: u64) -> Result<(), Error> {
+        self.keyspace.check(key)?;
+        self.tree
+            .insert(key.0, weight)
+            .map_err(|_| Error::KeyTaken(key))
+    }
+
+    /// Picks the next key and holds it.
+    pub fn allocate(&mut self, weight: u64) -> Result<HashKey, Error> {
+        let key = self.next_key()?;
+        self.insert(key, weight)?;
+        Ok(key)
+    }
+
+    /// Frees `key`, answering the weight it had.
+    pub fn remove(&mut self, key: HashKey) -> Result<u64, Error> {
+        self.tree.remove(key.0).ok_or(Error::KeyNotHeld(key))
+    }
+
+    /// Changes the weight of a held key.
+    pub fn set_weight(&mut self, key: HashKey, weight: u64) -> Result<(), Error> {
+        self.remove(key)?;
+        self.insert(key, weight)
+    }
+}
+
+/// Whether every key of `[lo, hi]` is held.
+fn is_full(load: Load, lo: u128, hi: u128) -> bool {
+    // Compared as `count - 1 == hi - lo` so the full 128-bit interval does not overflow.
+    load.count > 0 && (load.count - 1) as u128 == hi - lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seven_bits() -> Allocator {
+        Allocator::new(Keyspace::new(7).unwrap())
+    }
+
+    fn take(alloc: &mut Allocator, n: usize) -> Vec<u128> {
+        (0..n).map(|_| alloc.allocate(1).unwrap().0).collect()
+    }
+
+    #[test]
+    fn golden_sequence_from_empty() {
+        let mut alloc = seven_bits();
+        assert_eq!(
+            take(&mut alloc, 15),
+            [64, 32, 96, 16, 80, 48, 112, 8, 72, 40, 104, 24, 88, 56, 120]
+        );
+    }
+
+    #[test]
+    fn golden_sequence_around_imported_keys() {
+        let mut alloc = seven_bits();
+        for key in [0, 32, 9, 57] {
+            alloc.insert(HashKey(key), 1).unwrap();
+        }
+        assert_eq!(take(&mut alloc, 8), [64, 96, 80, 112, 72, 48, 104, 16]);
+    }
+
+    #[test]
+    fn first_128_bit_key_is_half_the_keyspace() {
+        let mut alloc = Allocator::new(Keyspace::KINESIS);
+        assert_eq!(
+            alloc.allocate(1).unwrap().to_string(),
+            "170141183460469231731687303715884105728"
+        );
+    }
+
+    #[test]
+    fn released_keys_are_refilled_first() {
+        let mut alloc = seven_bits();
+        take(&mut alloc, 7);
+        alloc.remove(HashKey(32)).unwrap();
+        alloc.remove(HashKey(112)).unwrap();
+        assert_eq!(take(&mut alloc, 2), [32, 112]);
+    }
+
+    #[test]
+    fn extremes_can_be_imported() {
+        let mut alloc = seven_bits();
+        alloc.insert(HashKey(0), 1).unwrap();
+        alloc.insert(HashKey(127), 1).unwrap();
+        assert_eq!(
+            alloc.insert(HashKey(128), 1),
+            Err(Error::HashKeyOutOfRange {
+                key: HashKey(128),
+                max: HashKey(127)
+            })
+        );
+        assert_eq!(
+            alloc.insert(HashKey(0), 1),
+            Err(Error::KeyTaken(HashKey(0)))
+        );
+        assert_eq!(take(&mut alloc, 3), [64, 32, 96]);
+    }
+
+    #[test]
+    fn weight_steers_the_walk() {
+        let mut alloc = seven_bits();
+        alloc.allocate(1).unwrap(); // 64
+        alloc.insert(HashKey(10), 5).unwrap(); // left now weighs 5
+        assert_eq!(alloc.allocate(1).unwrap(), HashKey(96));
+        assert_eq!(alloc.allocate(1).unwrap(), HashKey(80));
+        alloc.set_weight(HashKey(10), 1).unwrap();
+        // Left weighs 1, right weighs 2: back to the left.
+        assert_eq!(alloc.allocate(1).unwrap(), HashKey(32));
+    }
+
+    #[test]
+    fn fills_every_key_then_reports_full() {
+        let mut alloc = Allocator::new(Keyspace::new(4).unwrap());
+        let mut keys = take(&mut alloc, 16);
+        keys.sort();
+        assert_eq!(keys, (0..16).collect::<Vec<_>>());
+        assert_eq!(
+            alloc.allocate(1),
+            Err(Error::Full {
+                lo: HashKey(0),
+                hi: HashKey(15)
+            })
+        );
+    }
+
+    #[test]
+    fn walk_restricted_to_a_range() {
+        let mut alloc = seven_bits();
+        assert_eq!(
+            alloc.next_key_in(HashKey(10), HashKey(20)).unwrap(),
+            HashKey(15)
+        );
+        alloc.insert(HashKey(15), 1).unwrap();
+        assert_eq!(
+            alloc.next_key_in(HashKey(10), HashKey(20)).unwrap(),
+            HashKey(12)
+        );
+        assert_eq!(
+            alloc.next_key_in(HashKey(15), HashKey(15)),
+            Err(Error::Full {
+                lo: HashKey(15),
+                hi: HashKey(15)
+            })
+        );
+    }
+}

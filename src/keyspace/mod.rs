@@ -1,0 +1,54 @@
+//! The pure core: hash keys, account ids, the allocation tree, shard maps and rebalance planning.
+//!
+//! Nothing here knows about HTTP, databases or async runtimes.
+
+mod account;
+mod alloc;
+mod key;
+mod rebalance;
+mod shards;
+mod tree;
+
+pub use account::AccountId;
+pub use alloc::Allocator;
+pub use key::{HashKey, Keyspace};
+pub use rebalance::{Holding, Move, Plan, plan};
+pub use shards::{Shard, ShardMap, Skew, md5_hash};
+pub use tree::{KeyTree, Load};
+
+/// Everything that can go wrong in the pure core.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("hash key must be a decimal integer of at most 39 digits without sign or spaces")]
+    HashKeySyntax,
+    #[error("hash key {key} is outside the keyspace [0, {max}]")]
+    HashKeyOutOfRange { key: HashKey, max: HashKey },
+    #[error("account id must be 1 to 256 bytes of UTF-8")]
+    AccountLength,
+    #[error("account id must not contain control characters")]
+    AccountControlChar,
+    #[error("keyspace bits must be between 1 and 128, got {0}")]
+    KeyspaceBits(u32),
+    #[error("shard count must be between 1 and {max}, got {got}")]
+    ShardCount { got: u64, max: u64 },
+    #[error("weight must be between 1 and {max}, got {got}", max = crate::keyspace::MAX_WEIGHT)]
+    Weight { got: u64 },
+    #[error("hash key {0} is already held")]
+    KeyTaken(HashKey),
+    #[error("hash key {0} is not held")]
+    KeyNotHeld(HashKey),
+    #[error("no free hash key is left in [{lo}, {hi}]")]
+    Full { lo: HashKey, hi: HashKey },
+}
+
+/// The heaviest weight one account may carry.
+pub const MAX_WEIGHT: u64 = 1_000_000;
+
+/// Checks an account weight against `1..=MAX_WEIGHT`.
+pub fn check_weight(weight: u64) -> Result<u64, Error> {
+    if (1..=MAX_WEIGHT).contains(&weight) {
+        Ok(weight)
+    } else {
+        Err(Error::Weight { got: weight })
+    }
+}

@@ -1,0 +1,342 @@
+//! A crit-bit (compressed binary) trie over 128-bit keys with per-node counts and weight sums.
+//!
+//! Every internal node splits its keys on one bit, so the trie is at most 128 deep and has
+//! exactly `n - 1` internal nodes for `n` keys, whatever the keys are. Prefix sums
+//! ("how many keys, how much weight below x") are one descent.
+
+use std::ops::{Add, Sub};
+
+/// How many keys and how much weight lie somewhere.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    pub count: u64,
+    pub weight: u64,
+}
+
+impl Load {
+    pub fn one(weight: u64) -> Self {
+        Load { count: 1, weight }
+    }
+}
+
+impl Add for Load {
+    type Output = Load;
+    fn add(self, other: Load) -> Load {
+        Load {
+            count: self.count + other.count,
+            weight: self.weight + other.weight,
+        }
+    }
+}
+
+impl Sub for Load {
+    type Output = Load;
+    fn sub(self, other: Load) -> Load {
+        Load {
+            count: self.count - other.count,
+            weight: self.weight - other.weight,
+        }
+    }
+}
+
+/// Index into `leaves` when the top bit is set, into `inners` otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ref(u32);
+
+const LEAF_TAG: u32 = 1 << 31;
+
+impl Ref {
+    fn leaf(index: usize) -> Ref {
+        Ref(LEAF_TAG | index as u32)
+    }
+    fn inner(index: usize) -> Ref {
+        Ref(index as u32)
+    }
+    fn as_leaf(self) -> Option<usize> {
+        (self.0 & LEAF_TAG != 0).then_some((self.0 & !LEAF_TAG) as usize)
+    }
+    fn index(self) -> usize {
+        (self.0 & !LEAF_TAG) as usize
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    /// The bits above `bit` shared by every key below; lower bits are zero.
+    prefix: u128,
+    load: Load,
+    child: [Ref; 2],
+    bit: u8,
+}
+
+#[derive(Debug, Clone)]
+struct Leaf {
+    key: u128,
+    weight: u64,
+}
+
+/// The set of held keys with their weights.
+#[derive(Debug, Clone, Default)]
+pub struct KeyTree {
+    inners: Vec<Inner>,
+    leaves: Vec<Leaf>,
+    free_inners: Vec<usize>,
+    free_leaves: Vec<usize>,
+    root: Option<Ref>,
+}
+
+/// Mask of the bits strictly above `bit`.
+fn above(bit: u8) -> u128 {
+    if bit >= 127 { 0 } else { !0u128 << (bit + 1) }
+}
+
+fn side(key: u128, bit: u8) -> usize {
+    ((key >> bit) & 1) as usize
+}
+
+impl KeyTree {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Count and weight of every key.
+    pub fn total(&self) -> Load {
+        self.root.map_or(Load::default(), |r| self.load(r))
+    }
+
+    pub fn len(&self) -> u64 {
+        self.total().count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.root.is_none()
+    }
+
+    /// The weight of `key`, if held.
+    pub fn weight(&self, key: u128) -> Option<u64> {
+        self.below(key).1
+    }
+
+    /// Load of the keys strictly below `x`, and the weight of `x` itself if held.
+    pub fn below(&self, x: u128) -> (Load, Option<u64>) {
+        let mut acc = Load::default();
+        let mut cur = match self.root {
+            Some(r) => r,
+            None => return (acc, None),
+        };
+        loop {
+            if let Some(l) = cur.as_leaf() {
+                let leaf = &self.leaves[l];
+                return match leaf.key.cmp(&x) {
+                    std::cmp::Ordering::Less => (acc + Load::one(leaf.weight), None),
+                    std::cmp::Ordering::Equal => (acc, Some(leaf.weight)),
+                    std::cmp::Ordering::Greater => (acc, None),
+                };
+            }
+            let node = &self.inners[cur.index()];
+            let high = x & above(node.bit);
+            if high != node.prefix {
+                // x lies outside this block: the whole block is either below it or above it.
+                if high > node.prefix {
+                    acc = acc + node.load;
+                }
+                return (acc, None);
+            }
+            if side(x, node.bit) == 1 {
+                acc = acc + self.load(node.child[0]);
+            }
+            cur = node.child[side(x, node.bit)];
+        }
+    }
+
+    /// Load of the keys in `[lo, hi]`.
+    pub fn load_in(&self, lo: u128, hi: u128) -> Load {
+        let (below_hi, at_hi) = self.below(hi);
+        let through_hi = below_hi + at_hi.map_or(Load::default(), Load::one);
+        through_hi - self.below(lo).0
+    }
+
+    /// Adds `key` with `weight`; refuses a key already held.
+    pub fn insert(&mut self, key: u128, weight: u64) -> Result<(), u128> {
+        if self.weight(key).is_some() {
+            return Err(key);
+        }
+        let leaf = Ref::leaf(self.alloc_leaf(Leaf { key, weight }));
+        let Some(mut cur) = self.root else {
+            self.root = Some(leaf);
+            return Ok(());
+        };
+        // The slot that points at `cur`: None for the root, else (inner, side).
+        let mut slot: Option<(usize, usize)> = None;
+        loop {
+            let other = match cur.as_leaf() {
+                Some(l) => self.leaves[l].key,
+                None => {
+                    let node = &mut self.inners[cur.index()];
+                    if key & above(node.bit) == node.prefix {
+                        node.load = node.load + Load::one(weight);
+                        let s = side(key, node.bit);
+                        slot = Some((cur.index(), s));
+                        cur = node.child[s];
+                        continue;
+                    }
+                    node.prefix
+                }
+            };
+            let bit = (127 - (key ^ other).leading_zeros()) as u8;
+            let mut child = [cur, cur];
+            child[side(key, bit)] = leaf;
+            let inner = Inner {
+                prefix: key & above(bit),
+                load: self.load(cur) + Load::one(weight),
+                child,
+                bit,
+            };
+            let new = Ref::inner(self.alloc_inner(inner));
+            self.set_slot(slot, new);
+            return Ok(());
+        }
+    }
+
+    /// Removes `key`, answering its weight; `None` when it was not held.
+    pub fn remove(&mut self, key: u128) -> Option<u64> {
+        let weight = self.weight(key)?;
+        let mut cur = self.root.expect("a held key implies a root");
+        let mut slot: Option<(usize, usize)> = None;
+        let mut parent_slot: Option<(usize, usize)> = None;
+        while cur.as_leaf().is_none() {
+            let node = &mut self.inners[cur.index()];
+            node.load = node.load - Load::one(weight);
+            let s = side(key, node.bit);
+            parent_slot = slot;
+            slot = Some((cur.index(), s));
+            cur = node.child[s];
+        }
+        self.free_leaves.push(cur.index());
+        match slot {
+            None => self.root = None,
+            Some((parent, s)) => {
+                // The parent had two children; its other child takes its place.
+                let sibling = self.inners[parent].child[1 - s];
+                self.free_inners.push(parent);
+                self.set_slot(parent_slot, sibling);
+            }
+        }
+        Some(weight)
+    }
+
+    fn load(&self, r: Ref) -> Load {
+        match r.as_leaf() {
+            Some(l) => Load::one(self.leaves[l].weight),
+            None => self.inners[r.index()].load,
+        }
+    }
+
+    fn set_slot(&mut self, slot: Option<(usize, usize)>, to: Ref) {
+        match slot {
+            None => self.root = Some(to),
+            Some((inner, s)) => self.inners[inner].child[s] = to,
+        }
+    }
+
+    fn alloc_leaf(&mut self, leaf: Leaf) -> usize {
+        match self.free_leaves.pop() {
+            Some(i) => {
+                self.leaves[i] = leaf;
+                i
+            }
+            None => {
+                self.leaves.push(leaf);
+                self.leaves.len() - 1
+            }
+        }
+    }
+
+    fn alloc_inner(&mut self, inner: Inner) -> usize {
+        match self.free_inners.pop() {
+            Some(i) => {
+                self.inners[i] = inner;
+                i
+            }
+            None => {
+                self.inners.push(inner);
+                self.inners.len() - 1
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn brute_load(model: &BTreeMap<u128, u64>, lo: u128, hi: u128) -> Load {
+        model
+            .range(lo..=hi)
+            .fold(Load::default(), |acc, (_, w)| acc + Load::one(*w))
+    }
+
+    #[test]
+    fn extremes_and_neighbours() {
+        let mut tree = KeyTree::new();
+        for key in [0, u128::MAX, 1, u128::MAX - 1, 1 << 127, (1 << 127) - 1] {
+            tree.insert(key, 2).unwrap();
+        }
+        assert_eq!(tree.insert(0, 1), Err(0));
+        assert_eq!(
+            tree.total(),
+            Load {
+                count: 6,
+                weight: 12
+            }
+        );
+        assert_eq!(tree.load_in(0, u128::MAX).count, 6);
+        assert_eq!(tree.load_in(1, u128::MAX - 1).count, 4);
+        assert_eq!(tree.below(1 << 127).0.count, 3);
+        assert_eq!(tree.remove(1 << 127), Some(2));
+        assert_eq!(tree.remove(1 << 127), None);
+        assert_eq!(tree.len(), 5);
+    }
+
+    /// A key drawn so that tests hit shared prefixes, neighbours and the extremes.
+    fn key() -> impl Strategy<Value = u128> {
+        prop_oneof![
+            any::<u128>(),
+            0u128..64,
+            (u128::MAX - 64)..=u128::MAX,
+            (0u32..128).prop_map(|b| 1u128 << b),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_sorted_map(
+            ops in prop::collection::vec((key(), 1u64..5, any::<bool>()), 1..200),
+            probes in prop::collection::vec((key(), key()), 1..20),
+        ) {
+            let mut tree = KeyTree::new();
+            let mut model = BTreeMap::new();
+            for (key, weight, insert) in ops {
+                if insert {
+                    let expected = if let std::collections::btree_map::Entry::Vacant(e) = model.entry(key) {
+                        e.insert(weight);
+                        Ok(())
+                    } else {
+                        Err(key)
+                    };
+                    prop_assert_eq!(tree.insert(key, weight), expected);
+                } else {
+                    prop_assert_eq!(tree.remove(key), model.remove(&key));
+                }
+            }
+            prop_assert_eq!(tree.total(), brute_load(&model, 0, u128::MAX));
+            for (a, b) in probes {
+                let (lo, hi) = (a.min(b), a.max(b));
+                prop_assert_eq!(tree.load_in(lo, hi), brute_load(&model, lo, hi));
+                prop_assert_eq!(tree.weight(a), model.get(&a).copied());
+            }
+        }
+    }
+}
