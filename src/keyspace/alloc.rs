@@ -123,6 +123,8 @@ fn is_full(load: Load, lo: u128, hi: u128) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     fn seven_bits() -> Allocator {
         Allocator::new(Keyspace::new(7).unwrap())
@@ -233,5 +235,114 @@ mod tests {
                 hi: HashKey(15)
             })
         );
+    }
+
+    /// Every N from 1 to 10,000 at once: the sequence from empty is deterministic, so
+    /// checking each prefix covers every N exhaustively.
+    #[test]
+    fn unit_allocations_stay_even_on_every_power_of_two_map() {
+        use crate::keyspace::ShardMap;
+        let mut alloc = Allocator::new(Keyspace::KINESIS);
+        let maps: Vec<ShardMap> = (0..=16)
+            .map(|p| ShardMap::uniform(Keyspace::KINESIS, 1 << p).unwrap())
+            .collect();
+        // Per map: count per shard, the minimum count and how many shards sit at it.
+        let mut counts: Vec<Vec<u32>> = maps.iter().map(|m| vec![0; m.len()]).collect();
+        let mut floor: Vec<(u32, usize)> = maps.iter().map(|m| (0, m.len())).collect();
+        for n in 1..=10_000 {
+            let key = alloc.allocate(1).unwrap();
+            for (m, map) in maps.iter().enumerate() {
+                let shard = map.index_of(key);
+                let (min, at_min) = &mut floor[m];
+                // Counts stay within {min, min + 1} only if each key lands on a shard at min.
+                assert_eq!(
+                    counts[m][shard],
+                    *min,
+                    "N={n}, {} shards: shard {shard} would exceed min + 1",
+                    map.len()
+                );
+                counts[m][shard] += 1;
+                *at_min -= 1;
+                if *at_min == 0 {
+                    *min += 1;
+                    *at_min = map.len();
+                }
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Allocate(u64),
+        Release(usize),
+        Import(u128, u64),
+        Reweight(usize, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1u64..=10).prop_map(Op::Allocate),
+            2 => any::<usize>().prop_map(Op::Release),
+            2 => (any::<u128>(), 1u64..=10).prop_map(|(k, w)| Op::Import(k, w)),
+            1 => (any::<usize>(), 1u64..=10).prop_map(|(i, w)| Op::Reweight(i, w)),
+        ]
+    }
+
+    fn nth_key(model: &BTreeMap<u128, u64>, i: usize) -> Option<u128> {
+        (!model.is_empty()).then(|| *model.keys().nth(i % model.len()).unwrap())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn invariants_hold_after_any_operations(
+            bits in prop_oneof![1u32..=8, Just(64u32), Just(127u32), Just(128u32)],
+            ops in prop::collection::vec(op(), 1..300),
+            probes in prop::collection::vec((any::<u128>(), any::<u128>()), 8),
+        ) {
+            let keyspace = Keyspace::new(bits).unwrap();
+            let max = keyspace.max().0;
+            let mut alloc = Allocator::new(keyspace);
+            let mut model: BTreeMap<u128, u64> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Allocate(w) => match alloc.allocate(w) {
+                        Ok(key) => {
+                            prop_assert!(key.0 <= max, "{key} outside the keyspace");
+                            prop_assert!(model.insert(key.0, w).is_none(), "{key} handed out twice");
+                        }
+                        Err(Error::Full { .. }) => prop_assert_eq!(model.len() as u128 - 1, max),
+                        Err(e) => prop_assert!(false, "unexpected {e}"),
+                    },
+                    Op::Release(i) => {
+                        if let Some(key) = nth_key(&model, i) {
+                            prop_assert_eq!(alloc.remove(HashKey(key)), Ok(model.remove(&key).unwrap()));
+                        }
+                    }
+                    Op::Import(k, w) => {
+                        let key = k & max;
+                        let expected = if model.contains_key(&key) { Err(Error::KeyTaken(HashKey(key))) } else { Ok(()) };
+                        prop_assert_eq!(alloc.insert(HashKey(key), w), expected.clone());
+                        if expected.is_ok() {
+                            model.insert(key, w);
+                        }
+                    }
+                    Op::Reweight(i, w) => {
+                        if let Some(key) = nth_key(&model, i) {
+                            alloc.set_weight(HashKey(key), w).unwrap();
+                            model.insert(key, w);
+                        }
+                    }
+                }
+            }
+            let recount = |lo: u128, hi: u128| {
+                model.range(lo..=hi).fold(Load::default(), |acc, (_, w)| acc + Load::one(*w))
+            };
+            prop_assert_eq!(alloc.total(), recount(0, max));
+            for (a, b) in probes {
+                let (lo, hi) = ((a & max).min(b & max), (a & max).max(b & max));
+                prop_assert_eq!(alloc.load_in(HashKey(lo), HashKey(hi)), recount(lo, hi));
+            }
+        }
     }
 }

@@ -188,6 +188,7 @@ fn place(
 mod tests {
     use super::*;
     use crate::keyspace::Keyspace;
+    use proptest::prelude::*;
 
     struct Fixture {
         alloc: Allocator,
@@ -268,5 +269,43 @@ mod tests {
         assert!(plan.moves.is_empty());
         assert!(!plan.complete);
         assert_eq!(plan.after.max_weight, 30);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn plans_are_minimal_and_never_heavier(
+            keys in prop::collection::btree_set(any::<u128>(), 0..120),
+            weights in prop::collection::vec(1u64..=5, 120),
+            unit in any::<bool>(),
+            shards in 1u64..=20,
+        ) {
+            let mut f = Fixture::new(128);
+            for (key, w) in keys.iter().zip(&weights) {
+                f.import(*key, if unit { 1 } else { *w });
+            }
+            let total_before = f.alloc.total();
+            let map = ShardMap::uniform(Keyspace::KINESIS, shards).unwrap();
+            let plan = f.plan(shards);
+            prop_assert_eq!(f.alloc.total(), total_before);
+            let counts: Vec<u64> = map.iter().map(|s| f.alloc.load_in(s.start, s.end).count).collect();
+            let excess: u64 = counts.iter().map(|c| c.saturating_sub(plan.cap)).sum();
+            if unit {
+                prop_assert_eq!(plan.moves.len() as u64, excess, "exactly minimal");
+                prop_assert!(plan.after.max <= plan.cap);
+                prop_assert!(plan.complete);
+            } else {
+                prop_assert!(plan.moves.len() as u64 <= excess);
+            }
+            prop_assert!(plan.after.max_weight <= plan.before.max_weight);
+            for m in &plan.moves {
+                let target = map.shard(m.to_shard);
+                prop_assert!(target.start <= m.to && m.to <= target.end);
+                prop_assert_eq!(map.index_of(m.from), m.from_shard);
+            }
+            plan.apply(&mut f.alloc).unwrap();
+            let after: Vec<Load> = map.iter().map(|s| f.alloc.load_in(s.start, s.end)).collect();
+            prop_assert_eq!(Skew::of(&after), plan.after);
+        }
     }
 }

@@ -1,0 +1,38 @@
+# syntax=docker/dockerfile:1
+# Build: docker build -t keyspread .
+# Run:   docker run -p 8080:8080 -e KEYSPREAD_TOKEN=... -v keyspread-data:/data keyspread
+
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+# Dependencies first, so source edits reuse the cached dependency layer.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir -p src benches \
+ && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+ && echo 'fn main() {}' > benches/tree.rs && echo 'fn main() {}' > benches/memory.rs \
+ && cargo build --release --locked \
+ && rm -rf src benches
+COPY src ./src
+COPY migrations ./migrations
+COPY benches ./benches
+RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin keyspread
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 keyspread \
+ && useradd --system --uid 10001 --gid keyspread --home-dir /data --no-create-home keyspread \
+ && mkdir -p /data && chown keyspread:keyspread /data
+COPY --from=build /src/target/release/keyspread /usr/local/bin/keyspread
+USER keyspread:keyspread
+WORKDIR /data
+VOLUME ["/data"]
+# Listening on every interface: mutations then need KEYSPREAD_TOKEN (or come from inside
+# the container). The database lives on the volume. Probe GET /healthz and /readyz.
+ENV KEYSPREAD_LISTEN=0.0.0.0:8080 \
+    DATABASE_URL=sqlite:///data/keyspread.db \
+    RUST_LOG=info
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["keyspread"]
+CMD ["serve"]

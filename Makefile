@@ -1,0 +1,43 @@
+# keyspread: `make run` serves on SQLite, `make test` runs every test.
+
+CARGO  ?= cargo
+PYTHON ?= python3
+VENV   := .venv
+
+.PHONY: run test test-deps fmt lint openapi bench
+
+## Start the service on the embedded default (SQLite file keyspread.db, 127.0.0.1:8080).
+run:
+	$(CARGO) run --release -- serve
+
+## Every test: unit, property, HTTP integration, the generated Python client, kinesalite.
+test: test-deps
+	$(CARGO) test
+
+## What the tests drive besides Rust: a venv with openapi-python-client, and kinesalite.
+test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed
+
+$(VENV)/.installed: tests/python/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+	touch $@
+
+tests/kinesis/node_modules/.installed: tests/kinesis/package.json tests/kinesis/package-lock.json
+	npm ci --prefix tests/kinesis --no-audit --no-fund --loglevel=error
+	touch $@
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+## Regenerate the committed OpenAPI document from the code.
+openapi:
+	$(CARGO) run --quiet -- openapi > openapi/openapi.json
+
+## Release-build benchmarks of the allocation tree (time per operation, memory).
+bench:
+	$(CARGO) bench --bench tree
+	$(CARGO) bench --bench memory

@@ -1,0 +1,235 @@
+//! Allocate, look up, reweight, release and list.
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::helpers::{assert_problem, spawn_app, spawn_app_with};
+
+#[tokio::test]
+async fn allocate_is_idempotent() {
+    let app = spawn_app().await;
+    let first = app.post("/keys/acme", None).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body["account"], "acme");
+    assert_eq!(
+        first.body["hash_key"],
+        "170141183460469231731687303715884105728"
+    );
+    assert_eq!(first.body["weight"], 1);
+    assert!(first.body["created_at"].as_str().unwrap().ends_with('Z'));
+
+    let again = app.post("/keys/acme", Some(json!({"weight": 7}))).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        again.body, first.body,
+        "a repeat answers the same assignment"
+    );
+
+    let looked_up = app.get("/keys/acme").await;
+    assert_eq!(looked_up.status, 200);
+    assert_eq!(looked_up.body, first.body);
+}
+
+#[tokio::test]
+async fn golden_sequence_over_http() {
+    let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
+    let mut keys = Vec::new();
+    for i in 0..15 {
+        keys.push(app.allocate(&format!("acct-{i}")).await);
+    }
+    let expected = [64, 32, 96, 16, 80, 48, 112, 8, 72, 40, 104, 24, 88, 56, 120];
+    assert_eq!(keys, expected.map(|k| k.to_string()));
+}
+
+#[tokio::test]
+async fn weights_are_stored_and_validated() {
+    let app = spawn_app().await;
+    let heavy = app
+        .post("/keys/heavy", Some(json!({"weight": 1_000_000})))
+        .await;
+    assert_eq!(
+        (heavy.status, heavy.body["weight"].as_u64()),
+        (201, Some(1_000_000))
+    );
+    let null_body = app
+        .post("/keys/nullish", Some(serde_json::Value::Null))
+        .await;
+    assert_eq!(
+        (null_body.status, null_body.body["weight"].as_u64()),
+        (201, Some(1))
+    );
+    for bad in [json!({"weight": 0}), json!({"weight": 1_000_001})] {
+        assert_problem(
+            &app.post("/keys/bad", Some(bad)).await,
+            422,
+            "weight must be between 1 and 1000000",
+        );
+    }
+    assert_problem(
+        &app.post("/keys/bad", Some(json!({"weight": -1}))).await,
+        422,
+        "weight",
+    );
+    assert_problem(
+        &app.post("/keys/bad", Some(json!({"weight": "3"}))).await,
+        422,
+        "weight",
+    );
+    assert_problem(
+        &app.post("/keys/bad", Some(json!({"wieght": 3}))).await,
+        422,
+        "unknown field",
+    );
+    assert_eq!(
+        app.get("/keys/bad").await.status,
+        404,
+        "nothing allocated on bad input"
+    );
+}
+
+#[tokio::test]
+async fn reweight_keeps_the_key() {
+    let app = spawn_app().await;
+    let key = app.allocate("acme").await;
+    let changed = app
+        .call(Method::PATCH, "/keys/acme", Some(json!({"weight": 5})))
+        .await;
+    assert_eq!(changed.status, 200);
+    assert_eq!(
+        (
+            changed.body["hash_key"].as_str(),
+            changed.body["weight"].as_u64()
+        ),
+        (Some(key.as_str()), Some(5))
+    );
+    assert_eq!(app.get("/keys/acme").await.body["weight"], 5);
+    assert_problem(
+        &app.call(Method::PATCH, "/keys/ghost", Some(json!({"weight": 2})))
+            .await,
+        404,
+        "ghost",
+    );
+    assert_problem(
+        &app.call(Method::PATCH, "/keys/acme", Some(json!({"weight": 0})))
+            .await,
+        422,
+        "weight",
+    );
+}
+
+#[tokio::test]
+async fn account_ids_are_validated() {
+    let app = spawn_app().await;
+    let long = "x".repeat(257);
+    assert_problem(
+        &app.post(&format!("/keys/{long}"), None).await,
+        400,
+        "1 to 256 bytes",
+    );
+    assert_problem(
+        &app.get(&format!("/keys/{long}")).await,
+        400,
+        "1 to 256 bytes",
+    );
+    assert_problem(
+        &app.post("/keys/a%0Ab", None).await,
+        400,
+        "control characters",
+    );
+    assert_problem(&app.delete("/keys/a%7Fb").await, 400, "control characters");
+    // Percent-encoded UTF-8 is an ordinary account.
+    let unicode = app.post("/keys/%E8%B4%A6%E6%88%B7", None).await;
+    assert_eq!(
+        (unicode.status, unicode.body["account"].as_str()),
+        (201, Some("账户"))
+    );
+    let max = "y".repeat(256);
+    assert_eq!(app.post(&format!("/keys/{max}"), None).await.status, 201);
+}
+
+#[tokio::test]
+async fn release_frees_the_key_for_the_next_account() {
+    let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
+    for account in ["a", "b", "c"] {
+        app.allocate(account).await;
+    }
+    let released = app.delete("/keys/b").await;
+    assert_eq!((released.status, released.body.is_null()), (204, true));
+    assert_problem(&app.get("/keys/b").await, 404, "account b has no hash key");
+    assert_problem(&app.delete("/keys/b").await, 404, "account b");
+    // b held 32; the walk refills it first.
+    assert_eq!(app.allocate("d").await, "32");
+}
+
+#[tokio::test]
+async fn list_pages_by_account() {
+    let app = spawn_app().await;
+    for account in ["e", "a", "d", "b", "c"] {
+        app.allocate(account).await;
+    }
+    let mut seen = Vec::new();
+    let mut path = "/keys?limit=2".to_owned();
+    loop {
+        let page = app.get(&path).await;
+        assert_eq!(page.status, 200);
+        let items = page.body["items"].as_array().unwrap();
+        assert!(items.len() <= 2);
+        seen.extend(
+            items
+                .iter()
+                .map(|i| i["account"].as_str().unwrap().to_owned()),
+        );
+        match page.body["next"].as_str() {
+            Some(next) => path = format!("/keys?limit=2&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+    let all = app.get("/keys").await;
+    assert_eq!(
+        (
+            all.body["items"].as_array().unwrap().len(),
+            all.body["next"].is_null()
+        ),
+        (5, true)
+    );
+    assert_problem(&app.get("/keys?limit=0").await, 400, "limit");
+    assert_problem(&app.get("/keys?limit=1001").await, 400, "limit");
+    assert_problem(&app.get("/keys?limit=many").await, 400, "limit");
+}
+
+#[tokio::test]
+async fn concurrent_allocations_never_share_a_key() {
+    let app = spawn_app().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (client, url) = (
+            app.client.clone(),
+            app.url(&format!("/keys/acct-{}", i % 32)),
+        );
+        tasks.spawn(async move {
+            client
+                .post(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        });
+    }
+    let mut by_account = std::collections::HashMap::new();
+    while let Some(body) = tasks.join_next().await {
+        let body = body.unwrap();
+        let key = body["hash_key"].as_str().unwrap().to_owned();
+        let account = body["account"].as_str().unwrap().to_owned();
+        let previous = by_account.insert(account.clone(), key.clone());
+        assert!(previous.is_none_or(|p| p == key), "{account} got two keys");
+    }
+    let keys: std::collections::HashSet<_> = by_account.values().collect();
+    assert_eq!(
+        (by_account.len(), keys.len()),
+        (32, 32),
+        "32 accounts, 32 distinct keys"
+    );
+}

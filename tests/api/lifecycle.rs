@@ -1,0 +1,146 @@
+//! Start-up, restart, shutdown, health and the OpenAPI document.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::helpers::{spawn_app, spawn_app_with};
+
+#[tokio::test]
+async fn restart_rebuilds_the_tree_from_the_database() {
+    let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
+    for account in ["a", "b", "c", "d", "e"] {
+        app.allocate(account).await;
+    }
+    assert_eq!(app.delete("/keys/b").await.status, 204);
+    let before = app.get("/keys?limit=10").await.body;
+
+    let app = app.restart().await;
+    assert_eq!(app.get("/keys?limit=10").await.body, before);
+    assert_eq!(app.get("/keys/c").await.body["hash_key"], "96");
+    // The walk continues where it was: b's freed 32 first, then the golden order.
+    assert_eq!(app.allocate("f").await, "32");
+    assert_eq!(app.allocate("g").await, "48");
+    assert_eq!(app.get("/healthz").await.body["accounts"], 6);
+}
+
+#[tokio::test]
+async fn a_database_keeps_its_keyspace_width() {
+    let mut app = spawn_app_with(|c| c.keyspace_bits = 7).await;
+    app.allocate("a").await;
+    app.stop().await;
+    let mut config = app.config.clone();
+    config.keyspace_bits = 128;
+    let err = keyspread::AppState::open(&config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("7-bit keyspace but 128 bits"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let app = spawn_app().await;
+    let health = app.get("/healthz").await;
+    assert_eq!(
+        (health.status, health.body["status"].as_str()),
+        (200, Some("ok"))
+    );
+    let ready = app.get("/readyz").await;
+    assert_eq!(
+        (ready.status, ready.body["status"].as_str()),
+        (200, Some("ready"))
+    );
+}
+
+#[tokio::test]
+async fn committed_openapi_document_is_current() {
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
+            .expect("openapi/openapi.json exists");
+    let generated = keyspread::http::openapi_json();
+    assert!(
+        committed.trim_end() == generated.trim_end(),
+        "openapi/openapi.json is stale: run `make openapi` and commit it"
+    );
+    let app = spawn_app().await;
+    let served = app.get("/openapi.json").await;
+    let committed: serde_json::Value = serde_json::from_str(&committed).unwrap();
+    assert_eq!(served.body, committed);
+    let docs = app.client.get(app.url("/docs/")).send().await.unwrap();
+    assert_eq!(docs.status(), 200);
+    assert!(docs.text().await.unwrap().contains("swagger"));
+}
+
+/// Waits until `url` answers 200, or panics after `limit`.
+async fn wait_healthy(url: &str, limit: Duration) {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if reqwest::get(url).await.is_ok_and(|r| r.status() == 200) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url} not healthy after {limit:?}");
+}
+
+#[tokio::test]
+async fn the_binary_creates_its_database_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("KEYSPREAD_LISTEN", format!("127.0.0.1:{port}"))
+        .env_remove("DATABASE_URL")
+        .env_remove("KEYSPREAD_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_healthy(
+        &format!("http://127.0.0.1:{port}/healthz"),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(
+        dir.path().join("keyspread.db").exists(),
+        "default database created in the working directory"
+    );
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still running 10 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "clean exit on SIGTERM: {exit}");
+}
+
+#[test]
+fn openapi_subcommand_prints_the_document() {
+    let out = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .arg("openapi")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["info"]["title"], "keyspread");
+    assert!(doc["paths"]["/keys/{account}"]["post"].is_object());
+}

@@ -1,0 +1,12 @@
+//! One integration-test binary: the real server, on port 0, over a fresh database per test.
+
+mod helpers;
+
+mod errors;
+mod keys;
+mod kinesis;
+mod lifecycle;
+mod python_client;
+mod rebalance;
+mod shards;
+mod store;

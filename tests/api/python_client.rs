@@ -1,0 +1,82 @@
+//! A Python client generated from openapi/openapi.json drives the live server.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use tokio::process::Command;
+
+use crate::helpers::spawn_app;
+
+// Keeps the package name fixed; no post hooks, so ruff need not be on PATH.
+const GENERATOR_CONFIG: &str = r#"{"package_name_override": "keyspread_client", "post_hooks": []}"#;
+
+#[tokio::test]
+async fn generated_python_client_drives_the_live_server() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let generator = tool(
+        "KEYSPREAD_TEST_OPENAPI_CLIENT",
+        manifest.join(".venv/bin/openapi-python-client"),
+    );
+    let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
+    let work = tempfile::tempdir().expect("temp dir");
+    let config = work.path().join("config.json");
+    std::fs::write(&config, GENERATOR_CONFIG).expect("write generator config");
+    let client_dir = work.path().join("client");
+    let document = manifest.join("openapi/openapi.json");
+    assert!(document.exists(), "{} is missing", document.display());
+
+    // With --meta none the output path is the package itself.
+    let generated = Command::new(&generator)
+        .arg("generate")
+        .arg("--path")
+        .arg(&document)
+        .arg("--output-path")
+        .arg(client_dir.join("keyspread_client"))
+        .args(["--meta", "none", "--fail-on-warning"])
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .await
+        .expect("run openapi-python-client");
+    assert_success("openapi-python-client generate", &generated);
+
+    let app = spawn_app().await;
+    // tokio's Command lets the server keep serving on this runtime meanwhile.
+    let driven = Command::new(&python)
+        .arg(manifest.join("tests/python/drive_client.py"))
+        .arg("--client-dir")
+        .arg(&client_dir)
+        .arg("--base-url")
+        .arg(app.url(""))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run drive_client.py");
+    assert_success("drive_client.py", &driven);
+    print!("{}", String::from_utf8_lossy(&driven.stdout));
+}
+
+/// The program `var` names (found on PATH like any command), else `default`,
+/// which must exist.
+fn tool(var: &str, default: PathBuf) -> PathBuf {
+    if let Some(program) = std::env::var_os(var) {
+        return PathBuf::from(program);
+    }
+    assert!(
+        default.exists(),
+        "{} not found: run `make test-deps` to create .venv, or set {var}",
+        default.display()
+    );
+    default
+}
+
+fn assert_success(what: &str, output: &Output) {
+    assert!(
+        output.status.success(),
+        "{what} failed ({})\n--- stdout\n{}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+}
