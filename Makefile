@@ -23,7 +23,7 @@ $(VENV)/.installed: tests/python/requirements.txt
 	touch $@
 
 tests/kinesis/node_modules/.installed: tests/kinesis/package.json tests/kinesis/package-lock.json
-	npm ci --prefix tests/kinesis --no-audit --no-fund --loglevel=error
+	npm ci --prefix tests/kinesis --omit=optional --no-audit --no-fund --loglevel=error
 	touch $@
 
 fmt:

@@ -32,15 +32,6 @@ impl SplitMix64 {
     }
 }
 
-/// Allocates `n` keys of weight 1, answering the time taken.
-fn allocate(alloc: &mut Allocator, n: u64) -> Duration {
-    let start = Instant::now();
-    for _ in 0..n {
-        black_box(alloc.allocate(1).expect("the keyspace is far from full"));
-    }
-    start.elapsed()
-}
-
 /// Imports random keys until `alloc` holds `total`.
 fn import_random(alloc: &mut Allocator, total: u64, seed: u64) {
     let mut rng = SplitMix64(seed);
@@ -80,33 +71,80 @@ fn import_deep_chains(alloc: &mut Allocator) {
     }
 }
 
+/// Imports `m ± 2^j` around the top of the implicit tree as well as the ends: a deep trie.
+fn import_deep(alloc: &mut Allocator) {
+    import_powers(alloc);
+    import_deep_chains(alloc);
+}
+
+/// The walk's top `2^depth - 1` nodes: `(2c + 1) * 2^(127 - d)` at depth `d`.
+fn top_nodes(depth: u32) -> impl Iterator<Item = u128> {
+    (0..depth).flat_map(|d| (0..1u128 << d).map(move |c| (2 * c + 1) << (127 - d)))
+}
+
+/// Inner nodes on the crit-bit trie's path to `x`: the bits at which the held keys that
+/// share x's higher bits fall on both sides.
+fn trie_depth(alloc: &Allocator, x: u128) -> u32 {
+    let mut depth = 0;
+    for bit in (0..128).rev() {
+        let high = x & ((!0u128 << bit) << 1);
+        let mid = high | (1 << bit);
+        let hi = mid | ((1 << bit) - 1);
+        let below = alloc.load_in(HashKey(high), HashKey(mid - 1)).count;
+        let above = alloc.load_in(HashKey(mid), HashKey(hi)).count;
+        if below + above <= 1 {
+            break;
+        }
+        if below > 0 && above > 0 {
+            depth += 1;
+        }
+    }
+    depth
+}
+
+/// Allocations until each mark of held-by-walk keys, timed stretch by stretch.
+struct Run {
+    stretches: Vec<Duration>,
+    /// Sum over allocations of the walk's depth in the implicit tree.
+    levels: u64,
+}
+
+/// Stretch ends: decades from 1,000 up to `ops`.
+fn marks(ops: u64) -> Vec<u64> {
+    let mut marks: Vec<u64> = (3..)
+        .map(|e| 10u64.pow(e))
+        .take_while(|&m| m < ops)
+        .collect();
+    marks.push(ops);
+    marks
+}
+
+fn allocate(alloc: &mut Allocator, marks: &[u64]) -> Run {
+    let mut run = Run {
+        stretches: Vec::with_capacity(marks.len()),
+        levels: 0,
+    };
+    let mut done = 0;
+    for &mark in marks {
+        let start = Instant::now();
+        for _ in done..mark {
+            let key = alloc.allocate(1).expect("the keyspace is far from full");
+            // The implicit tree's node at depth d has 127 - d trailing zero bits.
+            run.levels += u64::from(127u32.saturating_sub(key.0.trailing_zeros()));
+        }
+        run.stretches.push(start.elapsed());
+        done = mark;
+    }
+    black_box(run)
+}
+
 fn ns_per_op(elapsed: Duration, ops: u64) -> f64 {
     elapsed.as_nanos() as f64 / ops as f64
 }
 
-/// Plain summary lines, printed after criterion's own report.
-#[derive(Default)]
-struct Summary(Vec<String>);
-
-impl Summary {
-    fn record(&mut self, case: &str, samples: &mut [f64]) {
-        if samples.is_empty() {
-            return; // filtered out on the command line
-        }
-        samples.sort_by(f64::total_cmp);
-        let median = samples[samples.len() / 2];
-        self.0.push(format!(
-            "{case}: {median:.0} ns/op median (min {:.0}, max {:.0}, {} runs)",
-            samples[0],
-            samples[samples.len() - 1],
-            samples.len()
-        ));
-    }
-
-    fn note(&mut self, line: String) {
-        println!("{line}");
-        self.0.push(line);
-    }
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
 }
 
 /// A group whose samples each run the whole job once: ten runs, no linear ramp.
@@ -116,27 +154,28 @@ fn group<'a>(c: &'a mut Criterion, name: &str, ops: u64) -> BenchmarkGroup<'a, W
         .sampling_mode(SamplingMode::Flat)
         .sample_size(10)
         .warm_up_time(Duration::from_millis(1))
-        .measurement_time(Duration::from_secs(5))
+        .measurement_time(Duration::from_secs(1))
         .throughput(Throughput::Elements(ops));
     group
 }
 
-/// Benches `ops` allocations on fresh clones of an allocator that `prepare` fills (its
-/// import time is noted, not benched); building, cloning and dropping are not timed.
-fn bench_allocations(
+/// Benches `ops` allocations on fresh clones of an allocator that `prepare` fills; building,
+/// cloning, dropping and the diagnostics are not timed. Answers the plain summary lines.
+fn bench_case(
     c: &mut Criterion,
-    summary: &mut Summary,
     case: &str,
     ops: u64,
     prepare: impl FnOnce(&mut Allocator),
-) {
+) -> Vec<String> {
+    let marks = marks(ops);
     let mut prepare = Some(prepare);
     let mut base = None;
-    let mut samples = Vec::new();
+    let mut runs = Vec::new();
+    let mut probe_depths = Vec::new();
     let mut group = group(c, case, ops);
     group.bench_function(format!("{ops}_allocations"), |b| {
         // Built on first use, so a case filtered out on the command line costs nothing.
-        let base = base.get_or_insert_with(|| {
+        let (base, _) = base.get_or_insert_with(|| {
             let mut alloc = Allocator::new(Keyspace::KINESIS);
             let start = Instant::now();
             (prepare.take().expect("built once"))(&mut alloc);
@@ -145,79 +184,83 @@ fn bench_allocations(
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let mut alloc = base.0.clone();
-                let elapsed = allocate(&mut alloc, ops);
-                samples.push(ns_per_op(elapsed, ops));
-                total += elapsed;
+                let mut alloc = base.clone();
+                let run = allocate(&mut alloc, &marks);
+                total += run.stretches.iter().sum::<Duration>();
+                if runs.is_empty() {
+                    probe_depths = top_nodes(10).map(|x| trie_depth(&alloc, x)).collect();
+                }
+                runs.push(run);
             }
             total
         })
     });
     group.finish();
-    if let Some((alloc, import)) = base {
-        let held = alloc.total().count;
-        if held > 0 {
-            summary.note(format!(
-                "{case}: imported {held} keys in {:.2} s, {:.0} ns/key",
-                import.as_secs_f64(),
-                ns_per_op(import, held)
-            ));
-        }
-    }
-    summary.record(case, &mut samples);
-}
-
-/// One run from empty, timed per decade of n: flat if the cost is O(log n) with small constants.
-fn scaling_from_empty(summary: &mut Summary) {
-    let mut alloc = Allocator::new(Keyspace::KINESIS);
-    let mut held = 0;
-    for upto in [1_000, 10_000, 100_000, FROM_EMPTY] {
-        let elapsed = allocate(&mut alloc, upto - held);
-        summary.note(format!(
-            "scaling from empty, keys {held}..{upto}: {:.0} ns/op (one run)",
-            ns_per_op(elapsed, upto - held)
+    let Some((base, import)) = base else {
+        return Vec::new(); // filtered out
+    };
+    let mut lines = Vec::new();
+    let held = base.total().count;
+    if held > 0 {
+        lines.push(format!(
+            "{case}: import of {held} keys took {:.2} s, {:.0} ns/key (once)",
+            import.as_secs_f64(),
+            ns_per_op(import, held)
         ));
-        held = upto;
     }
+    let per_op: Vec<f64> = runs
+        .iter()
+        .map(|r| ns_per_op(r.stretches.iter().sum(), ops))
+        .collect();
+    let (min, max) = per_op
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    lines.push(format!(
+        "{case}: {ops} allocations, {:.0} ns/op median (min {min:.0}, max {max:.0}, {} runs)",
+        median(per_op.clone()),
+        runs.len()
+    ));
+    let mut done = 0;
+    for (i, &mark) in marks.iter().enumerate() {
+        let stretch = runs
+            .iter()
+            .map(|r| ns_per_op(r.stretches[i], mark - done))
+            .collect();
+        lines.push(format!(
+            "  allocations {done}..{mark}: {:.0} ns/op median",
+            median(stretch)
+        ));
+        done = mark;
+    }
+    let levels: u64 = runs.iter().map(|r| r.levels).sum();
+    lines.push(format!(
+        "  walk depth {:.1} levels/allocation; trie depth at the walk's top 1023 nodes: mean {:.1}, max {}",
+        levels as f64 / (ops * runs.len() as u64) as f64,
+        probe_depths.iter().sum::<u32>() as f64 / probe_depths.len() as f64,
+        probe_depths.iter().max().unwrap_or(&0)
+    ));
+    lines
 }
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();
-    let mut summary = Summary::default();
-
-    bench_allocations(&mut c, &mut summary, "a_from_empty", FROM_EMPTY, |_| {});
-    bench_allocations(
+    let mut summary = Vec::new();
+    summary.extend(bench_case(&mut c, "a_from_empty", FROM_EMPTY, |_| {}));
+    summary.extend(bench_case(&mut c, "b_after_1M_random", AFTER_IMPORT, |a| {
+        import_random(a, IMPORTED, 1)
+    }));
+    summary.extend(bench_case(
         &mut c,
-        &mut summary,
-        "b_after_1M_random",
-        AFTER_IMPORT,
-        |a| import_random(a, IMPORTED, 1),
-    );
-    bench_allocations(
-        &mut c,
-        &mut summary,
-        "c1_after_powers_and_random",
+        "c_after_1M_deep_and_random",
         AFTER_IMPORT,
         |a| {
-            import_powers(a);
-            import_random(a, IMPORTED, 2);
+            import_deep(a);
+            import_random(a, IMPORTED, 2)
         },
-    );
-    bench_allocations(
-        &mut c,
-        &mut summary,
-        "c2_after_deep_chains_and_random",
-        AFTER_IMPORT,
-        |a| {
-            import_deep_chains(a);
-            import_random(a, IMPORTED, 3);
-        },
-    );
-    scaling_from_empty(&mut summary);
-
+    ));
     c.final_summary();
-    println!("\nsummary (time per allocation, 128-bit keyspace, weight 1):");
-    for line in &summary.0 {
+    println!("\nsummary (128-bit keyspace, weight 1, time per allocation):");
+    for line in summary {
         println!("{line}");
     }
 }

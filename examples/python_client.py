@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Allocate an account's Kinesis hash key, read it back and find its shard.
 
-Usage: python_client.py BASE_URL ACCOUNT [--shards N] [--token TOKEN]
+Usage: python_client.py BASE_URL ACCOUNT [--weight W] [--shards N] [--token TOKEN]
 Needs the generated package keyspread_client (see python_client.md).
 """
 
@@ -12,13 +12,15 @@ import sys
 from keyspread_client import AuthenticatedClient, Client
 from keyspread_client.api.keys import allocate, lookup
 from keyspread_client.api.shards import shard_of
-from keyspread_client.models import Assignment
+from keyspread_client.models import AllocateRequest, Assignment
+from keyspread_client.types import UNSET
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base_url", help="e.g. http://127.0.0.1:8080")
     parser.add_argument("account")
+    parser.add_argument("--weight", type=int, help="relative load of a new account (default 1)")
     parser.add_argument("--shards", type=int, default=4, help="shards of a uniform stream map")
     parser.add_argument("--token", default=os.environ.get("KEYSPREAD_TOKEN"), help="bearer token, if set")
     args = parser.parse_args()
@@ -30,7 +32,8 @@ def main():
         client = Client(base_url=args.base_url)
 
     # 201 when the account is new, 200 with the same key when it had one.
-    response = allocate.sync_detailed(args.account, client=client)
+    body = UNSET if args.weight is None else AllocateRequest(weight=args.weight)
+    response = allocate.sync_detailed(args.account, client=client, body=body)
     if not isinstance(response.parsed, Assignment):
         sys.exit(f"allocate: HTTP {response.status_code}: {response.content.decode()}")
     status = "allocated" if response.status_code == 201 else "already had"

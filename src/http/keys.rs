@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
+use super::extract::OptionalJson;
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
 use crate::registry::Allocated;
@@ -92,7 +93,7 @@ fn account_id(raw: String) -> Result<AccountId, ApiError> {
 #[utoipa::path(
     post, path = "/keys/{account}", tag = "keys",
     params(("account" = String, Path, description = "Account id: 1..=256 bytes of UTF-8, no control characters")),
-    request_body(content = Option<AllocateRequest>, description = "Optional; weight defaults to 1"),
+    request_body(content = Option<AllocateRequest>, description = "Optional (an empty body or null is fine); weight defaults to 1"),
     responses(
         (status = 201, description = "New assignment, committed", body = Assignment),
         (status = 200, description = "The account already had this assignment", body = Assignment),
@@ -102,18 +103,15 @@ fn account_id(raw: String) -> Result<AccountId, ApiError> {
         (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("bearer" = []))
+    security((), ("bearer" = []))
 )]
 async fn allocate(
     State(state): State<AppState>,
     Path(account): Path<String>,
-    body: Option<Json<Option<AllocateRequest>>>,
+    OptionalJson(body): OptionalJson<AllocateRequest>,
 ) -> Result<(StatusCode, Json<Assignment>), ApiError> {
     let account = account_id(account)?;
-    let weight = body
-        .and_then(|Json(b)| b)
-        .and_then(|b| b.weight)
-        .unwrap_or(1);
+    let weight = body.and_then(|b| b.weight).unwrap_or(1);
     let weight =
         keyspace::check_weight(weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
     Ok(match state.registry.allocate(account, weight).await? {
@@ -157,7 +155,7 @@ async fn lookup(
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("bearer" = []))
+    security((), ("bearer" = []))
 )]
 async fn reweight(
     State(state): State<AppState>,
@@ -181,7 +179,7 @@ async fn reweight(
         (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("bearer" = []))
+    security((), ("bearer" = []))
 )]
 async fn release(
     State(state): State<AppState>,
@@ -193,7 +191,7 @@ async fn release(
 
 /// List assignments, paged by account.
 #[utoipa::path(
-    get, path = "/keys", tag = "keys",
+    get, path = "/keys", tag = "keys", operation_id = "list_keys",
     params(ListParams),
     responses(
         (status = 200, description = "One page, ordered by account", body = AssignmentPage),

@@ -1,6 +1,7 @@
 //! HTTP: routes, middleware, errors and the OpenAPI document.
 
 mod error;
+mod extract;
 mod health;
 mod keys;
 mod middleware;
@@ -34,11 +35,13 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Every documented route, with the document built from them.
 fn api() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+    let mut api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(keys::router())
         .merge(shards::router())
         .merge(rebalance::router())
-        .merge(health::router())
+        .merge(health::router());
+    openapi::optional_bodies(api.get_openapi_mut());
+    api
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `openapi/`.

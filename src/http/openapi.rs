@@ -1,8 +1,9 @@
 //! The OpenAPI document: collected from the handlers, plus what no handler states.
 
 use utoipa::Modify;
+use utoipa::openapi::schema::{Schema, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContactBuilder, OpenApi};
+use utoipa::openapi::{ContactBuilder, OpenApi, RefOr};
 
 use crate::keyspace::HashKey;
 
@@ -36,4 +37,35 @@ impl Modify for BearerAuth {
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
     }
+}
+
+/// utoipa writes an `Option<T>` request body as `oneOf: [null, T]`, not required. What such a
+/// body means here is "may be left out": keep it not required and describe it as plain `T`,
+/// which generated clients turn into an optional argument.
+pub fn optional_bodies(doc: &mut OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ];
+        for operation in operations.into_iter().flatten() {
+            let Some(body) = operation.request_body.as_mut() else {
+                continue;
+            };
+            for content in body.content.values_mut() {
+                if let Some(RefOr::T(Schema::OneOf(one))) = &content.schema {
+                    let mut others = one.items.iter().filter(|s| !is_null(s));
+                    if let (Some(only), None) = (others.next(), others.next()) {
+                        content.schema = Some(only.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn is_null(schema: &RefOr<Schema>) -> bool {
+    matches!(schema, RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null))
 }

@@ -102,7 +102,7 @@ async fn preview(
         (status = 409, description = "Assignments changed since the preview", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a plan id", body = Problem, content_type = "application/problem+json"),
     ),
-    security(("bearer" = []))
+    security((), ("bearer" = []))
 )]
 async fn apply(
     State(state): State<AppState>,

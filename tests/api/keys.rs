@@ -88,6 +88,50 @@ async fn weights_are_stored_and_validated() {
 }
 
 #[tokio::test]
+async fn the_allocate_body_may_be_left_out() {
+    let app = spawn_app().await;
+    // Some generated clients send a JSON content type with no body at all.
+    let empty = app
+        .client
+        .post(app.url("/keys/a"))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status(), 201);
+    let not_json = app
+        .client
+        .post(app.url("/keys/b"))
+        .header("content-type", "text/plain")
+        .body("weight=3")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(&crate::helpers::answer(not_json).await, 415, "must be JSON");
+    let untyped = app
+        .client
+        .post(app.url("/keys/c"))
+        .body("{\"weight\": 2}")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(
+        &crate::helpers::answer(untyped).await,
+        415,
+        "Content-Type: application/json",
+    );
+    let merge = app
+        .client
+        .post(app.url("/keys/d"))
+        .header("content-type", "application/merge-patch+json")
+        .body("{\"weight\": 2}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(merge.status(), 201);
+}
+
+#[tokio::test]
 async fn reweight_keeps_the_key() {
     let app = spawn_app().await;
     let key = app.allocate("acme").await;
