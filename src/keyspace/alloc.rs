@@ -38,6 +38,11 @@ impl Allocator {
         self.tree.load_in(lo.0, hi.0)
     }
 
+    /// Every held key with its weight, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (HashKey, u64)> + '_ {
+        self.tree.iter().map(|(k, w)| (HashKey(k), w))
+    }
+
     /// The weight of `key`, if held.
     pub fn weight(&self, key: HashKey) -> Option<u64> {
         self.tree.weight(key.0)

@@ -5,15 +5,19 @@
 mod account;
 mod alloc;
 mod key;
+mod list_shards;
 mod rebalance;
 mod shards;
+mod split;
 mod tree;
 
 pub use account::AccountId;
 pub use alloc::Allocator;
 pub use key::{HashKey, Keyspace};
+pub use list_shards::ListShards;
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use shards::{Shard, ShardMap, Skew, md5_hash};
+pub use split::{Reshard, SplitPlan, split_plan};
 pub use tree::{KeyTree, Load};
 
 /// Everything that can go wrong in the pure core.
@@ -33,6 +37,10 @@ pub enum Error {
     ShardCount { got: u64, max: u64 },
     #[error("weight must be between 1 and {max}, got {got}", max = crate::keyspace::MAX_WEIGHT)]
     Weight { got: u64 },
+    #[error("the open shards do not tile the keyspace: {0}")]
+    Tiling(String),
+    #[error("not list-shards output: {0}")]
+    ListShards(String),
     #[error("hash key {0} is already held")]
     KeyTaken(HashKey),
     #[error("hash key {0} is not held")]

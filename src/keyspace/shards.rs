@@ -18,13 +18,19 @@ pub struct Shard {
     pub end: HashKey,
 }
 
-/// The uniform map of `count` shards that CreateStream and UNIFORM_SCALING make: shard `i`
-/// starts at `i * floor(2^bits / count)`; the last one ends at the top of the keyspace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The open shards of a stream: ranges that tile the keyspace, in key order.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardMap {
-    count: u32,
-    step: u128,
-    max: u128,
+    repr: Repr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Repr {
+    /// What CreateStream and UNIFORM_SCALING make: shard `i` starts at
+    /// `i * floor(2^bits / count)`; the last one ends at the top of the keyspace.
+    Uniform { count: u32, step: u128, max: u128 },
+    /// Any tiling, as SplitShard and MergeShards leave it; sorted by start.
+    Explicit { shards: Vec<Shard> },
 }
 
 impl ShardMap {
@@ -43,33 +49,125 @@ impl ShardMap {
         // floor((max + 1) / n) without overflowing when max + 1 = 2^128.
         let step = (max / n).saturating_add(u128::from(max % n == n - 1));
         Ok(ShardMap {
-            count: count as u32,
-            step,
-            max,
+            repr: Repr::Uniform {
+                count: count as u32,
+                step,
+                max,
+            },
+        })
+    }
+
+    /// A map of the given open shards `(id, start, end)`, which must tile the keyspace
+    /// exactly: no gap, no overlap, ids unique.
+    pub fn explicit(
+        keyspace: Keyspace,
+        open: Vec<(String, HashKey, HashKey)>,
+    ) -> Result<Self, Error> {
+        let count = open.len() as u64;
+        if count == 0 || count > u64::from(MAX_SHARDS) {
+            return Err(Error::ShardCount {
+                got: count,
+                max: u64::from(MAX_SHARDS),
+            });
+        }
+        let mut open = open;
+        open.sort_by_key(|(_, start, _)| *start);
+        let tiling = |detail: String| Error::Tiling(detail);
+        let mut ids = std::collections::HashSet::new();
+        let mut next = 0u128; // the first key not yet covered
+        for (i, (id, start, end)) in open.iter().enumerate() {
+            if !ids.insert(id.as_str()) {
+                return Err(tiling(format!("{id} appears twice among the open shards")));
+            }
+            if start > end {
+                return Err(tiling(format!(
+                    "{id}: StartingHashKey {start} is above EndingHashKey {end}"
+                )));
+            }
+            keyspace.check(*end).map_err(|_| {
+                tiling(format!(
+                    "{id}: EndingHashKey {end} is above the keyspace's top {}",
+                    keyspace.max()
+                ))
+            })?;
+            if start.0 > next {
+                let after = if i == 0 {
+                    "the start of the keyspace".to_owned()
+                } else {
+                    open[i - 1].0.clone()
+                };
+                return Err(tiling(format!(
+                    "gap: no open shard covers [{next}, {}] (between {after} and {id})",
+                    start.0 - 1
+                )));
+            }
+            if start.0 < next {
+                let (prev, _, prev_end) = &open[i - 1];
+                return Err(tiling(format!(
+                    "overlap: {prev} and {id} both cover [{start}, {}]",
+                    prev_end.0.min(end.0)
+                )));
+            }
+            next = end.0.wrapping_add(1);
+            if end.0 == keyspace.max().0 && i + 1 < open.len() {
+                let (extra, extra_start, _) = &open[i + 1];
+                return Err(tiling(format!(
+                    "overlap: {id} already ends at the top of the keyspace, {extra} starts at {extra_start}"
+                )));
+            }
+        }
+        let (last_id, _, last_end) = open.last().expect("at least one shard");
+        if *last_end != keyspace.max() {
+            return Err(tiling(format!(
+                "gap: no open shard covers [{}, {}] (after {last_id})",
+                last_end.0 + 1,
+                keyspace.max()
+            )));
+        }
+        let shards = open
+            .into_iter()
+            .enumerate()
+            .map(|(index, (id, start, end))| Shard {
+                index,
+                id,
+                start,
+                end,
+            })
+            .collect();
+        Ok(ShardMap {
+            repr: Repr::Explicit { shards },
         })
     }
 
     pub fn len(&self) -> usize {
-        self.count as usize
+        match &self.repr {
+            Repr::Uniform { count, .. } => *count as usize,
+            Repr::Explicit { shards } => shards.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.len() == 0
     }
 
-    /// The shard at `index` (< len).
+    /// The shard at `index` (< len), in key order.
     pub fn shard(&self, index: usize) -> Shard {
-        let start = self.step * index as u128;
-        let end = if index + 1 == self.len() {
-            self.max
-        } else {
-            start + self.step - 1
-        };
-        Shard {
-            index,
-            id: shard_id(index),
-            start: HashKey(start),
-            end: HashKey(end),
+        match &self.repr {
+            Repr::Uniform { count, step, max } => {
+                let start = step * index as u128;
+                let end = if index + 1 == *count as usize {
+                    *max
+                } else {
+                    start + step - 1
+                };
+                Shard {
+                    index,
+                    id: shard_id(index),
+                    start: HashKey(start),
+                    end: HashKey(end),
+                }
+            }
+            Repr::Explicit { shards } => shards[index].clone(),
         }
     }
 
@@ -78,9 +176,14 @@ impl ShardMap {
         self.shard(self.index_of(key))
     }
 
-    /// Index of the shard whose range holds `key`.
+    /// Index of the shard whose range holds `key` (a bisect over the starts).
     pub fn index_of(&self, key: HashKey) -> usize {
-        (key.0 / self.step).min(u128::from(self.count - 1)) as usize
+        match &self.repr {
+            Repr::Uniform { count, step, .. } => (key.0 / step).min(u128::from(count - 1)) as usize,
+            Repr::Explicit { shards } => {
+                shards.partition_point(|s| s.start <= key).saturating_sub(1)
+            }
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = Shard> + '_ {
@@ -232,6 +335,67 @@ mod tests {
             }
             prop_assert_eq!(map.shard(0).start, HashKey(0));
             prop_assert_eq!(map.shard(map.len() - 1).end, HashKey(u128::MAX));
+        }
+    }
+
+    fn open(ranges: &[(&str, u128, u128)]) -> Vec<(String, HashKey, HashKey)> {
+        ranges
+            .iter()
+            .map(|(id, a, b)| (id.to_string(), HashKey(*a), HashKey(*b)))
+            .collect()
+    }
+
+    #[test]
+    fn explicit_maps_must_tile_the_keyspace() {
+        let ks = Keyspace::new(8).unwrap();
+        let map = ShardMap::explicit(ks, open(&[("b", 100, 255), ("a", 0, 99)])).unwrap();
+        assert_eq!(map.len(), 2);
+        assert_eq!(map.shard_of(HashKey(99)).id, "a");
+        assert_eq!(map.shard_of(HashKey(100)).id, "b");
+        let err = |ranges: &[(&str, u128, u128)]| {
+            ShardMap::explicit(ks, open(ranges))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            err(&[("a", 0, 99), ("b", 101, 255)])
+                .contains("gap: no open shard covers [100, 100] (between a and b)")
+        );
+        assert!(err(&[("a", 1, 255)]).contains("gap: no open shard covers [0, 0]"));
+        assert!(err(&[("a", 0, 200)]).contains("gap: no open shard covers [201, 255] (after a)"));
+        assert!(
+            err(&[("a", 0, 120), ("b", 100, 255)])
+                .contains("overlap: a and b both cover [100, 120]")
+        );
+        assert!(err(&[("a", 0, 255), ("b", 255, 255)]).contains("overlap"));
+        assert!(err(&[("a", 0, 99), ("a", 100, 255)]).contains("a appears twice"));
+        assert!(err(&[("a", 0, 300)]).contains("above the keyspace's top 255"));
+        assert!(
+            err(&[("a", 0, 99), ("b", 200, 100)])
+                .contains("StartingHashKey 200 is above EndingHashKey 100")
+        );
+        assert!(ShardMap::explicit(ks, Vec::new()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn explicit_bisect_matches_a_scan(
+            mut cuts in prop::collection::btree_set(1u128..u128::MAX, 0..50),
+            key in any::<u128>(),
+        ) {
+            let mut starts: Vec<u128> = std::iter::once(0).chain(std::mem::take(&mut cuts)).collect();
+            starts.dedup();
+            let ranges: Vec<_> = starts
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let end = starts.get(i + 1).map_or(u128::MAX, |n| n - 1);
+                    (format!("shardId-{i:012}"), HashKey(*s), HashKey(end))
+                })
+                .collect();
+            let map = ShardMap::explicit(Keyspace::KINESIS, ranges.clone()).unwrap();
+            let scanned = ranges.iter().position(|(_, s, e)| s.0 <= key && key <= e.0).unwrap();
+            prop_assert_eq!(map.index_of(HashKey(key)), scanned);
         }
     }
 }

@@ -225,6 +225,24 @@ impl KeyTree {
         Some(weight)
     }
 
+    /// Every held key with its weight, in ascending key order.
+    pub fn iter(&self) -> impl Iterator<Item = (u128, u64)> + '_ {
+        let mut stack: Vec<Ref> = self.root.into_iter().collect();
+        std::iter::from_fn(move || {
+            while let Some(r) = stack.pop() {
+                match r.as_leaf() {
+                    Some(l) => return Some((self.leaves[l].key, self.leaves[l].weight)),
+                    None => {
+                        let node = &self.inners[r.index()];
+                        stack.push(node.child[1]);
+                        stack.push(node.child[0]);
+                    }
+                }
+            }
+            None
+        })
+    }
+
     fn load(&self, r: Ref) -> Load {
         match r.as_leaf() {
             Some(l) => Load::one(self.leaves[l].weight),
@@ -332,6 +350,7 @@ mod tests {
                 }
             }
             prop_assert_eq!(tree.total(), brute_load(&model, 0, u128::MAX));
+            prop_assert!(tree.iter().eq(model.iter().map(|(k, w)| (*k, *w))), "in-order walk");
             for (a, b) in probes {
                 let (lo, hi) = (a.min(b), a.max(b));
                 prop_assert_eq!(tree.load_in(lo, hi), brute_load(&model, lo, hi));

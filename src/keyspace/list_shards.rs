@@ -1,0 +1,133 @@
+//! The JSON `aws kinesis list-shards` prints, read into a shard map.
+
+use serde::Deserialize;
+
+use super::shards::ShardMap;
+use super::{Error, HashKey, Keyspace};
+
+/// `aws kinesis list-shards --stream-name X` output, as-is.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ListShards {
+    pub shards: Vec<ListedShard>,
+}
+
+/// One shard as list-shards prints it; closed shards included.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ListedShard {
+    pub shard_id: String,
+    pub hash_key_range: HashKeyRange,
+    pub sequence_number_range: SequenceNumberRange,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct HashKeyRange {
+    pub starting_hash_key: String,
+    pub ending_hash_key: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct SequenceNumberRange {
+    pub ending_sequence_number: Option<String>,
+}
+
+impl ListedShard {
+    /// Open shards have no ending sequence number.
+    pub fn is_open(&self) -> bool {
+        self.sequence_number_range.ending_sequence_number.is_none()
+    }
+
+    /// The number in `shardId-000000000042`, if it has that form.
+    pub fn number(&self) -> Option<u64> {
+        self.shard_id.strip_prefix("shardId-")?.parse().ok()
+    }
+}
+
+impl ListShards {
+    /// Parses list-shards output.
+    pub fn parse(json: &[u8]) -> Result<Self, Error> {
+        serde_json::from_slice(json).map_err(|e| Error::ListShards(e.to_string()))
+    }
+
+    /// The map of the open shards, checked to tile the keyspace.
+    pub fn open_map(&self, keyspace: Keyspace) -> Result<ShardMap, Error> {
+        let open = self
+            .shards
+            .iter()
+            .filter(|s| s.is_open())
+            .map(|s| {
+                let key = |text: &str, field: &str| {
+                    text.parse::<HashKey>().map_err(|e| {
+                        Error::Tiling(format!("{}: {field} {text:?}: {e}", s.shard_id))
+                    })
+                };
+                let range = &s.hash_key_range;
+                Ok((
+                    s.shard_id.clone(),
+                    key(&range.starting_hash_key, "StartingHashKey")?,
+                    key(&range.ending_hash_key, "EndingHashKey")?,
+                ))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        ShardMap::explicit(keyspace, open)
+    }
+
+    /// One past the highest shard number ever used: Kinesis numbers new shards upwards.
+    pub fn next_shard_number(&self) -> u64 {
+        self.shards
+            .iter()
+            .filter_map(ListedShard::number)
+            .max()
+            .map_or(0, |n| n + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AFTER_SPLIT: &str = r#"{
+      "Shards": [
+        {"ShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "340282366920938463463374607431768211455"},
+         "SequenceNumberRange": {"StartingSequenceNumber": "4959", "EndingSequenceNumber": "4960"}},
+        {"ShardId": "shardId-000000000001", "ParentShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": "170141183460469231731687303715884105727"},
+         "SequenceNumberRange": {"StartingSequenceNumber": "4961"}},
+        {"ShardId": "shardId-000000000002", "ParentShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": "170141183460469231731687303715884105728", "EndingHashKey": "340282366920938463463374607431768211455"},
+         "SequenceNumberRange": {"StartingSequenceNumber": "4962"}}
+      ],
+      "NextToken": null
+    }"#;
+
+    #[test]
+    fn reads_the_open_shards_of_a_split_stream() {
+        let listed = ListShards::parse(AFTER_SPLIT.as_bytes()).unwrap();
+        let map = listed.open_map(Keyspace::KINESIS).unwrap();
+        assert_eq!(map.len(), 2, "the closed parent is left out");
+        assert_eq!(map.shard(1).id, "shardId-000000000002");
+        assert_eq!(listed.next_shard_number(), 3);
+    }
+
+    #[test]
+    fn names_the_shard_with_a_bad_key() {
+        let bad = AFTER_SPLIT.replace(
+            "\"170141183460469231731687303715884105728\"",
+            "\"17014118346046923173168730371588410572x\"",
+        );
+        let err = ListShards::parse(bad.as_bytes())
+            .unwrap()
+            .open_map(Keyspace::KINESIS)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("shardId-000000000002: StartingHashKey"),
+            "{err}"
+        );
+        assert!(ListShards::parse(b"{\"Streams\": []}").is_err());
+    }
+}

@@ -1,0 +1,395 @@
+//! Split plans (seed 002): cut the keyspace into ranges of equal load between the actual
+//! keys, and list the SplitShard / MergeShards calls that take a stream's open shards there.
+
+use super::shards::{Shard, ShardMap, shard_id};
+use super::tree::Load;
+use super::{Error, HashKey, Keyspace};
+
+/// One resharding call, with the shard ids Kinesis will give its results.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reshard {
+    /// `SplitShard`: the shard's keys from `new_starting_hash_key` up go to a new shard.
+    Split {
+        shard: String,
+        new_starting_hash_key: HashKey,
+        children: [String; 2],
+    },
+    /// `MergeShards` of two adjacent open shards.
+    Merge {
+        shard: String,
+        adjacent: String,
+        merged: String,
+    },
+}
+
+/// Where a split plan leads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitPlan {
+    pub operations: Vec<Reshard>,
+    /// The open shards afterwards, in key order, with the load each will carry.
+    pub shards: Vec<(Shard, Load)>,
+    /// Weight of the heaviest single account: the bound on how far shards may differ.
+    pub heaviest_account: u64,
+}
+
+/// Plans the calls that take `current` to `target` open shards of near-equal weight.
+///
+/// `keys` are the held keys with their weights, in key order; `next_number` is one past
+/// the highest shard number the stream ever used (Kinesis numbers new shards upwards).
+pub fn split_plan(
+    keyspace: Keyspace,
+    current: &ShardMap,
+    next_number: u64,
+    keys: &[(HashKey, u64)],
+    target: usize,
+) -> Result<SplitPlan, Error> {
+    ShardMap::uniform(keyspace, target as u64)?;
+    let weights: Vec<u64> = keys.iter().map(|(_, w)| *w).collect();
+    let cuts = balanced_cuts(&weights, target);
+    let mut open: Vec<Shard> = current.iter().collect();
+    let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
+    let starts = boundaries(keyspace, keys, &cuts, &current_starts)?;
+    let mut next = next_number;
+    let mut operations = Vec::new();
+    for b in current_starts
+        .iter()
+        .filter(|b| starts.binary_search(b).is_err())
+    {
+        let k = open
+            .iter()
+            .position(|s| s.start == *b)
+            .expect("a current boundary");
+        let merged = shard_id(next as usize);
+        next += 1;
+        operations.push(Reshard::Merge {
+            shard: open[k - 1].id.clone(),
+            adjacent: open[k].id.clone(),
+            merged: merged.clone(),
+        });
+        let end = open[k].end;
+        open[k - 1] = Shard {
+            index: 0,
+            id: merged,
+            start: open[k - 1].start,
+            end,
+        };
+        open.remove(k);
+    }
+    for b in starts
+        .iter()
+        .filter(|b| current_starts.binary_search(b).is_err())
+    {
+        let k = open
+            .iter()
+            .position(|s| s.start < *b && *b <= s.end)
+            .expect("a shard holds every key");
+        let children = [shard_id(next as usize), shard_id(next as usize + 1)];
+        next += 2;
+        operations.push(Reshard::Split {
+            shard: open[k].id.clone(),
+            new_starting_hash_key: *b,
+            children: children.clone(),
+        });
+        let parent = open.remove(k);
+        let [low, high] = children;
+        open.insert(
+            k,
+            Shard {
+                index: 0,
+                id: high,
+                start: *b,
+                end: parent.end,
+            },
+        );
+        open.insert(
+            k,
+            Shard {
+                index: 0,
+                id: low,
+                start: parent.start,
+                end: HashKey(b.0 - 1),
+            },
+        );
+    }
+    let shards = open
+        .into_iter()
+        .enumerate()
+        .map(|(index, shard)| {
+            let load = load_in(keys, shard.start, shard.end);
+            (Shard { index, ..shard }, load)
+        })
+        .collect();
+    Ok(SplitPlan {
+        operations,
+        shards,
+        heaviest_account: weights.iter().copied().max().unwrap_or(0),
+    })
+}
+
+/// Load of the keys in `[lo, hi]`; `keys` sorted.
+pub fn load_in(keys: &[(HashKey, u64)], lo: HashKey, hi: HashKey) -> Load {
+    let a = keys.partition_point(|(k, _)| *k < lo);
+    let b = keys.partition_point(|(k, _)| *k <= hi);
+    keys[a..b]
+        .iter()
+        .fold(Load::default(), |acc, (_, w)| acc + Load::one(*w))
+}
+
+/// `parts - 1` cut positions (how many keys lie left of each cut), non-decreasing, chosen so
+/// that the parts' weights differ by at most the heaviest single weight.
+fn balanced_cuts(weights: &[u64], parts: usize) -> Vec<usize> {
+    let mut prefix = vec![0u128; weights.len() + 1];
+    for (i, w) in weights.iter().enumerate() {
+        prefix[i + 1] = prefix[i] + u128::from(*w);
+    }
+    let total = prefix[weights.len()];
+    let heaviest = u128::from(weights.iter().copied().max().unwrap_or(0));
+    // Look for a window [lo, lo + heaviest] that holds the mean and admits a partition,
+    // trying windows centred on the mean first.
+    let mean = total / parts as u128;
+    let mut offsets: Vec<u128> = (0..=32).map(|i| heaviest * i / 32).collect();
+    offsets.sort_by_key(|o| o.abs_diff(heaviest / 2));
+    offsets
+        .into_iter()
+        .filter_map(|o| {
+            let lo = mean.saturating_sub(o);
+            partition_within(&prefix, parts, lo, lo + heaviest)
+        })
+        .next()
+        .unwrap_or_else(|| pairwise_balanced(&prefix, parts))
+}
+
+/// Cuts making every part's weight lie in `[lo, hi]`, if any exist.
+///
+/// With `hi - lo` at least the heaviest weight, the cut positions reachable after k parts
+/// form one contiguous range, so tracking its two ends decides feasibility in O(parts log n).
+fn partition_within(prefix: &[u128], parts: usize, lo: u128, hi: u128) -> Option<Vec<usize>> {
+    let n = prefix.len() - 1;
+    let mut reach = vec![(0usize, 0usize)];
+    for _ in 0..parts {
+        let (a, b) = *reach.last().expect("seeded");
+        let first = prefix.partition_point(|p| *p < prefix[a] + lo);
+        let last = prefix
+            .partition_point(|p| *p <= prefix[b] + hi)
+            .checked_sub(1)?;
+        if first > last || first > n {
+            return None;
+        }
+        reach.push((first, last));
+    }
+    let (a, b) = reach[parts];
+    if !(a <= n && n <= b) {
+        return None;
+    }
+    // Walk back from the end, keeping each cut reachable and nearest its ideal position.
+    let total = prefix[n];
+    let mut cuts = vec![0; parts - 1];
+    let mut z = n;
+    for k in (1..parts).rev() {
+        let (a, b) = reach[k];
+        let first = prefix.partition_point(|p| *p + hi < prefix[z]).max(a);
+        let last = prefix
+            .partition_point(|p| *p + lo <= prefix[z])
+            .checked_sub(1)?
+            .min(b);
+        if first > last {
+            return None;
+        }
+        let goal = total * k as u128;
+        let x = (first..=last)
+            .min_by_key(|x| (prefix[*x] * parts as u128).abs_diff(goal))
+            .expect("non-empty range");
+        cuts[k - 1] = x;
+        z = x;
+    }
+    Some(cuts)
+}
+
+/// Fallback: cuts nearest the ideal positions, then neighbours evened out until nothing
+/// improves (each change lowers the sum of squared part weights, so this ends).
+fn pairwise_balanced(prefix: &[u128], parts: usize) -> Vec<usize> {
+    let n = prefix.len() - 1;
+    let nearest = |lo: usize, hi: usize, goal: u128, scale: u128| {
+        let i = lo + prefix[lo..=hi].partition_point(|p| p * scale < goal);
+        [i.saturating_sub(1).max(lo), i.min(hi)]
+            .into_iter()
+            .min_by_key(|c| (prefix[*c] * scale).abs_diff(goal))
+            .expect("two candidates")
+    };
+    let mut cuts: Vec<usize> = (1..parts)
+        .map(|j| nearest(0, n, prefix[n] * j as u128, parts as u128))
+        .collect();
+    for _ in 0..256 {
+        let mut changed = false;
+        for j in 0..cuts.len() {
+            let lo = if j == 0 { 0 } else { cuts[j - 1] };
+            let hi = if j + 1 == cuts.len() { n } else { cuts[j + 1] };
+            let best = nearest(lo, hi, prefix[lo] + prefix[hi], 2);
+            let spread = |c: usize| (2 * prefix[c]).abs_diff(prefix[lo] + prefix[hi]);
+            if spread(best) < spread(cuts[j]) {
+                cuts[j] = best;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    cuts
+}
+
+/// Hash keys where the new shards start: each cut sits between the keys either side of it,
+/// on a boundary the stream already has if one lies there (no call needed), else spread
+/// evenly across the gap.
+fn boundaries(
+    keyspace: Keyspace,
+    keys: &[(HashKey, u64)],
+    cuts: &[usize],
+    existing: &[HashKey],
+) -> Result<Vec<HashKey>, Error> {
+    let mut starts = Vec::with_capacity(cuts.len());
+    let mut j = 0;
+    while j < cuts.len() {
+        let gap = cuts[j];
+        let same = cuts[j..].iter().take_while(|c| **c == gap).count();
+        let lower = if gap == 0 { 1 } else { keys[gap - 1].0.0 + 1 };
+        let upper = keys.get(gap).map_or(keyspace.max().0, |(k, _)| k.0);
+        if upper < lower || upper - lower < same as u128 - 1 {
+            return Err(Error::Tiling(format!(
+                "no room for {same} shard boundaries between keys {} and {upper}",
+                lower - 1
+            )));
+        }
+        let there: Vec<HashKey> = existing
+            .iter()
+            .copied()
+            .filter(|b| lower <= b.0 && b.0 <= upper)
+            .collect();
+        if there.len() >= same {
+            // Keep the existing boundaries nearest the middle of the gap.
+            let skip = (there.len() - same) / 2;
+            starts.extend_from_slice(&there[skip..skip + same]);
+            j += same;
+            continue;
+        }
+        let step = (upper - lower) / (same as u128 + 1);
+        for k in 0..same {
+            let offset = if same == 1 {
+                (upper - lower).div_ceil(2)
+            } else {
+                step * (k as u128 + 1)
+            };
+            starts.push(HashKey(lower + offset.max(k as u128)));
+        }
+        j += same;
+    }
+    Ok(starts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn uniform(n: u64) -> ShardMap {
+        ShardMap::uniform(Keyspace::KINESIS, n).unwrap()
+    }
+
+    #[test]
+    fn splits_where_the_keys_are() {
+        // Eight accounts all in the lower quarter of a one-shard stream.
+        let keys: Vec<_> = (1..=8u128).map(|i| (HashKey(i << 100), 1)).collect();
+        let plan = split_plan(Keyspace::KINESIS, &uniform(1), 1, &keys, 2).unwrap();
+        assert_eq!(plan.operations.len(), 1);
+        let Reshard::Split {
+            shard,
+            new_starting_hash_key,
+            children,
+        } = &plan.operations[0]
+        else {
+            panic!("a split");
+        };
+        assert_eq!(shard, "shardId-000000000000");
+        assert!(
+            HashKey(4 << 100) < *new_starting_hash_key
+                && *new_starting_hash_key <= HashKey(5 << 100)
+        );
+        assert_eq!(
+            children,
+            &[
+                "shardId-000000000001".to_owned(),
+                "shardId-000000000002".to_owned()
+            ]
+        );
+        let counts: Vec<u64> = plan.shards.iter().map(|(_, l)| l.count).collect();
+        assert_eq!(counts, [4, 4]);
+    }
+
+    #[test]
+    fn merges_adjacent_shards_to_shrink() {
+        let keys: Vec<_> = (0..4u128).map(|i| (HashKey(i << 126 | 1), 1)).collect();
+        let plan = split_plan(Keyspace::KINESIS, &uniform(4), 4, &keys, 2).unwrap();
+        let merges: Vec<_> = plan
+            .operations
+            .iter()
+            .filter(|o| matches!(o, Reshard::Merge { .. }))
+            .collect();
+        assert_eq!(merges.len(), 2);
+        assert_eq!(
+            merges[0],
+            &Reshard::Merge {
+                shard: "shardId-000000000000".into(),
+                adjacent: "shardId-000000000001".into(),
+                merged: "shardId-000000000004".into()
+            }
+        );
+        assert_eq!(plan.shards.len(), 2);
+        assert!(plan.shards.iter().all(|(_, l)| l.count == 2));
+    }
+
+    #[test]
+    fn no_keys_means_even_ranges() {
+        let plan = split_plan(Keyspace::KINESIS, &uniform(1), 1, &[], 4).unwrap();
+        assert_eq!(plan.shards.len(), 4);
+        assert_eq!(plan.operations.len(), 3);
+    }
+
+    proptest! {
+        #[test]
+        fn plans_tile_and_stay_within_the_heaviest_account(
+            keys in prop::collection::btree_map(any::<u128>(), 1u64..=20, 0..200),
+            unit in any::<bool>(),
+            current in 1u64..=8,
+            target in 1usize..=16,
+        ) {
+            let keys: Vec<(HashKey, u64)> = keys.into_iter().map(|(k, w)| (HashKey(k), if unit { 1 } else { w })).collect();
+            let plan = split_plan(Keyspace::KINESIS, &uniform(current), current, &keys, target).unwrap();
+            // The result tiles the keyspace.
+            let open: Vec<_> = plan.shards.iter().map(|(s, _)| (s.id.clone(), s.start, s.end)).collect();
+            prop_assert!(ShardMap::explicit(Keyspace::KINESIS, open).is_ok());
+            prop_assert_eq!(plan.shards.len(), target);
+            let weights: Vec<u64> = plan.shards.iter().map(|(_, l)| l.weight).collect();
+            let spread = weights.iter().max().unwrap() - weights.iter().min().unwrap();
+            if unit {
+                prop_assert!(spread <= 1, "unit weights {:?}", weights);
+            }
+            prop_assert!(spread <= plan.heaviest_account.max(1), "weights {:?}, heaviest {}", weights, plan.heaviest_account);
+            // Every call is legal when made in order.
+            let mut live: std::collections::HashSet<String> = uniform(current).iter().map(|s| s.id).collect();
+            for op in &plan.operations {
+                match op {
+                    Reshard::Split { shard, children, .. } => {
+                        prop_assert!(live.remove(shard));
+                        live.extend(children.iter().cloned());
+                    }
+                    Reshard::Merge { shard, adjacent, merged } => {
+                        prop_assert!(live.remove(shard) && live.remove(adjacent));
+                        live.insert(merged.clone());
+                    }
+                }
+            }
+            let planned: std::collections::HashSet<String> = plan.shards.iter().map(|(s, _)| s.id.clone()).collect();
+            prop_assert_eq!(live, planned);
+        }
+    }
+}
