@@ -10,9 +10,8 @@ use keyspread::keyspace::{Allocator, HashKey, Keyspace};
 const FROM_EMPTY: u64 = 1_000_000;
 const IMPORTED: u64 = 1_000_000;
 const AFTER_IMPORT: u64 = 100_000;
-/// Walk probes that get a chain of deep neighbours in the deep-chains case.
-const DEEP_PROBES: u64 = 4096;
-/// Chain length either side of each probe; below 116 so the probes themselves stay free.
+/// Chain length either side of a deep node; below 116 so no chain reaches another node of
+/// the walk's top 12 levels.
 const CHAIN_BITS: u32 = 100;
 
 /// splitmix64: a fixed-seed generator, so every run imports the same keys.
@@ -45,36 +44,22 @@ fn import_random(alloc: &mut Allocator, total: u64, seed: u64) {
 fn import_powers(alloc: &mut Allocator) {
     for j in 0..128 {
         let p = 1u128 << j;
-        for key in [
-            p - 1,
-            p,
-            p + 1,
-            u128::MAX - p - 1,
-            u128::MAX - p,
-            u128::MAX - p + 1,
-        ] {
+        for key in [p - 1, p, p + 1] {
             let _ = alloc.insert(HashKey(key), 1);
+            let _ = alloc.insert(HashKey(u128::MAX - key), 1);
         }
     }
 }
 
-/// Imports `m ± 2^j` (j < CHAIN_BITS) around the first DEEP_PROBES keys an empty walk picks,
-/// so every later walk queries the trie along paths about CHAIN_BITS nodes deep.
+/// Imports `m ± 2^j` (j < CHAIN_BITS) around the walk's top 12 levels of nodes `m`, so every
+/// later walk queries the trie along paths about CHAIN_BITS nodes deep.
 fn import_deep_chains(alloc: &mut Allocator) {
-    let mut empty = Allocator::new(Keyspace::KINESIS);
-    for _ in 0..DEEP_PROBES {
-        let m = empty.allocate(1).expect("empty keyspace").0;
+    for m in top_nodes(12) {
         for j in 0..CHAIN_BITS {
             let _ = alloc.insert(HashKey(m + (1 << j)), 1);
             let _ = alloc.insert(HashKey(m - (1 << j)), 1);
         }
     }
-}
-
-/// Imports `m ± 2^j` around the top of the implicit tree as well as the ends: a deep trie.
-fn import_deep(alloc: &mut Allocator) {
-    import_powers(alloc);
-    import_deep_chains(alloc);
 }
 
 /// The walk's top `2^depth - 1` nodes: `(2c + 1) * 2^(127 - d)` at depth `d`.
@@ -102,7 +87,7 @@ fn trie_depth(alloc: &Allocator, x: u128) -> u32 {
     depth
 }
 
-/// Allocations until each mark of held-by-walk keys, timed stretch by stretch.
+/// One timed run: the time to reach each mark of allocated keys, stretch by stretch.
 struct Run {
     stretches: Vec<Duration>,
     /// Sum over allocations of the walk's depth in the implicit tree.
@@ -119,6 +104,7 @@ fn marks(ops: u64) -> Vec<u64> {
     marks
 }
 
+/// Allocates keys of weight 1 until `marks.last()` of them are held, timing each stretch.
 fn allocate(alloc: &mut Allocator, marks: &[u64]) -> Run {
     let mut run = Run {
         stretches: Vec::with_capacity(marks.len()),
@@ -159,15 +145,26 @@ fn group<'a>(c: &'a mut Criterion, name: &str, ops: u64) -> BenchmarkGroup<'a, W
     group
 }
 
-/// Benches `ops` allocations on fresh clones of an allocator that `prepare` fills; building,
-/// cloning, dropping and the diagnostics are not timed. Answers the plain summary lines.
+/// What one case measured.
+struct Measured {
+    case: String,
+    marks: Vec<u64>,
+    imported: u64,
+    import: Duration,
+    runs: Vec<Run>,
+    /// Trie depth at the walk's top 1023 nodes after the first run.
+    probe_depths: Vec<u32>,
+}
+
+/// Benches allocations up to `marks` on fresh clones of an allocator that `prepare` fills;
+/// building, cloning, dropping and the diagnostics are not timed.
 fn bench_case(
     c: &mut Criterion,
     case: &str,
-    ops: u64,
+    marks: Vec<u64>,
     prepare: impl FnOnce(&mut Allocator),
-) -> Vec<String> {
-    let marks = marks(ops);
+) -> Option<Measured> {
+    let ops = *marks.last().expect("at least one mark");
     let mut prepare = Some(prepare);
     let mut base = None;
     let mut runs = Vec::new();
@@ -196,71 +193,89 @@ fn bench_case(
         })
     });
     group.finish();
-    let Some((base, import)) = base else {
-        return Vec::new(); // filtered out
-    };
-    let mut lines = Vec::new();
-    let held = base.total().count;
-    if held > 0 {
-        lines.push(format!(
-            "{case}: import of {held} keys took {:.2} s, {:.0} ns/key (once)",
-            import.as_secs_f64(),
-            ns_per_op(import, held)
-        ));
-    }
-    let per_op: Vec<f64> = runs
-        .iter()
-        .map(|r| ns_per_op(r.stretches.iter().sum(), ops))
-        .collect();
-    let (min, max) = per_op
-        .iter()
-        .fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-    lines.push(format!(
-        "{case}: {ops} allocations, {:.0} ns/op median (min {min:.0}, max {max:.0}, {} runs)",
-        median(per_op.clone()),
-        runs.len()
-    ));
-    let mut done = 0;
-    for (i, &mark) in marks.iter().enumerate() {
-        let stretch = runs
+    let (base, import) = base?;
+    Some(Measured {
+        case: case.to_owned(),
+        imported: base.total().count,
+        marks,
+        import,
+        runs,
+        probe_depths,
+    })
+}
+
+impl Measured {
+    /// The plain summary: ns per allocation overall and per stretch, import cost, depths.
+    fn lines(&self) -> Vec<String> {
+        let case = &self.case;
+        let ops = *self.marks.last().expect("at least one mark");
+        let mut lines = Vec::new();
+        if self.imported > 0 {
+            lines.push(format!(
+                "{case}: import of {} keys took {:.2} s, {:.0} ns/key (once)",
+                self.imported,
+                self.import.as_secs_f64(),
+                ns_per_op(self.import, self.imported)
+            ));
+        }
+        let per_op: Vec<f64> = self
+            .runs
             .iter()
-            .map(|r| ns_per_op(r.stretches[i], mark - done))
+            .map(|r| ns_per_op(r.stretches.iter().sum(), ops))
             .collect();
+        let min = per_op.iter().copied().fold(f64::MAX, f64::min);
+        let max = per_op.iter().copied().fold(0.0, f64::max);
         lines.push(format!(
-            "  allocations {done}..{mark}: {:.0} ns/op median",
-            median(stretch)
+            "{case}: {ops} allocations, {:.0} ns/op median (min {min:.0}, max {max:.0}, {} runs)",
+            median(per_op),
+            self.runs.len()
         ));
-        done = mark;
+        let mut done = 0;
+        for (i, &mark) in self.marks.iter().enumerate() {
+            let stretch = self
+                .runs
+                .iter()
+                .map(|r| ns_per_op(r.stretches[i], mark - done))
+                .collect();
+            lines.push(format!(
+                "  allocations {done}..{mark}: {:.0} ns/op median",
+                median(stretch)
+            ));
+            done = mark;
+        }
+        let levels: u64 = self.runs.iter().map(|r| r.levels).sum();
+        let depths = &self.probe_depths;
+        lines.push(format!(
+            "  walk depth {:.1} levels/allocation; trie depth at the walk's top 1023 nodes: mean {:.1}, max {}",
+            levels as f64 / (ops * self.runs.len() as u64) as f64,
+            depths.iter().sum::<u32>() as f64 / depths.len() as f64,
+            depths.iter().max().unwrap_or(&0)
+        ));
+        lines
     }
-    let levels: u64 = runs.iter().map(|r| r.levels).sum();
-    lines.push(format!(
-        "  walk depth {:.1} levels/allocation; trie depth at the walk's top 1023 nodes: mean {:.1}, max {}",
-        levels as f64 / (ops * runs.len() as u64) as f64,
-        probe_depths.iter().sum::<u32>() as f64 / probe_depths.len() as f64,
-        probe_depths.iter().max().unwrap_or(&0)
-    ));
-    lines
 }
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();
-    let mut summary = Vec::new();
-    summary.extend(bench_case(&mut c, "a_from_empty", FROM_EMPTY, |_| {}));
-    summary.extend(bench_case(&mut c, "b_after_1M_random", AFTER_IMPORT, |a| {
-        import_random(a, IMPORTED, 1)
-    }));
-    summary.extend(bench_case(
-        &mut c,
-        "c_after_1M_deep_and_random",
-        AFTER_IMPORT,
-        |a| {
-            import_deep(a);
-            import_random(a, IMPORTED, 2)
-        },
-    ));
+    let measured = [
+        bench_case(&mut c, "a_from_empty", marks(FROM_EMPTY), |_| {}),
+        bench_case(&mut c, "b_after_1M_random", marks(AFTER_IMPORT), |a| {
+            import_random(a, IMPORTED, 1)
+        }),
+        bench_case(
+            &mut c,
+            "c_after_1M_deep_and_random",
+            marks(AFTER_IMPORT),
+            |a| {
+                import_powers(a);
+                import_deep_chains(a);
+                import_random(a, IMPORTED, 2)
+            },
+        ),
+    ];
     c.final_summary();
     println!("\nsummary (128-bit keyspace, weight 1, time per allocation):");
-    for line in summary {
+    for line in measured.iter().flatten().flat_map(Measured::lines) {
         println!("{line}");
     }
 }

@@ -25,6 +25,10 @@ pub struct ServeConfig {
           value_parser = clap::value_parser!(u32).range(1..=128))]
     pub keyspace_bits: u32,
 
+    /// The stream whose shards new keys balance on (once it is registered).
+    #[arg(long, env = "KEYSPREAD_PRIMARY_STREAM")]
+    pub primary_stream: Option<String>,
+
     /// Seconds a request may take before it is answered 408.
     #[arg(long, env = "KEYSPREAD_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
@@ -38,6 +42,7 @@ impl ServeConfig {
             database_url,
             token: None,
             keyspace_bits: 128,
+            primary_stream: None,
             request_timeout_secs: 10,
         }
     }

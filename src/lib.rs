@@ -36,7 +36,7 @@ impl AppState {
     pub async fn open(config: &ServeConfig) -> Result<AppState, StartError> {
         let keyspace = Keyspace::new(config.keyspace_bits)?;
         let store = Store::connect(&config.database_url).await?;
-        let registry = Registry::open(store, keyspace).await?;
+        let registry = Registry::open(store, keyspace, config.primary_stream.clone()).await?;
         Ok(AppState {
             registry,
             token: config.token.clone().map(Arc::new),

@@ -109,7 +109,7 @@ impl From<registry::Error> for ApiError {
     fn from(err: registry::Error) -> Self {
         use registry::Error as E;
         match err {
-            E::NotFound(_) => ApiError::not_found(err.to_string()),
+            E::NotFound(_) | E::UnknownStream(_) => ApiError::not_found(err.to_string()),
             E::Keyspace(e) => e.into(),
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
             E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),

@@ -4,8 +4,6 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -37,14 +35,11 @@ pub struct Assignment {
 
 impl From<store::Assignment> for Assignment {
     fn from(a: store::Assignment) -> Self {
-        let created =
-            OffsetDateTime::from_unix_timestamp_nanos(i128::from(a.created_at) * 1_000_000)
-                .unwrap_or(OffsetDateTime::UNIX_EPOCH);
         Assignment {
             account: a.account.into_string(),
             hash_key: a.hash_key,
             weight: a.weight,
-            created_at: created.format(&Rfc3339).unwrap_or_default(),
+            created_at: super::timestamp(a.created_at),
         }
     }
 }

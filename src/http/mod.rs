@@ -8,6 +8,7 @@ mod middleware;
 mod openapi;
 mod rebalance;
 mod shards;
+mod streams;
 
 use axum::Router;
 use axum::extract::Request;
@@ -39,9 +40,19 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(keys::router())
         .merge(shards::router())
         .merge(rebalance::router())
+        .merge(streams::router())
         .merge(health::router());
     openapi::optional_bodies(api.get_openapi_mut());
     api
+}
+
+/// Unix milliseconds as RFC 3339.
+fn timestamp(ms: i64) -> String {
+    use time::format_description::well_known::Rfc3339;
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+        .format(&Rfc3339)
+        .unwrap_or_default()
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `openapi/`.

@@ -21,6 +21,7 @@ use crate::keyspace::HashKey;
         (name = "keys", description = "Assignments of accounts to hash keys"),
         (name = "shards", description = "Where keys land on a stream's shards"),
         (name = "rebalance", description = "Evening out accounts over shards"),
+        (name = "streams", description = "Real shard maps of Kinesis streams, and split plans"),
         (name = "health", description = "Liveness and readiness"),
     )
 )]

@@ -8,7 +8,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
-use super::shards::{MapParams, uniform_map};
+use super::shards::MapParams;
 use crate::AppState;
 use crate::keyspace::{HashKey, Plan, Skew};
 
@@ -44,7 +44,7 @@ pub struct RebalancePlan {
 }
 
 impl RebalancePlan {
-    fn new(plan_id: String, plan: Plan) -> Self {
+    pub(super) fn new(plan_id: String, plan: Plan) -> Self {
         RebalancePlan {
             plan_id,
             cap: plan.cap,
@@ -73,21 +73,21 @@ pub struct ApplyRequest {
     pub plan_id: String,
 }
 
-/// Plan a rebalance over a uniform map; changes nothing.
+/// Plan a rebalance over a uniform or a registered stream's map; changes nothing.
 #[utoipa::path(
     get, path = "/rebalance/preview", tag = "rebalance",
     params(MapParams),
     responses(
         (status = 200, description = "The plan", body = RebalancePlan),
-        (status = 400, description = "Missing or bad shard count", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not exactly one of shards and stream, or a bad shard count", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn preview(
     State(state): State<AppState>,
     Query(q): Query<MapParams>,
 ) -> Result<Json<RebalancePlan>, ApiError> {
-    let map = uniform_map(&state, q.shards)?;
-    let (plan_id, plan) = state.registry.preview(&map).await;
+    let (plan_id, plan) = state.registry.preview(&q.spec()?).await?;
     Ok(Json(RebalancePlan::new(plan_id, plan)))
 }
 
@@ -99,7 +99,8 @@ async fn preview(
         (status = 200, description = "The moves applied", body = RebalancePlan),
         (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Assignments changed since the preview", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The plan's stream is no longer registered", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Assignments or the map changed since the preview", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a plan id", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))

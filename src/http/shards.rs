@@ -9,7 +9,8 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
 use crate::AppState;
-use crate::keyspace::{self, HashKey, Shard, ShardMap, Skew};
+use crate::keyspace::{self, HashKey, Shard, Skew};
+use crate::registry::MapSpec;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -27,9 +28,11 @@ pub struct ShardOfParams {
     pub account: Option<String>,
     /// A partition key: its MD5 hash, as Kinesis computes it.
     pub partition_key: Option<String>,
-    /// Number of shards of a uniform map, 1..=100000.
+    /// Number of shards of a uniform map, 1..=100000 (or give `stream`).
     #[param(minimum = 1, maximum = 100000)]
     pub shards: Option<u64>,
+    /// A registered stream whose map to use (or give `shards`).
+    pub stream: Option<String>,
 }
 
 /// The shard a hash key lands on.
@@ -42,13 +45,21 @@ pub struct ShardOf {
     pub ending_hash_key: HashKey,
 }
 
-/// The map to measure against.
+/// The map to measure against: exactly one of `shards` and `stream`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct MapParams {
     /// Number of shards of a uniform map, 1..=100000.
     #[param(minimum = 1, maximum = 100000)]
     pub shards: Option<u64>,
+    /// A registered stream whose map to use.
+    pub stream: Option<String>,
+}
+
+impl MapParams {
+    pub fn spec(self) -> Result<MapSpec, ApiError> {
+        map_spec(self.shards, self.stream)
+    }
 }
 
 /// One shard's share of the accounts.
@@ -78,11 +89,15 @@ pub struct Distribution {
     pub md5_skew: Skew,
 }
 
-/// The uniform map `shards` names.
-pub fn uniform_map(state: &AppState, shards: Option<u64>) -> Result<ShardMap, ApiError> {
-    let shards =
-        shards.ok_or_else(|| ApiError::bad_request("query parameter `shards` is required"))?;
-    Ok(ShardMap::uniform(state.registry.keyspace(), shards)?)
+/// The map a query names: `shards=N` (uniform) or `stream=NAME` (registered), not both.
+fn map_spec(shards: Option<u64>, stream: Option<String>) -> Result<MapSpec, ApiError> {
+    match (shards, stream) {
+        (Some(n), None) => Ok(MapSpec::Uniform(n)),
+        (None, Some(name)) => Ok(MapSpec::Stream(name)),
+        _ => Err(ApiError::bad_request(
+            "give exactly one of `shards` (a uniform map) and `stream` (a registered stream)",
+        )),
+    }
 }
 
 /// Find the shard a hash key, an account or a partition key lands on.
@@ -91,8 +106,8 @@ pub fn uniform_map(state: &AppState, shards: Option<u64>) -> Result<ShardMap, Ap
     params(ShardOfParams),
     responses(
         (status = 200, description = "The shard", body = ShardOf),
-        (status = 400, description = "Not exactly one of hash_key, account, partition_key; or a bad value", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not exactly one of hash_key, account, partition_key, or of shards and stream; or a bad value", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The account has no hash key, or no such stream", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn shard_of(
@@ -116,12 +131,13 @@ async fn shard_of(
             ));
         }
     };
+    let map = state.registry.resolve(&map_spec(q.shards, q.stream)?)?;
     let Shard {
         index,
         id,
         start,
         end,
-    } = uniform_map(&state, q.shards)?.shard_of(key);
+    } = map.shard_of(key);
     Ok(Json(ShardOf {
         hash_key: key,
         shard_index: index,
@@ -137,14 +153,15 @@ async fn shard_of(
     params(MapParams),
     responses(
         (status = 200, description = "Per-shard counts and skew", body = Distribution),
-        (status = 400, description = "Missing or bad shard count", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not exactly one of shards and stream, or a bad shard count", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn distribution(
     State(state): State<AppState>,
     Query(q): Query<MapParams>,
 ) -> Result<Json<Distribution>, ApiError> {
-    let map = uniform_map(&state, q.shards)?;
+    let map = state.registry.resolve(&q.spec()?)?;
     let loads = state.registry.loads(&map).await;
     let md5 = state.registry.md5_loads(&map);
     let shards = map

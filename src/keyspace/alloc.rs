@@ -6,6 +6,8 @@
 //! child holding less weight (ties go left), skipping children with no free key. On a
 //! power-of-two keyspace this is the tree of DESIGN.md: 64, 32, 96, 16, 80, ... for 7 bits.
 
+use super::balance::ShardBalance;
+use super::shards::ShardMap;
 use super::tree::{KeyTree, Load};
 use super::{Error, HashKey, Keyspace};
 
@@ -14,6 +16,8 @@ use super::{Error, HashKey, Keyspace};
 pub struct Allocator {
     keyspace: Keyspace,
     tree: KeyTree,
+    /// Set when a primary stream's map decides which shard a new key goes to.
+    balance: Option<ShardBalance>,
 }
 
 impl Allocator {
@@ -21,7 +25,21 @@ impl Allocator {
         Allocator {
             keyspace,
             tree: KeyTree::new(),
+            balance: None,
         }
+    }
+
+    /// Balances new keys over `map`'s shards from now on (`None`: over the whole keyspace).
+    pub fn balance_on(&mut self, map: Option<ShardMap>) {
+        self.balance = map.map(|map| {
+            let loads = map.iter().map(|s| self.load_in(s.start, s.end)).collect();
+            ShardBalance::new(map, loads)
+        });
+    }
+
+    /// The map new keys balance on, if any.
+    pub fn balanced_map(&self) -> Option<&ShardMap> {
+        self.balance.as_ref().map(ShardBalance::map)
     }
 
     pub fn keyspace(&self) -> Keyspace {
@@ -48,9 +66,22 @@ impl Allocator {
         self.tree.weight(key.0)
     }
 
-    /// The key the walk picks next over the whole keyspace. Changes nothing.
+    /// The key to hand out next: inside the lightest shard of the balanced map if there is
+    /// one, else anywhere the walk picks. Changes nothing.
     pub fn next_key(&self) -> Result<HashKey, Error> {
-        self.next_key_in(HashKey(0), self.keyspace.max())
+        let Some(balance) = &self.balance else {
+            return self.next_key_in(HashKey(0), self.keyspace.max());
+        };
+        for (lo, hi) in balance.lightest_first() {
+            match self.next_key_in(lo, hi) {
+                Err(Error::Full { .. }) => continue,
+                picked => return picked,
+            }
+        }
+        Err(Error::Full {
+            lo: HashKey(0),
+            hi: self.keyspace.max(),
+        })
     }
 
     /// The key the walk picks next inside `[lo, hi]`. Changes nothing.
@@ -97,7 +128,11 @@ impl Allocator {
         self.keyspace.check(key)?;
         self.tree
             .insert(key.0, weight)
-            .map_err(|_| Error::KeyTaken(key))
+            .map_err(|_| Error::KeyTaken(key))?;
+        if let Some(balance) = &mut self.balance {
+            balance.record(key, weight, true);
+        }
+        Ok(())
     }
 
     /// Picks the next key and holds it.
@@ -109,7 +144,11 @@ impl Allocator {
 
     /// Frees `key`, answering the weight it had.
     pub fn remove(&mut self, key: HashKey) -> Result<u64, Error> {
-        self.tree.remove(key.0).ok_or(Error::KeyNotHeld(key))
+        let weight = self.tree.remove(key.0).ok_or(Error::KeyNotHeld(key))?;
+        if let Some(balance) = &mut self.balance {
+            balance.record(key, weight, false);
+        }
+        Ok(weight)
     }
 
     /// Changes the weight of a held key.
@@ -348,6 +387,85 @@ mod tests {
                 let (lo, hi) = ((a & max).min(b & max), (a & max).max(b & max));
                 prop_assert_eq!(alloc.load_in(HashKey(lo), HashKey(hi)), recount(lo, hi));
             }
+        }
+    }
+
+    /// Random tilings of the keyspace into `shards` ranges.
+    fn random_map() -> impl Strategy<Value = crate::keyspace::ShardMap> {
+        prop::collection::btree_set(1u128..u128::MAX, 0..40).prop_map(|cuts| {
+            let starts: Vec<u128> = std::iter::once(0).chain(cuts).collect();
+            let open = starts
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let end = starts.get(i + 1).map_or(u128::MAX, |n| n - 1);
+                    (format!("shardId-{i:012}"), HashKey(*s), HashKey(end))
+                })
+                .collect();
+            crate::keyspace::ShardMap::explicit(Keyspace::KINESIS, open).unwrap()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn a_primary_map_stays_within_one_account_at_every_moment(
+            map in random_map(),
+            imported in prop::collection::vec(any::<u128>(), 0..20),
+            n in 1usize..400,
+        ) {
+            let mut alloc = Allocator::new(Keyspace::KINESIS);
+            alloc.balance_on(Some(map.clone()));
+            let shards = map.len() as u64;
+            // Any starting point: imported keys, then only new allocations.
+            for key in imported {
+                let _ = alloc.insert(HashKey(key), 1);
+            }
+            let count = |alloc: &Allocator| -> Vec<u64> {
+                map.iter().map(|s| alloc.load_in(s.start, s.end).count).collect()
+            };
+            let start = count(&alloc);
+            let (start_max, start_min) = (*start.iter().max().unwrap(), *start.iter().min().unwrap());
+            for _ in 0..n {
+                let key = alloc.allocate(1).unwrap();
+                let counts = count(&alloc);
+                let total: u64 = counts.iter().sum();
+                let max = *counts.iter().max().unwrap();
+                // From an even start every shard stays at or below ceil(N / S); from an
+                // uneven one, new keys only ever fill the emptiest shard.
+                if start_max - start_min <= 1 {
+                    prop_assert!(max <= total.div_ceil(shards), "{counts:?}");
+                } else {
+                    prop_assert!(max <= start_max.max(total.div_ceil(shards)), "{counts:?}");
+                }
+                let shard = map.shard_of(key);
+                prop_assert!(shard.start <= key && key <= shard.end);
+            }
+        }
+
+        #[test]
+        fn primary_loads_follow_releases_and_weights(
+            map in random_map(),
+            ops in prop::collection::vec((0u8..3, any::<usize>(), 1u64..5), 1..200),
+        ) {
+            let mut alloc = Allocator::new(Keyspace::KINESIS);
+            alloc.balance_on(Some(map.clone()));
+            let mut held: Vec<HashKey> = Vec::new();
+            for (op, pick, weight) in ops {
+                match op {
+                    0 => held.push(alloc.allocate(weight).unwrap()),
+                    1 if !held.is_empty() => {
+                        let key = held.swap_remove(pick % held.len());
+                        alloc.remove(key).unwrap();
+                    }
+                    _ if !held.is_empty() => alloc.set_weight(held[pick % held.len()], weight).unwrap(),
+                    _ => {}
+                }
+            }
+            // The incremental loads equal a fresh count: rebuilding the balance changes nothing.
+            let next = alloc.next_key();
+            alloc.balance_on(Some(map.clone()));
+            prop_assert_eq!(alloc.next_key(), next);
         }
     }
 }

@@ -13,24 +13,29 @@ pub struct ListShards {
 }
 
 /// One shard as list-shards prints it; closed shards included.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "PascalCase")]
 pub struct ListedShard {
     pub shard_id: String,
+    pub parent_shard_id: Option<String>,
+    pub adjacent_parent_shard_id: Option<String>,
     pub hash_key_range: HashKeyRange,
     pub sequence_number_range: SequenceNumberRange,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// The hash keys a shard owns, inclusive, as decimal strings.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "PascalCase")]
 pub struct HashKeyRange {
     pub starting_hash_key: String,
     pub ending_hash_key: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// A shard is open while it has no ending sequence number.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "PascalCase")]
 pub struct SequenceNumberRange {
+    pub starting_sequence_number: Option<String>,
     pub ending_sequence_number: Option<String>,
 }
 

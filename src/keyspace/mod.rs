@@ -4,6 +4,7 @@
 
 mod account;
 mod alloc;
+mod balance;
 mod key;
 mod list_shards;
 mod rebalance;
@@ -14,7 +15,7 @@ mod tree;
 pub use account::AccountId;
 pub use alloc::Allocator;
 pub use key::{HashKey, Keyspace};
-pub use list_shards::ListShards;
+pub use list_shards::{HashKeyRange, ListShards, ListedShard, SequenceNumberRange};
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use shards::{Shard, ShardMap, Skew, md5_hash};
 pub use split::{Reshard, SplitPlan, split_plan};

@@ -19,6 +19,20 @@ pub struct Assignment {
     pub created_at: i64,
 }
 
+/// A registered stream, as committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamRow {
+    pub name: String,
+    /// Open shards `(id, start, end)` in key order.
+    pub shards: Vec<(String, HashKey, HashKey)>,
+    /// One past the highest shard number the stream ever used.
+    pub next_shard: u64,
+    /// Whether new keys balance on this stream's map.
+    pub primary: bool,
+    /// Unix milliseconds.
+    pub updated_at: i64,
+}
+
 /// Errors of the storage layer. Their text is logged, never sent to clients.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -115,6 +129,28 @@ impl Store {
         }
     }
 
+    /// Every registered stream.
+    pub async fn load_streams(&self) -> Result<Vec<StreamRow>> {
+        match self {
+            Store::Sqlite(s) => s.load_streams().await,
+        }
+    }
+
+    /// Creates or replaces a stream (clearing any other primary if this one is); logs
+    /// `stream_put`; answers the event id.
+    pub async fn put_stream(&self, stream: &StreamRow) -> Result<i64> {
+        match self {
+            Store::Sqlite(s) => s.put_stream(stream).await,
+        }
+    }
+
+    /// Deletes a stream and logs `stream_delete`; answers the event id.
+    pub async fn delete_stream(&self, name: &str, at: i64) -> Result<i64> {
+        match self {
+            Store::Sqlite(s) => s.delete_stream(name, at).await,
+        }
+    }
+
     /// Up to `limit` assignments with account greater than `after`, by account.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
         match self {
@@ -151,4 +187,13 @@ fn decode_assignment(
             .map_err(|_| StoreError::Corrupt(format!("weight {weight}")))?,
         created_at,
     })
+}
+
+/// The stored form of a shard map: `[[id, start, end], ...]` with keys as decimal strings.
+fn encode_shards(shards: &[(String, HashKey, HashKey)]) -> String {
+    serde_json::to_string(shards).expect("shards serialize")
+}
+
+fn decode_shards(name: &str, json: &str) -> Result<Vec<(String, HashKey, HashKey)>> {
+    serde_json::from_str(json).map_err(|e| StoreError::Corrupt(format!("stream {name}: {e}")))
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use super::{Assignment, Result, StoreError, decode_assignment};
+use super::{
+    Assignment, Result, StoreError, StreamRow, decode_assignment, decode_shards, encode_shards,
+};
 use crate::keyspace::Move;
 
 /// The SQLite implementation of the store.
@@ -173,6 +175,74 @@ impl SqliteStore {
         Ok(id)
     }
 
+    pub async fn load_streams(&self) -> Result<Vec<StreamRow>> {
+        let rows = sqlx::query(
+            "SELECT name, shards, next_shard, is_primary, updated_at FROM streams ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let name: String = row.try_get(0)?;
+                let shards = decode_shards(&name, row.try_get(1)?)?;
+                Ok(StreamRow {
+                    name,
+                    shards,
+                    next_shard: row.try_get::<i64, _>(2)? as u64,
+                    primary: row.try_get(3)?,
+                    updated_at: row.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn put_stream(&self, stream: &StreamRow) -> Result<i64> {
+        let mut tx = self.pool.begin().await?;
+        if stream.primary {
+            sqlx::query("UPDATE streams SET is_primary = 0 WHERE name <> $1")
+                .bind(&stream.name)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let shards = encode_shards(&stream.shards);
+        sqlx::query(
+            "INSERT INTO streams (name, shards, next_shard, is_primary, updated_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (name) DO UPDATE SET shards = excluded.shards, next_shard = excluded.next_shard, \
+             is_primary = excluded.is_primary, updated_at = excluded.updated_at",
+        )
+        .bind(&stream.name)
+        .bind(&shards)
+        .bind(stream.next_shard as i64)
+        .bind(stream.primary)
+        .bind(stream.updated_at)
+        .execute(&mut *tx)
+        .await?;
+        let id = log_stream(
+            &mut tx,
+            stream.updated_at,
+            "stream_put",
+            &stream.name,
+            Some(&shards),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    pub async fn delete_stream(&self, name: &str, at: i64) -> Result<i64> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query("DELETE FROM streams WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::Stale);
+        }
+        let id = log_stream(&mut tx, at, "stream_delete", name, None).await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
         let rows = sqlx::query(&format!(
             "{SELECT_ASSIGNMENT} WHERE account > $1 ORDER BY account LIMIT $2"
@@ -217,6 +287,25 @@ async fn log(
     .bind(before.as_ref().map(|b| b.as_slice()))
     .bind(after.as_ref().map(|b| b.as_slice()))
     .bind(weight as i64)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+async fn log_stream(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    at: i64,
+    kind: &str,
+    stream: &str,
+    detail: Option<&str>,
+) -> Result<i64> {
+    let id = sqlx::query_scalar(
+        "INSERT INTO events (at, kind, stream, detail) VALUES ($1, $2, $3, $4) RETURNING id",
+    )
+    .bind(at)
+    .bind(kind)
+    .bind(stream)
+    .bind(detail)
     .fetch_one(&mut **tx)
     .await?;
     Ok(id)

@@ -1,31 +1,19 @@
 //! Kinesis as referee: kinesalite (a real Kinesis implementation) and keyspread
 //! must put every hash key and partition key on the same shard.
 
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
 use crate::helpers::spawn_app;
+use crate::kinesalite::{Kinesalite, KinesisApi, Shard, expect_status, parse};
 
 const SHARD_COUNTS: [u32; 6] = [1, 2, 3, 5, 8, 10];
 const ACCOUNTS: usize = 40;
 const PARTITION_KEYS: usize = 1_000;
 const WORKERS: usize = 16;
-
-// kinesalite wants a SigV4-shaped header and a date, but never checks the signature.
-const FAKE_DATE: &str = "20240101T000000Z";
-const FAKE_AUTH: &str = "AWS4-HMAC-SHA256 \
-    Credential=AKIDEXAMPLE/20240101/us-east-1/kinesis/aws4_request, \
-    SignedHeaders=content-type;host;x-amz-date;x-amz-target, \
-    Signature=0000000000000000000000000000000000000000000000000000000000000000";
 
 #[tokio::test]
 async fn kinesalite_and_keyspread_put_every_key_on_the_same_shard() {
@@ -174,167 +162,6 @@ fn partition_keys() -> Vec<String> {
     (0..PARTITION_KEYS).map(key).collect()
 }
 
-/// kinesalite under node on 127.0.0.1, killed when dropped; it also exits
-/// by itself when its stdin (held open by `child`) closes.
-struct Kinesalite {
-    child: Child,
-    api: KinesisApi,
-}
-
-impl Kinesalite {
-    async fn start() -> Kinesalite {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kinesis");
-        assert!(
-            dir.join("node_modules/kinesalite").is_dir(),
-            "{}/node_modules/kinesalite is missing: run `make test-deps` (or `npm ci --prefix tests/kinesis`)",
-            dir.display(),
-        );
-        let mut child = Command::new("node")
-            .arg(dir.join("kinesalite.js"))
-            .arg("0")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot run `node` for kinesalite: {err}"));
-        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let line = tokio::time::timeout(Duration::from_secs(30), stdout.lines().next_line())
-            .await
-            .expect("kinesalite did not start within 30 s")
-            .expect("read kinesalite's stdout")
-            .expect("kinesalite exited before listening");
-        let port: u16 = line
-            .strip_prefix("listening ")
-            .and_then(|port| port.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line from kinesalite.js: {line:?}"));
-        let endpoint = format!("http://127.0.0.1:{port}/");
-        let api = KinesisApi {
-            client: reqwest::Client::new(),
-            endpoint,
-        };
-        Kinesalite { child, api }
-    }
-}
-
-impl Drop for Kinesalite {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        // Reap it here: the test process may exit before tokio's reaper runs.
-        for _ in 0..100 {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-/// The few Kinesis actions the referee needs, over the AWS JSON 1.1 protocol.
-#[derive(Clone)]
-struct KinesisApi {
-    client: reqwest::Client,
-    endpoint: String,
-}
-
-impl KinesisApi {
-    /// Creates a stream, waits for it to be ACTIVE and answers its shards.
-    async fn create_stream(&self, name: &str, shard_count: u32) -> Vec<Shard> {
-        self.post(
-            "CreateStream",
-            json!({"StreamName": name, "ShardCount": shard_count}),
-        )
-        .await;
-        for _ in 0..200 {
-            let out: DescribeStreamSummary = parse(
-                &self
-                    .post("DescribeStreamSummary", json!({"StreamName": name}))
-                    .await,
-            );
-            if out.summary.stream_status == "ACTIVE" {
-                let out: ListShards =
-                    parse(&self.post("ListShards", json!({"StreamName": name})).await);
-                return out.shards;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("stream {name} is not ACTIVE after 5 s");
-    }
-
-    /// Puts an empty record and answers the ShardId it landed on.
-    async fn put_record(
-        &self,
-        stream: &str,
-        partition_key: &str,
-        explicit_hash_key: Option<&str>,
-    ) -> String {
-        let mut record = json!({"StreamName": stream, "PartitionKey": partition_key, "Data": ""});
-        if let Some(key) = explicit_hash_key {
-            record["ExplicitHashKey"] = json!(key);
-        }
-        let out: PutRecord = parse(&self.post("PutRecord", record).await);
-        out.shard_id
-    }
-
-    async fn post(&self, action: &str, body: Value) -> String {
-        let response = self
-            .client
-            .post(&self.endpoint)
-            .header("X-Amz-Target", format!("Kinesis_20131202.{action}"))
-            .header("Content-Type", "application/x-amz-json-1.1")
-            .header("X-Amz-Date", FAKE_DATE)
-            .header("Authorization", FAKE_AUTH)
-            .body(body.to_string())
-            .send()
-            .await;
-        expect_status(response, 200, &format!("kinesalite {action} {body}")).await
-    }
-}
-
-#[derive(Deserialize)]
-struct DescribeStreamSummary {
-    #[serde(rename = "StreamDescriptionSummary")]
-    summary: StreamSummary,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct StreamSummary {
-    stream_status: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct ListShards {
-    shards: Vec<Shard>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct Shard {
-    shard_id: String,
-    #[serde(rename = "HashKeyRange")]
-    range: HashKeyRange,
-}
-
-impl Shard {
-    /// The first and last hash key of the shard.
-    fn edges(&self) -> [&String; 2] {
-        [&self.range.starting_hash_key, &self.range.ending_hash_key]
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct HashKeyRange {
-    starting_hash_key: String,
-    ending_hash_key: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct PutRecord {
-    shard_id: String,
-}
-
 /// keyspread's HTTP API, cheap to clone into tasks.
 #[derive(Clone)]
 struct Keyspread {
@@ -390,24 +217,4 @@ struct ShardOf {
     shard_id: String,
     starting_hash_key: String,
     ending_hash_key: String,
-}
-
-/// The body of a response that must have `status`; panics naming `what` otherwise.
-async fn expect_status(
-    response: reqwest::Result<reqwest::Response>,
-    status: u16,
-    what: &str,
-) -> String {
-    let response = response.unwrap_or_else(|err| panic!("{what}: {err}"));
-    let got = response.status();
-    let body = response
-        .text()
-        .await
-        .unwrap_or_else(|err| panic!("{what}: reading the body: {err}"));
-    assert_eq!(got.as_u16(), status, "{what} answered {got}: {body}");
-    body
-}
-
-fn parse<T: DeserializeOwned>(body: &str) -> T {
-    serde_json::from_str(body).unwrap_or_else(|err| panic!("unexpected JSON ({err}): {body}"))
 }

@@ -4,9 +4,11 @@ mod helpers;
 
 mod errors;
 mod keys;
+mod kinesalite;
 mod kinesis;
 mod lifecycle;
 mod python_client;
 mod rebalance;
+mod reshard;
 mod shards;
 mod store;

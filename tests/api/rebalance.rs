@@ -135,7 +135,7 @@ async fn bad_plan_ids_and_maps_are_rejected() {
     assert_problem(
         &app.get("/rebalance/preview").await,
         400,
-        "`shards` is required",
+        "exactly one of `shards`",
     );
     assert_problem(
         &app.get("/rebalance/preview?shards=0").await,

@@ -4,16 +4,18 @@
 //! one writer lock, committed to the store first, and only then applied in memory and
 //! answered, so a key reaches a client only once the row holding it is durable.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use md5::{Digest, Md5};
-
-use crate::keyspace::{
-    self, AccountId, Allocator, HashKey, Holding, Keyspace, Load, Plan, ShardMap,
-};
+use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace, Load, ShardMap};
 use crate::store::{Assignment, Store, StoreError};
+
+mod rebalance;
+mod streams;
+
+pub use rebalance::MapSpec;
+pub use streams::{Stream, StreamChange};
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +26,8 @@ pub enum Error {
     Keyspace(#[from] keyspace::Error),
     #[error("plan {0} no longer matches the assignments: preview again")]
     StalePlan(String),
+    #[error("no stream named {0:?} is registered")]
+    UnknownStream(String),
     #[error("{0:?} is not a plan id issued by this service")]
     BadPlanId(String),
     #[error("the database refused the change because another writer changed the same rows")]
@@ -61,6 +65,8 @@ struct Entry {
 struct Writer {
     alloc: Allocator,
     last_event: i64,
+    /// The configured primary stream, until it is registered.
+    pending_primary: Option<String>,
 }
 
 /// The authoritative registry of account -> hash key.
@@ -69,12 +75,18 @@ pub struct Registry {
     store: Store,
     keyspace: Keyspace,
     accounts: RwLock<HashMap<AccountId, Entry>>,
+    streams: RwLock<BTreeMap<String, Stream>>,
     writer: tokio::sync::Mutex<Writer>,
 }
 
 impl Registry {
-    /// Loads every committed assignment and rebuilds the allocation tree.
-    pub async fn open(store: Store, keyspace: Keyspace) -> Result<Arc<Registry>, Error> {
+    /// Loads every committed assignment and stream and rebuilds the allocation tree;
+    /// `primary` names the stream new keys balance on, overriding the database's choice.
+    pub async fn open(
+        store: Store,
+        keyspace: Keyspace,
+        primary: Option<String>,
+    ) -> Result<Arc<Registry>, Error> {
         let started = Instant::now();
         store.bind_keyspace(keyspace.bits()).await?;
         let rows = store.load().await?;
@@ -90,18 +102,27 @@ impl Registry {
             };
             accounts.insert(a.account, entry);
         }
+        let streams = streams::load(&store, keyspace).await?;
         tracing::info!(
             accounts = accounts.len(),
+            streams = streams.len(),
             last_event,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "rebuilt allocation tree from the database"
         );
-        Ok(Arc::new(Registry {
+        let registry = Arc::new(Registry {
             store,
             keyspace,
             accounts: RwLock::new(accounts),
-            writer: tokio::sync::Mutex::new(Writer { alloc, last_event }),
-        }))
+            streams: RwLock::new(streams),
+            writer: tokio::sync::Mutex::new(Writer {
+                alloc,
+                last_event,
+                pending_primary: None,
+            }),
+        });
+        registry.choose_primary(primary).await?;
+        Ok(registry)
     }
 
     pub fn keyspace(&self) -> Keyspace {
@@ -222,59 +243,9 @@ impl Registry {
         loads
     }
 
-    /// Plans a rebalance over `map` without changing anything.
-    pub async fn preview(&self, map: &ShardMap) -> (String, Plan) {
-        let mut w = self.writer.lock().await;
-        let plan = self.plan(&mut w.alloc, map);
-        (plan_id(w.last_event, map, &plan), plan)
-    }
-
-    /// Applies the plan `id` names, if nothing changed since it was previewed.
-    pub async fn apply(self: &Arc<Self>, id: String) -> Result<Plan, Error> {
-        let (event, shards) = parse_plan_id(&id).ok_or_else(|| Error::BadPlanId(id.clone()))?;
-        let map =
-            ShardMap::uniform(self.keyspace, shards).map_err(|_| Error::BadPlanId(id.clone()))?;
-        let this = Arc::clone(self);
-        detached(async move {
-            let mut w = this.writer.lock().await;
-            if w.last_event != event {
-                return Err(Error::StalePlan(id));
-            }
-            let plan = this.plan(&mut w.alloc, &map);
-            if plan_id(w.last_event, &map, &plan) != id {
-                return Err(Error::StalePlan(id));
-            }
-            if plan.moves.is_empty() {
-                return Ok(plan);
-            }
-            w.last_event = this.store.apply_moves(&plan.moves, now_ms()).await?;
-            plan.apply(&mut w.alloc)?;
-            let mut accounts = this.accounts.write().expect("accounts lock poisoned");
-            for m in &plan.moves {
-                if let Some(e) = accounts.get_mut(m.account.as_str()) {
-                    e.hash_key = m.to;
-                }
-            }
-            drop(accounts);
-            Ok(plan)
-        })
-        .await
-    }
-
     /// Whether the database answers.
     pub async fn ready(&self) -> bool {
         self.store.ping().await.is_ok()
-    }
-
-    fn plan(&self, alloc: &mut Allocator, map: &ShardMap) -> Plan {
-        let accounts = self.accounts.read().expect("accounts lock poisoned");
-        let holdings = accounts.iter().map(|(id, e)| Holding {
-            account: id.as_str(),
-            key: e.hash_key,
-            weight: e.weight,
-            created_at: e.created_at,
-        });
-        keyspace::plan(alloc, map, holdings)
     }
 
     fn put(&self, a: &Assignment) {
@@ -292,7 +263,9 @@ impl Registry {
 
 /// Runs a change on its own task, so a client that disconnects or times out cannot cancel
 /// it between the database commit and the in-memory update.
-async fn detached<T: Send + 'static>(change: impl Future<Output = T> + Send + 'static) -> T {
+pub(crate) async fn detached<T: Send + 'static>(
+    change: impl Future<Output = T> + Send + 'static,
+) -> T {
     tokio::spawn(change)
         .await
         .expect("registry change panicked")
@@ -307,28 +280,7 @@ fn assignment(id: &AccountId, e: &Entry) -> Assignment {
     }
 }
 
-/// `EVENT.SHARDS.DIGEST`: the state a plan was computed on, the map, and the moves' digest.
-fn plan_id(last_event: i64, map: &ShardMap, plan: &Plan) -> String {
-    let mut md5 = Md5::new();
-    for m in &plan.moves {
-        md5.update(m.account.as_bytes());
-        md5.update(m.from.to_be_bytes());
-        md5.update(m.to.to_be_bytes());
-    }
-    let digest: [u8; 16] = md5.finalize().into();
-    let short = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
-    format!("{last_event}.{}.{short:016x}", map.len())
-}
-
-fn parse_plan_id(id: &str) -> Option<(i64, u64)> {
-    let mut parts = id.split('.');
-    let event = parts.next()?.parse().ok()?;
-    let shards = parts.next()?.parse().ok()?;
-    let digest = parts.next()?;
-    (digest.len() == 16 && parts.next().is_none()).then_some((event, shards))
-}
-
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)

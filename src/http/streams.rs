@@ -1,0 +1,394 @@
+//! `/streams`: register real shard maps, see what a reshard did, plan the next one.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Problem};
+use super::rebalance::RebalancePlan;
+use crate::AppState;
+use crate::keyspace::{HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew};
+use crate::registry::Stream;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_streams))
+        .routes(routes!(put_stream, get_stream, delete_stream))
+        .routes(routes!(split_plan))
+}
+
+/// A stream's map: list-shards output as-is, or a shard count for a uniform map.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct PutStream {
+    /// The shards exactly as `aws kinesis list-shards` prints them, closed ones included;
+    /// the open ones must tile [0, 2^128).
+    #[serde(rename = "Shards")]
+    pub shards: Option<Vec<ListedShard>>,
+    /// Instead of `Shards`: a uniform map of this many shards, as CreateStream makes.
+    #[schema(minimum = 1, maximum = 100000)]
+    pub shard_count: Option<u64>,
+    /// Whether new keys balance on this stream's shards; left out, the stream keeps its role.
+    pub primary: Option<bool>,
+}
+
+/// One open shard.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ShardRange {
+    pub shard_id: String,
+    pub starting_hash_key: HashKey,
+    pub ending_hash_key: HashKey,
+}
+
+/// A registered stream.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamBody {
+    pub name: String,
+    /// New keys balance on this stream's shards.
+    pub primary: bool,
+    pub shard_count: usize,
+    pub shards: Vec<ShardRange>,
+    /// The number Kinesis will give the next new shard.
+    pub next_shard_number: u64,
+    /// When the map was last registered (RFC 3339).
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+}
+
+impl From<&Stream> for StreamBody {
+    fn from(s: &Stream) -> Self {
+        StreamBody {
+            name: s.name.clone(),
+            primary: s.primary,
+            shard_count: s.map.len(),
+            shards: s
+                .map
+                .iter()
+                .map(|sh| ShardRange {
+                    shard_id: sh.id,
+                    starting_hash_key: sh.start,
+                    ending_hash_key: sh.end,
+                })
+                .collect(),
+            next_shard_number: s.next_shard,
+            updated_at: super::timestamp(s.updated_at),
+        }
+    }
+}
+
+/// Accounts on one shard.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardCount {
+    pub shard_id: String,
+    pub starting_hash_key: HashKey,
+    pub ending_hash_key: HashKey,
+    pub accounts: u64,
+    pub weight: u64,
+}
+
+impl ShardCount {
+    fn new(shard: Shard, load: Load) -> Self {
+        ShardCount {
+            shard_id: shard.id,
+            starting_hash_key: shard.start,
+            ending_hash_key: shard.end,
+            accounts: load.count,
+            weight: load.weight,
+        }
+    }
+
+    fn of_map(map: &ShardMap, loads: &[Load]) -> Vec<ShardCount> {
+        map.iter()
+            .zip(loads)
+            .map(|(s, l)| ShardCount::new(s, *l))
+            .collect()
+    }
+}
+
+/// What registering a map did to balance, and the plan that would restore it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamChange {
+    pub stream: StreamBody,
+    /// Accounts per shard on the map this one replaced; null for a new stream.
+    pub before: Option<Vec<ShardCount>>,
+    pub before_skew: Option<Skew>,
+    /// Accounts per shard on the new map.
+    pub after: Vec<ShardCount>,
+    pub after_skew: Skew,
+    /// The moves that would bring every shard to at most ceil(accounts / shards); not
+    /// applied: `POST /rebalance` with its `plan_id` applies it.
+    pub rebalance: RebalancePlan,
+}
+
+/// Kinesis stream names: 1 to 128 of `a-z A-Z 0-9 _ . -`.
+fn stream_name(name: String) -> Result<String, ApiError> {
+    let ok = (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(name)
+    } else {
+        Err(ApiError::bad_request(format!(
+            "stream name {name:?} must be 1 to 128 characters of a-z, A-Z, 0-9, '_', '.', '-'"
+        )))
+    }
+}
+
+/// List registered streams.
+#[utoipa::path(get, path = "/streams", tag = "streams",
+    responses((status = 200, description = "Every registered stream, by name", body = Vec<StreamBody>)))]
+async fn list_streams(State(state): State<AppState>) -> Json<Vec<StreamBody>> {
+    Json(
+        state
+            .registry
+            .streams()
+            .iter()
+            .map(StreamBody::from)
+            .collect(),
+    )
+}
+
+/// Register or replace a stream's shard map.
+#[utoipa::path(
+    put, path = "/streams/{name}", tag = "streams",
+    params(("name" = String, Path, description = "Kinesis stream name")),
+    request_body = PutStream,
+    responses(
+        (status = 201, description = "Registered", body = StreamChange),
+        (status = 200, description = "Replaced; `before` shows the old map's balance", body = StreamChange),
+        (status = 400, description = "Invalid stream name", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not list-shards output, or the open shards do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+async fn put_stream(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Json(body): Json<PutStream>,
+) -> Result<(StatusCode, Json<StreamChange>), ApiError> {
+    let name = stream_name(name)?;
+    let keyspace = state.registry.keyspace();
+    let (map, next_shard) = match (body.shards, body.shard_count) {
+        (Some(shards), None) => {
+            let listed = ListShards { shards };
+            (listed.open_map(keyspace)?, listed.next_shard_number())
+        }
+        (None, Some(count)) => {
+            let uniform = ShardMap::uniform(keyspace, count)
+                .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+            let open = uniform.iter().map(|s| (s.id, s.start, s.end)).collect();
+            (ShardMap::explicit(keyspace, open)?, count)
+        }
+        _ => {
+            return Err(ApiError::unprocessable(
+                "give exactly one of `Shards` (list-shards output) and `shard_count`",
+            ));
+        }
+    };
+    let change = state
+        .registry
+        .put_stream(name, map, next_shard, body.primary)
+        .await?;
+    let status = if change.before.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let (plan_id, plan) = change.rebalance;
+    Ok((
+        status,
+        Json(StreamChange {
+            stream: StreamBody::from(&change.stream),
+            before_skew: change.before.as_ref().map(|(_, loads)| Skew::of(loads)),
+            before: change
+                .before
+                .map(|(map, loads)| ShardCount::of_map(&map, &loads)),
+            after_skew: Skew::of(&change.after),
+            after: ShardCount::of_map(&change.stream.map, &change.after),
+            rebalance: RebalancePlan::new(plan_id, plan),
+        }),
+    ))
+}
+
+/// Show a registered stream.
+#[utoipa::path(
+    get, path = "/streams/{name}", tag = "streams",
+    params(("name" = String, Path, description = "Kinesis stream name")),
+    responses(
+        (status = 200, description = "The stream", body = StreamBody),
+        (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn get_stream(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<StreamBody>, ApiError> {
+    state
+        .registry
+        .stream(&name)
+        .map(|s| Json(StreamBody::from(&s)))
+        .ok_or_else(|| ApiError::not_found(format!("no stream named {name:?} is registered")))
+}
+
+/// Forget a stream.
+#[utoipa::path(
+    delete, path = "/streams/{name}", tag = "streams",
+    params(("name" = String, Path, description = "Kinesis stream name")),
+    responses(
+        (status = 204, description = "Forgotten; if it was primary, new keys use the plain walk"),
+        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+async fn delete_stream(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.registry.delete_stream(name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// How many open shards to plan for.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SplitParams {
+    /// Open shards wanted, 1..=100000.
+    #[param(minimum = 1, maximum = 100000)]
+    pub target: u64,
+}
+
+/// One SplitShard or MergeShards call.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReshardCall {
+    /// `split` or `merge`.
+    pub action: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard_to_split: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_starting_hash_key: Option<HashKey>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard_to_merge: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adjacent_shard_to_merge: Option<String>,
+    /// The ids Kinesis will give the new shards (it numbers them upwards).
+    pub resulting_shards: Vec<String>,
+}
+
+/// The same target reached with `update-shard-count --scaling-type UNIFORM_SCALING`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UniformScaling {
+    pub shards: Vec<ShardCount>,
+    pub skew: Skew,
+    /// Heaviest shard's weight minus the lightest's.
+    pub spread: u64,
+}
+
+/// The calls that take a stream to `target` open shards of near-equal weight.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SplitPlanBody {
+    pub stream: String,
+    pub target: u64,
+    /// Run in order, waiting for the stream to be ACTIVE after each.
+    pub operations: Vec<ReshardCall>,
+    /// The same, as ready-to-run AWS CLI commands.
+    pub commands: Vec<String>,
+    /// The open shards afterwards and what each will hold.
+    pub shards: Vec<ShardCount>,
+    pub skew: Skew,
+    /// Heaviest shard's weight minus the lightest's: at most `heaviest_account`.
+    pub spread: u64,
+    /// Weight of the heaviest single account.
+    pub heaviest_account: u64,
+    pub uniform_scaling: UniformScaling,
+}
+
+fn spread(loads: &[Load]) -> u64 {
+    let max = loads.iter().map(|l| l.weight).max().unwrap_or(0);
+    max - loads.iter().map(|l| l.weight).min().unwrap_or(0)
+}
+
+/// Plan SplitShard / MergeShards calls to reach `target` shards split where the accounts are.
+#[utoipa::path(
+    get, path = "/streams/{name}/split-plan", tag = "streams",
+    params(("name" = String, Path, description = "Kinesis stream name"), SplitParams),
+    responses(
+        (status = 200, description = "The plan", body = SplitPlanBody),
+        (status = 400, description = "Bad target", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn split_plan(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<SplitParams>,
+) -> Result<Json<SplitPlanBody>, ApiError> {
+    let keyspace = state.registry.keyspace();
+    let uniform = ShardMap::uniform(keyspace, q.target)?;
+    let (stream, plan) = state.registry.split_plan(&name, q.target as usize).await?;
+    let (shards, loads): (Vec<Shard>, Vec<Load>) = plan.shards.into_iter().unzip();
+    let uniform_loads = state.registry.loads(&uniform).await;
+    let mut commands = Vec::new();
+    let operations = plan
+        .operations
+        .into_iter()
+        .map(|op| {
+            let call = match op {
+                Reshard::Split { shard, new_starting_hash_key, children } => {
+                    commands.push(format!(
+                        "aws kinesis split-shard --stream-name {name} --shard-to-split {shard} --new-starting-hash-key {new_starting_hash_key}"
+                    ));
+                    ReshardCall {
+                        action: "split".into(),
+                        shard_to_split: Some(shard),
+                        new_starting_hash_key: Some(new_starting_hash_key),
+                        shard_to_merge: None,
+                        adjacent_shard_to_merge: None,
+                        resulting_shards: children.to_vec(),
+                    }
+                }
+                Reshard::Merge { shard, adjacent, merged } => {
+                    commands.push(format!(
+                        "aws kinesis merge-shards --stream-name {name} --shard-to-merge {shard} --adjacent-shard-to-merge {adjacent}"
+                    ));
+                    ReshardCall {
+                        action: "merge".into(),
+                        shard_to_split: None,
+                        new_starting_hash_key: None,
+                        shard_to_merge: Some(shard),
+                        adjacent_shard_to_merge: Some(adjacent),
+                        resulting_shards: vec![merged],
+                    }
+                }
+            };
+            commands.push(format!("aws kinesis wait stream-exists --stream-name {name}"));
+            call
+        })
+        .collect();
+    Ok(Json(SplitPlanBody {
+        stream: stream.name,
+        target: q.target,
+        operations,
+        commands,
+        skew: Skew::of(&loads),
+        spread: spread(&loads),
+        shards: shards
+            .into_iter()
+            .zip(&loads)
+            .map(|(s, l)| ShardCount::new(s, *l))
+            .collect(),
+        heaviest_account: plan.heaviest_account,
+        uniform_scaling: UniformScaling {
+            shards: ShardCount::of_map(&uniform, &uniform_loads),
+            skew: Skew::of(&uniform_loads),
+            spread: spread(&uniform_loads),
+        },
+    }))
+}

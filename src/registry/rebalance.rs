@@ -1,0 +1,151 @@
+//! Rebalance plans through the registry: previewed under the writer lock, named by an id
+//! that pins the state they were computed on, applied in one transaction.
+
+use std::sync::Arc;
+
+use md5::{Digest, Md5};
+
+use super::{Error, Registry, detached, now_ms};
+use crate::keyspace::{self, Allocator, Holding, Plan, ShardMap};
+
+/// Which shard map a request means: a uniform map of N shards, or a registered stream's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapSpec {
+    Uniform(u64),
+    Stream(String),
+}
+
+impl MapSpec {
+    /// How a plan id spells the map: `N` or `stream:NAME`.
+    fn to_id_part(&self) -> String {
+        match self {
+            MapSpec::Uniform(n) => n.to_string(),
+            MapSpec::Stream(name) => format!("stream:{name}"),
+        }
+    }
+
+    fn from_id_part(text: &str) -> Option<MapSpec> {
+        match text.strip_prefix("stream:") {
+            Some(name) => Some(MapSpec::Stream(name.to_owned())),
+            None => text.parse().ok().map(MapSpec::Uniform),
+        }
+    }
+}
+
+impl Registry {
+    /// The shard map `spec` names.
+    pub fn resolve(&self, spec: &MapSpec) -> Result<Arc<ShardMap>, Error> {
+        match spec {
+            MapSpec::Uniform(n) => Ok(Arc::new(ShardMap::uniform(self.keyspace, *n)?)),
+            MapSpec::Stream(name) => self
+                .stream(name)
+                .map(|s| s.map)
+                .ok_or_else(|| Error::UnknownStream(name.clone())),
+        }
+    }
+
+    /// Plans a rebalance over the map `spec` names, changing nothing.
+    pub async fn preview(&self, spec: &MapSpec) -> Result<(String, Plan), Error> {
+        let mut w = self.writer.lock().await;
+        let map = self.resolve(spec)?;
+        let plan = self.plan(&mut w.alloc, &map);
+        Ok((plan_id(w.last_event, spec, &plan), plan))
+    }
+
+    /// Applies the plan `id` names, if nothing changed since it was previewed.
+    pub async fn apply(self: &Arc<Self>, id: String) -> Result<Plan, Error> {
+        let (event, spec) = parse_plan_id(&id).ok_or_else(|| Error::BadPlanId(id.clone()))?;
+        let map = self.resolve(&spec).map_err(|e| match e {
+            Error::Keyspace(_) => Error::BadPlanId(id.clone()),
+            other => other,
+        })?;
+        let this = Arc::clone(self);
+        detached(async move {
+            let mut w = this.writer.lock().await;
+            // Any change, a stream's map included, moves the event id on.
+            if w.last_event != event {
+                return Err(Error::StalePlan(id));
+            }
+            let plan = this.plan(&mut w.alloc, &map);
+            if plan_id(w.last_event, &spec, &plan) != id {
+                return Err(Error::StalePlan(id));
+            }
+            if plan.moves.is_empty() {
+                return Ok(plan);
+            }
+            w.last_event = this.store.apply_moves(&plan.moves, now_ms()).await?;
+            plan.apply(&mut w.alloc)?;
+            let mut accounts = this.accounts.write().expect("accounts lock poisoned");
+            for m in &plan.moves {
+                if let Some(e) = accounts.get_mut(m.account.as_str()) {
+                    e.hash_key = m.to;
+                }
+            }
+            drop(accounts);
+            Ok(plan)
+        })
+        .await
+    }
+
+    /// Plans over `map`, leaving `alloc` as it was.
+    pub(super) fn plan(&self, alloc: &mut Allocator, map: &ShardMap) -> Plan {
+        let accounts = self.accounts.read().expect("accounts lock poisoned");
+        let holdings = accounts.iter().map(|(id, e)| Holding {
+            account: id.as_str(),
+            key: e.hash_key,
+            weight: e.weight,
+            created_at: e.created_at,
+        });
+        keyspace::plan(alloc, map, holdings)
+    }
+}
+
+/// `EVENT.MAP.DIGEST`: the state a plan was computed on, the map, and the moves' digest.
+pub(super) fn plan_id(last_event: i64, spec: &MapSpec, plan: &Plan) -> String {
+    let mut md5 = Md5::new();
+    for m in &plan.moves {
+        md5.update(m.account.as_bytes());
+        md5.update(m.from.to_be_bytes());
+        md5.update(m.to.to_be_bytes());
+    }
+    let digest: [u8; 16] = md5.finalize().into();
+    let short = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
+    format!("{last_event}.{}.{short:016x}", spec.to_id_part())
+}
+
+fn parse_plan_id(id: &str) -> Option<(i64, MapSpec)> {
+    let (event, rest) = id.split_once('.')?;
+    let (map, digest) = rest.rsplit_once('.')?;
+    let digest_ok = digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+    digest_ok.then_some(())?;
+    Some((event.parse().ok()?, MapSpec::from_id_part(map)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_ids_round_trip() {
+        let plan = Plan {
+            cap: 0,
+            moves: Vec::new(),
+            before: keyspace::Skew::of(&[]),
+            after: keyspace::Skew::of(&[]),
+            complete: true,
+        };
+        for spec in [MapSpec::Uniform(7), MapSpec::Stream("orders.v2-eu".into())] {
+            let id = plan_id(42, &spec, &plan);
+            assert_eq!(parse_plan_id(&id), Some((42, spec)));
+        }
+        for bad in [
+            "",
+            "1.2",
+            "x.2.0000000000000000",
+            "1.2.zzzzzzzzzzzzzzzz",
+            "1.2.00",
+        ] {
+            assert_eq!(parse_plan_id(bad), None, "{bad}");
+        }
+    }
+}

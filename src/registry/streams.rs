@@ -1,0 +1,215 @@
+//! Registered streams: their shard maps, and the primary one new keys balance on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::rebalance::plan_id;
+use super::{Error, MapSpec, Registry, detached, now_ms};
+use crate::keyspace::{self, HashKey, Keyspace, Load, Plan, ShardMap, SplitPlan};
+use crate::store::{Store, StreamRow};
+
+/// A registered stream.
+#[derive(Debug, Clone)]
+pub struct Stream {
+    pub name: String,
+    pub map: Arc<ShardMap>,
+    /// One past the highest shard number the stream ever used.
+    pub next_shard: u64,
+    pub primary: bool,
+    /// Unix milliseconds.
+    pub updated_at: i64,
+}
+
+/// What registering a stream's map did to balance.
+#[derive(Debug, Clone)]
+pub struct StreamChange {
+    pub stream: Stream,
+    /// Per-shard loads on the map it replaced; `None` for a new stream.
+    pub before: Option<(Arc<ShardMap>, Vec<Load>)>,
+    /// Per-shard loads on the new map.
+    pub after: Vec<Load>,
+    /// The plan that would restore ceil(accounts / shards) on the new map (not applied).
+    pub rebalance: (String, Plan),
+}
+
+impl Stream {
+    fn from_row(row: StreamRow, keyspace: Keyspace) -> Result<Stream, Error> {
+        let map = ShardMap::explicit(keyspace, row.shards)?;
+        Ok(Stream {
+            name: row.name,
+            map: Arc::new(map),
+            next_shard: row.next_shard,
+            primary: row.primary,
+            updated_at: row.updated_at,
+        })
+    }
+
+    fn to_row(&self) -> StreamRow {
+        StreamRow {
+            name: self.name.clone(),
+            shards: self.map.iter().map(|s| (s.id, s.start, s.end)).collect(),
+            next_shard: self.next_shard,
+            primary: self.primary,
+            updated_at: self.updated_at,
+        }
+    }
+}
+
+/// Every stream in the database.
+pub(super) async fn load(
+    store: &Store,
+    keyspace: Keyspace,
+) -> Result<BTreeMap<String, Stream>, Error> {
+    let mut streams = BTreeMap::new();
+    for row in store.load_streams().await? {
+        let stream = Stream::from_row(row, keyspace)?;
+        streams.insert(stream.name.clone(), stream);
+    }
+    Ok(streams)
+}
+
+impl Registry {
+    /// Every registered stream, by name.
+    pub fn streams(&self) -> Vec<Stream> {
+        self.streams
+            .read()
+            .expect("streams lock poisoned")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn stream(&self, name: &str) -> Option<Stream> {
+        self.streams
+            .read()
+            .expect("streams lock poisoned")
+            .get(name)
+            .cloned()
+    }
+
+    /// Registers or replaces `name`'s map. `primary: None` keeps the stream's current role
+    /// (or makes it primary if configuration named it so).
+    pub async fn put_stream(
+        self: &Arc<Self>,
+        name: String,
+        map: ShardMap,
+        next_shard: u64,
+        primary: Option<bool>,
+    ) -> Result<StreamChange, Error> {
+        let this = Arc::clone(self);
+        detached(async move {
+            let mut w = this.writer.lock().await;
+            let old = this.stream(&name);
+            let configured = w.pending_primary.as_deref() == Some(name.as_str());
+            let primary = primary.unwrap_or_else(|| old.as_ref().map_or(configured, |o| o.primary));
+            let stream = Stream {
+                name: name.clone(),
+                map: Arc::new(map),
+                next_shard,
+                primary,
+                updated_at: now_ms(),
+            };
+            w.last_event = this.store.put_stream(&stream.to_row()).await?;
+            this.install(&mut w.alloc, stream.clone());
+            if primary && configured {
+                w.pending_primary = None;
+            }
+            let loads = |map: &ShardMap| -> Vec<Load> {
+                map.iter()
+                    .map(|s| w.alloc.load_in(s.start, s.end))
+                    .collect()
+            };
+            let before = old.map(|o| {
+                let l = loads(&o.map);
+                (o.map, l)
+            });
+            let after = loads(&stream.map);
+            let spec = MapSpec::Stream(name);
+            let plan = this.plan(&mut w.alloc, &stream.map);
+            let rebalance = (plan_id(w.last_event, &spec, &plan), plan);
+            Ok(StreamChange {
+                stream,
+                before,
+                after,
+                rebalance,
+            })
+        })
+        .await
+    }
+
+    /// Forgets a stream; if it was primary, new keys go back to the plain walk.
+    pub async fn delete_stream(self: &Arc<Self>, name: String) -> Result<(), Error> {
+        let this = Arc::clone(self);
+        detached(async move {
+            let mut w = this.writer.lock().await;
+            let old = this
+                .stream(&name)
+                .ok_or_else(|| Error::UnknownStream(name.clone()))?;
+            w.last_event = this.store.delete_stream(&name, now_ms()).await?;
+            this.streams
+                .write()
+                .expect("streams lock poisoned")
+                .remove(&name);
+            if old.primary {
+                w.alloc.balance_on(None);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The SplitShard / MergeShards calls that take `name` to `target` even shards.
+    pub async fn split_plan(
+        &self,
+        name: &str,
+        target: usize,
+    ) -> Result<(Stream, SplitPlan), Error> {
+        let stream = self
+            .stream(name)
+            .ok_or_else(|| Error::UnknownStream(name.to_owned()))?;
+        let keys: Vec<(HashKey, u64)> = self.writer.lock().await.alloc.iter().collect();
+        let plan =
+            keyspace::split_plan(self.keyspace, &stream.map, stream.next_shard, &keys, target)?;
+        Ok((stream, plan))
+    }
+
+    /// Applies the configured primary stream at start-up, or the database's if none is set.
+    pub(super) async fn choose_primary(&self, configured: Option<String>) -> Result<(), Error> {
+        let mut w = self.writer.lock().await;
+        let Some(name) = configured else {
+            if let Some(primary) = self.streams().into_iter().find(|s| s.primary) {
+                w.alloc.balance_on(Some((*primary.map).clone()));
+            }
+            return Ok(());
+        };
+        match self.stream(&name) {
+            Some(mut stream) => {
+                if !stream.primary {
+                    stream.primary = true;
+                    stream.updated_at = now_ms();
+                    w.last_event = self.store.put_stream(&stream.to_row()).await?;
+                }
+                self.install(&mut w.alloc, stream);
+            }
+            None => {
+                tracing::warn!(stream = %name, "the configured primary stream is not registered yet; new keys use the plain walk until it is");
+                w.pending_primary = Some(name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts a committed stream in memory and points the allocator at the primary map.
+    fn install(&self, alloc: &mut keyspace::Allocator, stream: Stream) {
+        let mut streams = self.streams.write().expect("streams lock poisoned");
+        if stream.primary {
+            for other in streams.values_mut() {
+                other.primary = false;
+            }
+            alloc.balance_on(Some((*stream.map).clone()));
+        } else if streams.get(&stream.name).is_some_and(|old| old.primary) {
+            alloc.balance_on(None);
+        }
+        streams.insert(stream.name.clone(), stream);
+    }
+}
