@@ -100,6 +100,9 @@ impl From<keyspace::Error> for ApiError {
             keyspace::Error::KeyTaken(_) | keyspace::Error::KeyNotHeld(_) => {
                 ApiError::internal(&err)
             }
+            keyspace::Error::Tiling(_) | keyspace::Error::ListShards(_) => {
+                ApiError::unprocessable(err.to_string())
+            }
             _ => ApiError::bad_request(err.to_string()),
         }
     }

@@ -70,7 +70,7 @@ impl Allocator {
     /// one, else anywhere the walk picks. Changes nothing.
     pub fn next_key(&self) -> Result<HashKey, Error> {
         let Some(balance) = &self.balance else {
-            return self.next_key_in(HashKey(0), self.keyspace.max());
+            return self.walk_keyspace();
         };
         for (lo, hi) in balance.lightest_first() {
             match self.next_key_in(lo, hi) {
@@ -123,6 +123,62 @@ impl Allocator {
         }
     }
 
+    /// The walk over the whole keyspace, in O(depth) rather than a prefix query per level.
+    ///
+    /// On `[0, 2^bits)` every interval of the walk is an aligned block `[start, start + 2^k)`,
+    /// less its first key when that key belongs to an ancestor. Each block's keys are one
+    /// trie node, so the trie is followed down alongside the walk; each step is O(1).
+    fn walk_keyspace(&self) -> Result<HashKey, Error> {
+        let full = || Error::Full {
+            lo: HashKey(0),
+            hi: self.keyspace.max(),
+        };
+        let mut start = 0u128;
+        let mut k = self.keyspace.bits();
+        let mut node = self.tree.root();
+        // Weight of the block's first key when an ancestor holds it (it is not the block's).
+        let mut excluded: Option<u64> = None;
+        let mut load = self.tree.node_load(node);
+        if block_is_full(load, k, false) {
+            return Err(full());
+        }
+        loop {
+            if k == 0 {
+                // A one-key block that is not full: its key is free.
+                return Ok(HashKey(start));
+            }
+            let half = k - 1;
+            let key = start + (1u128 << half);
+            let [left_node, right_node] = self.tree.halves(node, half as u8);
+            let Some(weight) = self
+                .tree
+                .node_first(right_node)
+                .and_then(|(first, w)| (first == key).then_some(w))
+            else {
+                return Ok(HashKey(key));
+            };
+            let left = self.tree.node_load(left_node) - excluded.map_or(Load::default(), Load::one);
+            let right = self.tree.node_load(right_node) - Load::one(weight);
+            let left_open = !block_is_full(left, half, excluded.is_some());
+            let right_open = !block_is_full(right, half, true);
+            let go_left = match (left_open, right_open) {
+                (true, true) => left.weight <= right.weight,
+                (open_left, _) => open_left,
+            };
+            k = half;
+            if go_left {
+                node = left_node;
+                load = left;
+            } else {
+                node = right_node;
+                start = key;
+                excluded = Some(weight);
+                load = right;
+            }
+            debug_assert!(!block_is_full(load, k, excluded.is_some() && start != 0));
+        }
+    }
+
     /// Holds `key` with `weight`: a key the walk chose, or one imported from elsewhere.
     pub fn insert(&mut self, key: HashKey, weight: u64) -> Result<(), Error> {
         self.keyspace.check(key)?;
@@ -156,6 +212,15 @@ impl Allocator {
         self.remove(key)?;
         self.insert(key, weight)
     }
+}
+
+/// Whether every free slot of the block `[start, start + 2^k)` is held, one slot fewer
+/// when its first key belongs to an ancestor.
+fn block_is_full(load: Load, k: u32, excluded: bool) -> bool {
+    if k >= 64 {
+        return false; // more slots than a u64 count can fill
+    }
+    load.count == (1u64 << k) - u64::from(excluded)
 }
 
 /// Whether every key of `[lo, hi]` is held.
@@ -383,6 +448,8 @@ mod tests {
                 model.range(lo..=hi).fold(Load::default(), |acc, (_, w)| acc + Load::one(*w))
             };
             prop_assert_eq!(alloc.total(), recount(0, max));
+            // The O(depth) walk and the general one agree on the whole keyspace.
+            prop_assert_eq!(alloc.walk_keyspace(), alloc.next_key_in(HashKey(0), keyspace.max()));
             for (a, b) in probes {
                 let (lo, hi) = ((a & max).min(b & max), (a & max).max(b & max));
                 prop_assert_eq!(alloc.load_in(HashKey(lo), HashKey(hi)), recount(lo, hi));

@@ -66,6 +66,8 @@ struct Inner {
     prefix: u128,
     load: Load,
     child: [Ref; 2],
+    /// The leaf of the smallest key below: answers "is this block's first key held" in O(1).
+    first: u32,
     bit: u8,
 }
 
@@ -74,6 +76,10 @@ struct Leaf {
     key: u128,
     weight: u64,
 }
+
+/// A position in the trie: all the keys of one aligned block of the keyspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRef(Ref);
 
 /// The set of held keys with their weights.
 #[derive(Debug, Clone, Default)]
@@ -172,9 +178,13 @@ impl KeyTree {
             let other = match cur.as_leaf() {
                 Some(l) => self.leaves[l].key,
                 None => {
+                    let first_key = self.leaves[self.inners[cur.index()].first as usize].key;
                     let node = &mut self.inners[cur.index()];
                     if key & above(node.bit) == node.prefix {
                         node.load = node.load + Load::one(weight);
+                        if key < first_key {
+                            node.first = leaf.index() as u32;
+                        }
                         let s = side(key, node.bit);
                         slot = Some((cur.index(), s));
                         cur = node.child[s];
@@ -190,6 +200,7 @@ impl KeyTree {
                 prefix: key & above(bit),
                 load: self.load(cur) + Load::one(weight),
                 child,
+                first: self.first_leaf(child[0]) as u32,
                 bit,
             };
             let new = Ref::inner(self.alloc_inner(inner));
@@ -204,13 +215,20 @@ impl KeyTree {
         let mut cur = self.root.expect("a held key implies a root");
         let mut slot: Option<(usize, usize)> = None;
         let mut parent_slot: Option<(usize, usize)> = None;
+        // Inner nodes above the parent whose smallest key is the one leaving.
+        let mut led: Vec<usize> = Vec::new();
         while cur.as_leaf().is_none() {
             let node = &mut self.inners[cur.index()];
             node.load = node.load - Load::one(weight);
             let s = side(key, node.bit);
+            if let Some((above, _)) = slot {
+                if self.leaves[self.inners[above].first as usize].key == key {
+                    led.push(above);
+                }
+            }
             parent_slot = slot;
             slot = Some((cur.index(), s));
-            cur = node.child[s];
+            cur = self.inners[cur.index()].child[s];
         }
         self.free_leaves.push(cur.index());
         match slot {
@@ -220,6 +238,10 @@ impl KeyTree {
                 let sibling = self.inners[parent].child[1 - s];
                 self.free_inners.push(parent);
                 self.set_slot(parent_slot, sibling);
+                let first = self.first_leaf(sibling) as u32;
+                for node in led {
+                    self.inners[node].first = first;
+                }
             }
         }
         Some(weight)
@@ -241,6 +263,54 @@ impl KeyTree {
             }
             None
         })
+    }
+
+    /// The node holding every key, if any.
+    pub fn root(&self) -> Option<NodeRef> {
+        self.root.map(NodeRef)
+    }
+
+    /// Count and weight below `node`.
+    pub fn node_load(&self, node: Option<NodeRef>) -> Load {
+        node.map_or(Load::default(), |n| self.load(n.0))
+    }
+
+    /// The smallest key below `node`, with its weight.
+    pub fn node_first(&self, node: Option<NodeRef>) -> Option<(u128, u64)> {
+        let leaf = &self.leaves[self.first_leaf(node?.0)];
+        Some((leaf.key, leaf.weight))
+    }
+
+    /// Splits `node`, whose keys all share the bits above `bit`, into the keys with `bit`
+    /// clear and those with it set.
+    pub fn halves(&self, node: Option<NodeRef>, bit: u8) -> [Option<NodeRef>; 2] {
+        let Some(NodeRef(r)) = node else {
+            return [None, None];
+        };
+        let (split_bit, any_key) = match r.as_leaf() {
+            Some(l) => (None, self.leaves[l].key),
+            None => {
+                let inner = &self.inners[r.index()];
+                debug_assert!(inner.bit <= bit, "node spans more than the block");
+                (Some(inner), inner.prefix)
+            }
+        };
+        match split_bit {
+            Some(inner) if inner.bit == bit => inner.child.map(|c| Some(NodeRef(c))),
+            // Every key below agrees on `bit`.
+            _ => {
+                let mut halves = [None, None];
+                halves[side(any_key, bit)] = node;
+                halves
+            }
+        }
+    }
+
+    fn first_leaf(&self, r: Ref) -> usize {
+        match r.as_leaf() {
+            Some(l) => l,
+            None => self.inners[r.index()].first as usize,
+        }
     }
 
     fn load(&self, r: Ref) -> Load {
@@ -350,6 +420,20 @@ mod tests {
                 }
             }
             prop_assert_eq!(tree.total(), brute_load(&model, 0, u128::MAX));
+            // Following the halves down to any aligned block finds its load and first key.
+            for (key, _) in &probes {
+                let mut node = tree.root();
+                for bit in (0..128u32).rev() {
+                    let block = if bit == 127 { 0..=u128::MAX } else {
+                        let start = key & (!0u128 << (bit + 1));
+                        start..=start + ((1u128 << (bit + 1)) - 1)
+                    };
+                    prop_assert_eq!(tree.node_load(node), brute_load(&model, *block.start(), *block.end()));
+                    let first = model.range(block.clone()).next().map(|(k, w)| (*k, *w));
+                    prop_assert_eq!(tree.node_first(node), first);
+                    node = tree.halves(node, bit as u8)[side(*key, bit as u8)];
+                }
+            }
             prop_assert!(tree.iter().eq(model.iter().map(|(k, w)| (*k, *w))), "in-order walk");
             for (a, b) in probes {
                 let (lo, hi) = (a.min(b), a.max(b));

@@ -116,5 +116,9 @@ async fn distribution_beats_md5_for_the_seed_example() {
     assert_eq!(d.body["skew"]["accounts"], 14);
     assert_eq!(shards[1]["shard_id"], "shardId-000000000001");
     assert_eq!(shards[1]["starting_hash_key"], HALF);
-    assert_problem(&app.get("/distribution").await, 400, "exactly one of `shards`");
+    assert_problem(
+        &app.get("/distribution").await,
+        400,
+        "exactly one of `shards`",
+    );
 }
