@@ -2,6 +2,7 @@
 //!
 //! `main.rs` only boots; this crate exposes the pieces so tests run the real server.
 
+pub mod cli;
 pub mod config;
 pub mod http;
 pub mod keyspace;

@@ -2,9 +2,12 @@
 
 use std::process::ExitCode;
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
-use keyspread::config::{ServeConfig, redact_url};
-use keyspread::{AppState, http, serve, telemetry};
+use keyspread::config::{ServeConfig, Token, redact_url};
+use keyspread::keyspace::Keyspace;
+use keyspread::{AppState, cli, http, serve, telemetry};
 
 /// The authoritative registry of account -> Kinesis ExplicitHashKey.
 #[derive(Debug, Parser)]
@@ -20,6 +23,39 @@ enum Command {
     Serve(ServeConfig),
     /// Print the OpenAPI document.
     Openapi,
+    /// Compare MD5 of account names with keyspread's keys over a uniform map.
+    Simulate {
+        /// Accounts, named "1".."N" as in the seed example.
+        #[arg(long)]
+        accounts: u64,
+        /// Shards of the uniform map.
+        #[arg(long)]
+        shards: u64,
+    },
+    /// Manage the streams a running keyspread knows.
+    #[command(subcommand)]
+    Streams(StreamsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum StreamsCommand {
+    /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output.
+    Put {
+        /// The stream name.
+        name: String,
+        /// The list-shards JSON file.
+        #[arg(long = "from")]
+        file: PathBuf,
+        /// Balance new keys on this stream's shards.
+        #[arg(long)]
+        primary: bool,
+        /// The keyspread to talk to.
+        #[arg(long, env = "KEYSPREAD_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Bearer token, if the server has one.
+        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true)]
+        token: Option<Token>,
+    },
 }
 
 #[tokio::main]
@@ -38,6 +74,30 @@ async fn main() -> ExitCode {
         Command::Openapi => {
             println!("{}", http::openapi_json());
             ExitCode::SUCCESS
+        }
+        Command::Simulate { accounts, shards } => {
+            report(cli::simulate(accounts, shards, Keyspace::KINESIS).map_err(|e| e.to_string()))
+        }
+        Command::Streams(StreamsCommand::Put {
+            name,
+            file,
+            primary,
+            url,
+            token,
+        }) => report(cli::put_stream(&url, token.as_ref(), &name, &file, primary).await),
+    }
+}
+
+/// Prints a subcommand's output, or its error on stderr.
+fn report(result: Result<String, String>) -> ExitCode {
+    match result {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("keyspread: {err}");
+            ExitCode::FAILURE
         }
     }
 }

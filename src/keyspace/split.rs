@@ -45,9 +45,15 @@ pub fn split_plan(
 ) -> Result<SplitPlan, Error> {
     ShardMap::uniform(keyspace, target as u64)?;
     let weights: Vec<u64> = keys.iter().map(|(_, w)| *w).collect();
-    let cuts = balanced_cuts(&weights, target);
     let mut open: Vec<Shard> = current.iter().collect();
     let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
+    // Gaps between keys that already hold a boundary: cutting there costs no call.
+    let mut kept: Vec<usize> = current_starts
+        .iter()
+        .map(|b| keys.partition_point(|(k, _)| k < b))
+        .collect();
+    kept.dedup();
+    let cuts = balanced_cuts(&weights, target, &kept);
     let starts = boundaries(keyspace, keys, &cuts, &current_starts)?;
     let mut next = next_number;
     let mut operations = Vec::new();
@@ -83,6 +89,13 @@ pub fn split_plan(
             .iter()
             .position(|s| s.start < *b && *b <= s.end)
             .expect("a shard holds every key");
+        // Kinesis' rule: StartingHashKey + 1 < NewStartingHashKey < EndingHashKey.
+        if !(open[k].start.0 + 1 < b.0 && *b < open[k].end) {
+            return Err(Error::Tiling(format!(
+                "{} [{}, {}] cannot be split at {b}: too close to its edge for SplitShard",
+                open[k].id, open[k].start, open[k].end
+            )));
+        }
         let children = [shard_id(next as usize), shard_id(next as usize + 1)];
         next += 2;
         operations.push(Reshard::Split {
@@ -136,8 +149,9 @@ pub fn load_in(keys: &[(HashKey, u64)], lo: HashKey, hi: HashKey) -> Load {
 }
 
 /// `parts - 1` cut positions (how many keys lie left of each cut), non-decreasing, chosen so
-/// that the parts' weights differ by at most the heaviest single weight.
-fn balanced_cuts(weights: &[u64], parts: usize) -> Vec<usize> {
+/// that the parts' weights differ by at most the heaviest single weight, at positions
+/// in `kept` (sorted) where that choice is free.
+fn balanced_cuts(weights: &[u64], parts: usize, kept: &[usize]) -> Vec<usize> {
     let mut prefix = vec![0u128; weights.len() + 1];
     for (i, w) in weights.iter().enumerate() {
         prefix[i + 1] = prefix[i] + u128::from(*w);
@@ -153,7 +167,7 @@ fn balanced_cuts(weights: &[u64], parts: usize) -> Vec<usize> {
         .into_iter()
         .filter_map(|o| {
             let lo = mean.saturating_sub(o);
-            partition_within(&prefix, parts, lo, lo + heaviest)
+            partition_within(&prefix, parts, lo, lo + heaviest, kept)
         })
         .next()
         .unwrap_or_else(|| pairwise_balanced(&prefix, parts))
@@ -163,7 +177,13 @@ fn balanced_cuts(weights: &[u64], parts: usize) -> Vec<usize> {
 ///
 /// With `hi - lo` at least the heaviest weight, the cut positions reachable after k parts
 /// form one contiguous range, so tracking its two ends decides feasibility in O(parts log n).
-fn partition_within(prefix: &[u128], parts: usize, lo: u128, hi: u128) -> Option<Vec<usize>> {
+fn partition_within(
+    prefix: &[u128],
+    parts: usize,
+    lo: u128,
+    hi: u128,
+    kept: &[usize],
+) -> Option<Vec<usize>> {
     let n = prefix.len() - 1;
     let mut reach = vec![(0usize, 0usize)];
     for _ in 0..parts {
@@ -181,7 +201,8 @@ fn partition_within(prefix: &[u128], parts: usize, lo: u128, hi: u128) -> Option
     if !(a <= n && n <= b) {
         return None;
     }
-    // Walk back from the end, keeping each cut reachable and nearest its ideal position.
+    // Walk back from the end, keeping each cut reachable: on a kept position if one is in
+    // range, else nearest its ideal position.
     let total = prefix[n];
     let mut cuts = vec![0; parts - 1];
     let mut z = n;
@@ -196,9 +217,26 @@ fn partition_within(prefix: &[u128], parts: usize, lo: u128, hi: u128) -> Option
             return None;
         }
         let goal = total * k as u128;
-        let x = (first..=last)
-            .min_by_key(|x| (prefix[*x] * parts as u128).abs_diff(goal))
-            .expect("non-empty range");
+        let distance = |x: usize| (prefix[x] * parts as u128).abs_diff(goal);
+        let nearest = |among: &[usize]| -> Option<usize> {
+            let j = among.partition_point(|p| prefix[*p] * (parts as u128) < goal);
+            [j.checked_sub(1), Some(j)]
+                .into_iter()
+                .flatten()
+                .filter_map(|j| among.get(j).copied())
+                .min_by_key(|c| distance(*c))
+        };
+        let in_range =
+            &kept[kept.partition_point(|p| *p < first)..kept.partition_point(|p| *p <= last)];
+        let x = nearest(in_range).unwrap_or_else(|| {
+            let i = prefix
+                .partition_point(|p| p * (parts as u128) < goal)
+                .clamp(first, last);
+            [i.saturating_sub(1).max(first), i]
+                .into_iter()
+                .min_by_key(|c| distance(*c))
+                .expect("two candidates")
+        });
         cuts[k - 1] = x;
         z = x;
     }
@@ -345,6 +383,21 @@ mod tests {
         );
         assert_eq!(plan.shards.len(), 2);
         assert!(plan.shards.iter().all(|(_, l)| l.count == 2));
+    }
+
+    #[test]
+    fn keeps_boundaries_the_stream_already_has() {
+        let step = u128::MAX / 40;
+        let keys: Vec<_> = (0..40u128)
+            .map(|i| (HashKey(i * step + step / 2), 1))
+            .collect();
+        let plan = split_plan(Keyspace::KINESIS, &uniform(2), 2, &keys, 4).unwrap();
+        assert!(
+            plan.operations
+                .iter()
+                .all(|o| matches!(o, Reshard::Split { .. }))
+        );
+        assert_eq!(plan.operations.len(), 2, "{:?}", plan.operations);
     }
 
     #[test]

@@ -1,0 +1,122 @@
+//! Subcommands other than `serve`: what an operator runs by hand.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::config::Token;
+use crate::keyspace::{self, Allocator, Keyspace, ListShards, Load, ShardMap, Skew};
+
+/// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a
+/// uniform map of `shards`, MD5-hashed by Kinesis versus allocated by keyspread.
+pub fn simulate(accounts: u64, shards: u64, keyspace: Keyspace) -> Result<String, keyspace::Error> {
+    let map = ShardMap::uniform(keyspace, shards)?;
+    let mut md5 = vec![Load::default(); map.len()];
+    let mut alloc = Allocator::new(keyspace);
+    for i in 1..=accounts {
+        let shard = map.index_of(keyspace::md5_hash(&i.to_string(), keyspace));
+        md5[shard] = md5[shard] + Load::one(1);
+        alloc.allocate(1)?;
+    }
+    let ours: Vec<Load> = map.iter().map(|s| alloc.load_in(s.start, s.end)).collect();
+    let mut out = format!("{accounts} accounts (\"1\"..\"{accounts}\") over {shards} shards\n");
+    writeln!(
+        out,
+        "{:<22}{:>10}{:>10}{:>12}",
+        "", "max", "min", "max/mean"
+    )
+    .expect("string");
+    for (label, loads) in [("MD5 of the names", &md5), ("keyspread", &ours)] {
+        let skew = Skew::of(loads);
+        writeln!(
+            out,
+            "{label:<22}{:>10}{:>10}{:>12.3}",
+            skew.max, skew.min, skew.max_over_mean
+        )
+        .expect("string");
+    }
+    Ok(out)
+}
+
+/// `keyspread streams put`: registers list-shards output with a running server.
+pub async fn put_stream(
+    url: &str,
+    token: Option<&Token>,
+    name: &str,
+    file: &Path,
+    primary: bool,
+) -> Result<String, String> {
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    // Check the file here first, so a typo is reported before anything is sent.
+    ListShards::parse(&bytes)
+        .and_then(|listed| listed.open_map(Keyspace::KINESIS))
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut body: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+    if primary {
+        body["primary"] = serde_json::Value::Bool(true);
+    }
+    let mut request = reqwest::Client::new()
+        .put(format!("{}/streams/{name}", url.trim_end_matches('/')))
+        .json(&body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token.expose());
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+    let status = response.status();
+    let answer: serde_json::Value = response
+        .json()
+        .await
+        .map_err(|e| format!("unreadable answer: {e}"))?;
+    if !status.is_success() {
+        return Err(format!(
+            "{status}: {}",
+            answer["detail"].as_str().unwrap_or_default()
+        ));
+    }
+    let counts = |side: &serde_json::Value| -> String {
+        side.as_array().map_or("-".into(), |shards| {
+            shards
+                .iter()
+                .map(|s| s["accounts"].to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+    };
+    let plan = &answer["rebalance"];
+    Ok(format!(
+        "{} stream {name}: {} open shards{}\naccounts per shard before: {}\naccounts per shard after:  {}\n\
+         rebalance to restore ceil(accounts/shards): {} moves (plan {}; apply with POST /rebalance)\n",
+        if status == reqwest::StatusCode::CREATED {
+            "registered"
+        } else {
+            "updated"
+        },
+        answer["stream"]["shard_count"],
+        if answer["stream"]["primary"] == true {
+            " (primary)"
+        } else {
+            ""
+        },
+        counts(&answer["before"]),
+        counts(&answer["after"]),
+        plan["moves"].as_array().map_or(0, Vec::len),
+        plan["plan_id"].as_str().unwrap_or_default(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simulate_reproduces_the_seed_figure() {
+        let out = simulate(14, 2, Keyspace::KINESIS).unwrap();
+        let md5: Vec<&str> = out.lines().nth(2).unwrap().split_whitespace().collect();
+        let ours: Vec<&str> = out.lines().nth(3).unwrap().split_whitespace().collect();
+        assert_eq!(md5[md5.len() - 3..], ["11", "3", "1.571"]);
+        assert_eq!(ours[ours.len() - 3..], ["7", "7", "1.000"]);
+    }
+}
