@@ -7,32 +7,40 @@ use crate::config::Token;
 use crate::keyspace::{self, Allocator, Keyspace, ListShards, Load, ShardMap, Skew};
 
 /// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a
-/// uniform map of `shards`, MD5-hashed by Kinesis versus allocated by keyspread.
+/// uniform map of `shards`: MD5-hashed by Kinesis, allocated by keyspread's plain walk, and
+/// allocated with that map as the primary stream.
 pub fn simulate(accounts: u64, shards: u64, keyspace: Keyspace) -> Result<String, keyspace::Error> {
     let map = ShardMap::uniform(keyspace, shards)?;
     let mut md5 = vec![Load::default(); map.len()];
-    let mut alloc = Allocator::new(keyspace);
+    let mut walk = Allocator::new(keyspace);
+    let mut primary = Allocator::new(keyspace);
+    primary.balance_on(Some(map.clone()));
     for i in 1..=accounts {
         let shard = map.index_of(keyspace::md5_hash(&i.to_string(), keyspace));
         md5[shard] = md5[shard] + Load::one(1);
-        alloc.allocate(1)?;
+        walk.allocate(1)?;
+        primary.allocate(1)?;
     }
-    let ours: Vec<Load> = map.iter().map(|s| alloc.load_in(s.start, s.end)).collect();
+    let per_shard = |alloc: &Allocator| -> Vec<Load> {
+        map.iter().map(|s| alloc.load_in(s.start, s.end)).collect()
+    };
+    let rows = [
+        ("MD5 of the names", md5),
+        ("keyspread", per_shard(&walk)),
+        ("keyspread, primary stream", per_shard(&primary)),
+    ];
     let mut out = format!("{accounts} accounts (\"1\"..\"{accounts}\") over {shards} shards\n");
+    let header = ("", "max", "min", "max/mean");
     writeln!(
         out,
-        "{:<22}{:>10}{:>10}{:>12}",
-        "", "max", "min", "max/mean"
+        "{:<28}{:>9}{:>9}{:>10}",
+        header.0, header.1, header.2, header.3
     )
     .expect("string");
-    for (label, loads) in [("MD5 of the names", &md5), ("keyspread", &ours)] {
+    for (label, loads) in &rows {
         let skew = Skew::of(loads);
-        writeln!(
-            out,
-            "{label:<22}{:>10}{:>10}{:>12.3}",
-            skew.max, skew.min, skew.max_over_mean
-        )
-        .expect("string");
+        let (max, min, ratio) = (skew.max, skew.min, skew.max_over_mean);
+        writeln!(out, "{label:<28}{max:>9}{min:>9}{ratio:>10.3}").expect("string");
     }
     Ok(out)
 }
@@ -118,5 +126,8 @@ mod tests {
         let ours: Vec<&str> = out.lines().nth(3).unwrap().split_whitespace().collect();
         assert_eq!(md5[md5.len() - 3..], ["11", "3", "1.571"]);
         assert_eq!(ours[ours.len() - 3..], ["7", "7", "1.000"]);
+        let odd = simulate(1000, 10, Keyspace::KINESIS).unwrap();
+        let primary: Vec<&str> = odd.lines().nth(4).unwrap().split_whitespace().collect();
+        assert_eq!(primary[primary.len() - 3..], ["100", "100", "1.000"]);
     }
 }
