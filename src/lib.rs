@@ -38,6 +38,8 @@ impl AppState {
         let keyspace = Keyspace::new(config.keyspace_bits)?;
         let store = Store::connect(&config.database_url).await?;
         let registry = Registry::open(store, keyspace, config.primary_stream.clone()).await?;
+        // Other processes and replicas may write too: follow the event log.
+        registry.follow();
         Ok(AppState {
             registry,
             token: config.token.clone().map(Arc::new),

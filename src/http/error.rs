@@ -117,6 +117,11 @@ impl From<registry::Error> for ApiError {
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
             E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),
             E::Conflict => ApiError::new(StatusCode::CONFLICT, "conflict", err.to_string()),
+            E::Unavailable => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                err.to_string(),
+            ),
             E::Store(_) => ApiError::internal(&err),
         }
     }

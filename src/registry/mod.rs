@@ -9,8 +9,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace, Load, ShardMap};
-use crate::store::{Assignment, Store, StoreError};
+use crate::store::{Assignment, Change, Event, Store, StoreError};
 
+mod follow;
 mod rebalance;
 mod streams;
 
@@ -32,6 +33,8 @@ pub enum Error {
     BadPlanId(String),
     #[error("the database refused the change because another writer changed the same rows")]
     Conflict,
+    #[error("the database is unreachable; changes are refused until it is back")]
+    Unavailable,
     #[error(transparent)]
     Store(StoreError),
 }
@@ -40,6 +43,10 @@ impl From<StoreError> for Error {
     fn from(err: StoreError) -> Self {
         match err {
             StoreError::Conflict | StoreError::Stale => Error::Conflict,
+            StoreError::Unavailable(cause) => {
+                tracing::warn!(%cause, "database unreachable");
+                Error::Unavailable
+            }
             other => Error::Store(other),
         }
     }
@@ -102,7 +109,7 @@ impl Registry {
             };
             accounts.insert(a.account, entry);
         }
-        let streams = streams::load(&store, keyspace).await?;
+        let streams = store.load_streams().await?;
         tracing::info!(
             accounts = accounts.len(),
             streams = streams.len(),
@@ -114,13 +121,14 @@ impl Registry {
             store,
             keyspace,
             accounts: RwLock::new(accounts),
-            streams: RwLock::new(streams),
+            streams: RwLock::new(BTreeMap::new()),
             writer: tokio::sync::Mutex::new(Writer {
                 alloc,
                 last_event,
                 pending_primary: None,
             }),
         });
+        registry.reload_streams(&mut *registry.writer.lock().await, streams)?;
         registry.choose_primary(primary).await?;
         Ok(registry)
     }
@@ -157,20 +165,31 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
+            let mut tx = this.begin(&mut w).await?;
             if let Some(existing) = this.lookup(account.as_str()) {
                 return Ok(Allocated::Existing(existing));
             }
-            let key = w.alloc.next_key()?;
-            let now = now_ms();
             let a = Assignment {
                 account,
-                hash_key: key,
+                hash_key: w.alloc.next_key()?,
                 weight,
-                created_at: now,
+                created_at: now_ms(),
             };
-            w.last_event = this.store.insert(&a, now).await?;
-            w.alloc.insert(key, weight)?;
-            this.put(&a);
+            let id = tx.insert(&a, a.created_at).await?;
+            tx.commit().await?;
+            let change = Change::Allocate {
+                account: a.account.clone(),
+                key: a.hash_key,
+                weight,
+            };
+            this.apply_event(
+                &mut w,
+                Event {
+                    id,
+                    at: a.created_at,
+                    change,
+                },
+            )?;
             Ok(Allocated::Created(a))
         })
         .await
@@ -181,15 +200,18 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
+            let mut tx = this.begin(&mut w).await?;
             let a = this
                 .lookup(account.as_str())
                 .ok_or(Error::NotFound(account))?;
-            w.last_event = this.store.delete(&a, now_ms()).await?;
-            w.alloc.remove(a.hash_key)?;
-            this.accounts
-                .write()
-                .expect("accounts lock poisoned")
-                .remove(a.account.as_str());
+            let at = now_ms();
+            let id = tx.delete(&a, at).await?;
+            tx.commit().await?;
+            let change = Change::Release {
+                account: a.account.clone(),
+                key: a.hash_key,
+            };
+            this.apply_event(&mut w, Event { id, at, change })?;
             Ok(a)
         })
         .await
@@ -204,6 +226,7 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
+            let mut tx = this.begin(&mut w).await?;
             let mut a = this
                 .lookup(account.as_str())
                 .ok_or(Error::NotFound(account))?;
@@ -211,9 +234,14 @@ impl Registry {
                 return Ok(a);
             }
             a.weight = weight;
-            w.last_event = this.store.reweight(&a, now_ms()).await?;
-            w.alloc.set_weight(a.hash_key, weight)?;
-            this.put(&a);
+            let at = now_ms();
+            let id = tx.reweight(&a, at).await?;
+            tx.commit().await?;
+            let change = Change::Reweight {
+                account: a.account.clone(),
+                weight,
+            };
+            this.apply_event(&mut w, Event { id, at, change })?;
             Ok(a)
         })
         .await
@@ -246,18 +274,6 @@ impl Registry {
     /// Whether the database answers.
     pub async fn ready(&self) -> bool {
         self.store.ping().await.is_ok()
-    }
-
-    fn put(&self, a: &Assignment) {
-        let entry = Entry {
-            hash_key: a.hash_key,
-            weight: a.weight,
-            created_at: a.created_at,
-        };
-        self.accounts
-            .write()
-            .expect("accounts lock poisoned")
-            .insert(a.account.clone(), entry);
     }
 }
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use md5::{Digest, Md5};
 
 use super::{Error, Registry, detached, now_ms};
-use crate::keyspace::{self, Allocator, Holding, Plan, ShardMap};
+use crate::keyspace::{self, AccountId, Allocator, Holding, Plan, ShardMap};
+use crate::store::{Change, Event};
 
 /// Which shard map a request means: a uniform map of N shards, or a registered stream's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +63,9 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            // Any change, a stream's map included, moves the event id on.
+            let mut tx = this.begin(&mut w).await?;
+            // Any change, a stream's map included, here or on another replica, moves the
+            // event id on.
             if w.last_event != event {
                 return Err(Error::StalePlan(id));
             }
@@ -73,15 +76,19 @@ impl Registry {
             if plan.moves.is_empty() {
                 return Ok(plan);
             }
-            w.last_event = this.store.apply_moves(&plan.moves, now_ms()).await?;
-            plan.apply(&mut w.alloc)?;
-            let mut accounts = this.accounts.write().expect("accounts lock poisoned");
-            for m in &plan.moves {
-                if let Some(e) = accounts.get_mut(m.account.as_str()) {
-                    e.hash_key = m.to;
-                }
+            let at = now_ms();
+            let last = tx.apply_moves(&plan.moves, at).await?;
+            tx.commit().await?;
+            // The moves' events are numbered up to `last`, one each, in order.
+            let first = last - plan.moves.len() as i64 + 1;
+            for (id, m) in (first..=last).zip(&plan.moves) {
+                let change = Change::Move {
+                    account: AccountId::parse(m.account.clone())?,
+                    from: m.from,
+                    to: m.to,
+                };
+                this.apply_event(&mut w, Event { id, at, change })?;
             }
-            drop(accounts);
             Ok(plan)
         })
         .await

@@ -1,12 +1,11 @@
 //! Registered streams: their shard maps, and the primary one new keys balance on.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::rebalance::plan_id;
 use super::{Error, MapSpec, Registry, detached, now_ms};
 use crate::keyspace::{self, HashKey, Keyspace, Load, Plan, ShardMap, SplitPlan};
-use crate::store::{Store, StreamRow};
+use crate::store::{Change, Event, StreamRow};
 
 /// A registered stream.
 #[derive(Debug, Clone)]
@@ -33,7 +32,7 @@ pub struct StreamChange {
 }
 
 impl Stream {
-    fn from_row(row: StreamRow, keyspace: Keyspace) -> Result<Stream, Error> {
+    pub(super) fn from_row(row: StreamRow, keyspace: Keyspace) -> Result<Stream, Error> {
         let map = ShardMap::explicit(keyspace, row.shards)?;
         Ok(Stream {
             name: row.name,
@@ -53,19 +52,6 @@ impl Stream {
             updated_at: self.updated_at,
         }
     }
-}
-
-/// Every stream in the database.
-pub(super) async fn load(
-    store: &Store,
-    keyspace: Keyspace,
-) -> Result<BTreeMap<String, Stream>, Error> {
-    let mut streams = BTreeMap::new();
-    for row in store.load_streams().await? {
-        let stream = Stream::from_row(row, keyspace)?;
-        streams.insert(stream.name.clone(), stream);
-    }
-    Ok(streams)
 }
 
 impl Registry {
@@ -99,21 +85,36 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
+            let mut tx = this.begin(&mut w).await?;
             let old = this.stream(&name);
             let configured = w.pending_primary.as_deref() == Some(name.as_str());
             let primary = primary.unwrap_or_else(|| old.as_ref().map_or(configured, |o| o.primary));
-            let stream = Stream {
+            let at = now_ms();
+            let row = StreamRow {
                 name: name.clone(),
-                map: Arc::new(map),
+                shards: map.iter().map(|s| (s.id, s.start, s.end)).collect(),
                 next_shard,
                 primary,
-                updated_at: now_ms(),
+                updated_at: at,
             };
-            w.last_event = this.store.put_stream(&stream.to_row()).await?;
-            this.install(&mut w.alloc, stream.clone());
+            let id = tx.put_stream(&row).await?;
+            let rows = tx.load_streams().await?;
+            tx.commit().await?;
+            this.apply_event(
+                &mut w,
+                Event {
+                    id,
+                    at,
+                    change: Change::StreamPut {
+                        stream: name.clone(),
+                    },
+                },
+            )?;
+            this.reload_streams(&mut w, rows)?;
             if primary && configured {
                 w.pending_primary = None;
             }
+            let stream = this.stream(&name).expect("just registered");
             let loads = |map: &ShardMap| -> Vec<Load> {
                 map.iter()
                     .map(|s| w.alloc.load_in(s.start, s.end))
@@ -124,9 +125,8 @@ impl Registry {
                 (o.map, l)
             });
             let after = loads(&stream.map);
-            let spec = MapSpec::Stream(name);
             let plan = this.plan(&mut w.alloc, &stream.map);
-            let rebalance = (plan_id(w.last_event, &spec, &plan), plan);
+            let rebalance = (plan_id(w.last_event, &MapSpec::Stream(name), &plan), plan);
             Ok(StreamChange {
                 stream,
                 before,
@@ -142,18 +142,22 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let old = this
-                .stream(&name)
+            let mut tx = this.begin(&mut w).await?;
+            this.stream(&name)
                 .ok_or_else(|| Error::UnknownStream(name.clone()))?;
-            w.last_event = this.store.delete_stream(&name, now_ms()).await?;
-            this.streams
-                .write()
-                .expect("streams lock poisoned")
-                .remove(&name);
-            if old.primary {
-                w.alloc.balance_on(None);
-            }
-            Ok(())
+            let at = now_ms();
+            let id = tx.delete_stream(&name, at).await?;
+            let rows = tx.load_streams().await?;
+            tx.commit().await?;
+            this.apply_event(
+                &mut w,
+                Event {
+                    id,
+                    at,
+                    change: Change::StreamDelete { stream: name },
+                },
+            )?;
+            this.reload_streams(&mut w, rows)
         })
         .await
     }
@@ -173,43 +177,41 @@ impl Registry {
         Ok((stream, plan))
     }
 
-    /// Applies the configured primary stream at start-up, or the database's if none is set.
+    /// Makes the configured primary stream primary at start-up, or remembers the name
+    /// until a stream of that name is registered.
     pub(super) async fn choose_primary(&self, configured: Option<String>) -> Result<(), Error> {
-        let mut w = self.writer.lock().await;
         let Some(name) = configured else {
-            if let Some(primary) = self.streams().into_iter().find(|s| s.primary) {
-                w.alloc.balance_on(Some((*primary.map).clone()));
-            }
             return Ok(());
         };
+        let mut w = self.writer.lock().await;
+        let mut tx = self.begin(&mut w).await?;
         match self.stream(&name) {
-            Some(mut stream) => {
-                if !stream.primary {
-                    stream.primary = true;
-                    stream.updated_at = now_ms();
-                    w.last_event = self.store.put_stream(&stream.to_row()).await?;
-                }
-                self.install(&mut w.alloc, stream);
+            Some(stream) if stream.primary => Ok(()),
+            Some(stream) => {
+                let at = now_ms();
+                let row = StreamRow {
+                    primary: true,
+                    updated_at: at,
+                    ..stream.to_row()
+                };
+                let id = tx.put_stream(&row).await?;
+                let rows = tx.load_streams().await?;
+                tx.commit().await?;
+                self.apply_event(
+                    &mut w,
+                    Event {
+                        id,
+                        at,
+                        change: Change::StreamPut { stream: name },
+                    },
+                )?;
+                self.reload_streams(&mut w, rows)
             }
             None => {
                 tracing::warn!(stream = %name, "the configured primary stream is not registered yet; new keys use the plain walk until it is");
                 w.pending_primary = Some(name);
+                Ok(())
             }
         }
-        Ok(())
-    }
-
-    /// Puts a committed stream in memory and points the allocator at the primary map.
-    fn install(&self, alloc: &mut keyspace::Allocator, stream: Stream) {
-        let mut streams = self.streams.write().expect("streams lock poisoned");
-        if stream.primary {
-            for other in streams.values_mut() {
-                other.primary = false;
-            }
-            alloc.balance_on(Some((*stream.map).clone()));
-        } else if streams.get(&stream.name).is_some_and(|old| old.primary) {
-            alloc.balance_on(None);
-        }
-        streams.insert(stream.name.clone(), stream);
     }
 }

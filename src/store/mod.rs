@@ -1,13 +1,20 @@
-//! The authoritative table of assignments and its event log.
+//! The authoritative table of assignments, the registered streams, and the event log of
+//! every change to them.
 //!
-//! One `Store` type with one implementation per backend; the in-memory tree is only a
-//! cache of what is committed here.
+//! One `Store` type over two backends (SQLite, Postgres) whose queries are written once in
+//! `queries.rs`. Every change runs in a write transaction ([`Tx`]) that holds the
+//! database's write lock, so writers in other processes or replicas take turns; the
+//! in-memory tree is only a cache of what is committed here.
 
+mod postgres;
+mod queries;
 mod sqlite;
+
+use sqlx::{PgPool, SqlitePool};
 
 use crate::keyspace::{AccountId, HashKey, Move};
 
-pub use sqlite::SqliteStore;
+pub use postgres::CHANNEL;
 
 /// One account's hash key, as committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,11 +40,51 @@ pub struct StreamRow {
     pub updated_at: i64,
 }
 
+/// One entry of the event log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub id: i64,
+    /// Unix milliseconds.
+    pub at: i64,
+    pub change: Change,
+}
+
+/// What an event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Allocate {
+        account: AccountId,
+        key: HashKey,
+        weight: u64,
+    },
+    Release {
+        account: AccountId,
+        key: HashKey,
+    },
+    Move {
+        account: AccountId,
+        from: HashKey,
+        to: HashKey,
+    },
+    Reweight {
+        account: AccountId,
+        weight: u64,
+    },
+    StreamPut {
+        stream: String,
+    },
+    StreamDelete {
+        stream: String,
+    },
+}
+
 /// Errors of the storage layer. Their text is logged, never sent to clients.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("unsupported database URL {0:?}: expected sqlite://PATH")]
+    #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
+    #[error("the database is unreachable: {0}")]
+    Unavailable(sqlx::Error),
     #[error("a row with the same account or hash key already exists")]
     Conflict,
     #[error("the row changed underneath this write")]
@@ -56,6 +103,11 @@ impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match &err {
             sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict,
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(err),
             _ => StoreError::Database(err),
         }
     }
@@ -66,102 +118,146 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// The database behind keyspread.
 #[derive(Debug, Clone)]
 pub enum Store {
-    Sqlite(SqliteStore),
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// A write transaction holding the database's write lock; dropped without
+/// [`Tx::commit`], it rolls back.
+pub enum Tx {
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+/// Runs the same query function on whichever backend `$target` holds.
+macro_rules! on_backend {
+    ($target:expr, $conn:ident => $call:ident($($arg:expr),*)) => {
+        match $target {
+            Store::Sqlite(pool) => {
+                let mut $conn = pool.acquire().await?;
+                sqlite::$call(&mut $conn, $($arg),*).await
+            }
+            Store::Postgres(pool) => {
+                let mut $conn = pool.acquire().await?;
+                postgres::$call(&mut $conn, $($arg),*).await
+            }
+        }
+    };
+}
+
+/// The same for a transaction.
+macro_rules! in_tx {
+    ($tx:expr, $call:ident($($arg:expr),*)) => {
+        match $tx {
+            Tx::Sqlite(tx) => sqlite::$call(tx, $($arg),*).await,
+            Tx::Postgres(tx) => postgres::$call(tx, $($arg),*).await,
+        }
+    };
 }
 
 impl Store {
-    /// Opens (creating if needed) the database at `url` and runs its migrations.
+    /// Opens the database at `url` (a SQLite file is created if missing) and migrates it.
     pub async fn connect(url: &str) -> Result<Store> {
         if url.starts_with("sqlite:") {
-            Ok(Store::Sqlite(SqliteStore::connect(url).await?))
+            Ok(Store::Sqlite(sqlite::connect(url).await?))
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Ok(Store::Postgres(postgres::connect(url).await?))
         } else {
-            Err(StoreError::UnsupportedUrl(url.to_owned()))
+            Err(StoreError::UnsupportedUrl(crate::config::redact_url(url)))
         }
     }
 
     /// Binds the database to a keyspace width on first use; refuses a different one later.
     pub async fn bind_keyspace(&self, bits: u32) -> Result<()> {
-        match self {
-            Store::Sqlite(s) => s.bind_keyspace(bits).await,
-        }
+        on_backend!(self, c => bind_keyspace(bits))
     }
 
     /// Every assignment, for rebuilding the tree.
     pub async fn load(&self) -> Result<Vec<Assignment>> {
-        match self {
-            Store::Sqlite(s) => s.load().await,
-        }
-    }
-
-    /// Id of the newest event, 0 when there is none.
-    pub async fn last_event_id(&self) -> Result<i64> {
-        match self {
-            Store::Sqlite(s) => s.last_event_id().await,
-        }
-    }
-
-    /// Commits a new assignment and its `allocate` event; answers the event id.
-    pub async fn insert(&self, assignment: &Assignment, at: i64) -> Result<i64> {
-        match self {
-            Store::Sqlite(s) => s.insert(assignment, at).await,
-        }
-    }
-
-    /// Deletes an assignment and logs `release`; answers the event id.
-    pub async fn delete(&self, assignment: &Assignment, at: i64) -> Result<i64> {
-        match self {
-            Store::Sqlite(s) => s.delete(assignment, at).await,
-        }
-    }
-
-    /// Changes an assignment's weight and logs `reweight`; answers the event id.
-    pub async fn reweight(&self, assignment: &Assignment, at: i64) -> Result<i64> {
-        match self {
-            Store::Sqlite(s) => s.reweight(assignment, at).await,
-        }
-    }
-
-    /// Applies moves in order, in one transaction, with a `move` event each; answers the
-    /// id of the last event.
-    pub async fn apply_moves(&self, moves: &[Move], at: i64) -> Result<i64> {
-        match self {
-            Store::Sqlite(s) => s.apply_moves(moves, at).await,
-        }
+        on_backend!(self, c => load())
     }
 
     /// Every registered stream.
     pub async fn load_streams(&self) -> Result<Vec<StreamRow>> {
-        match self {
-            Store::Sqlite(s) => s.load_streams().await,
-        }
+        on_backend!(self, c => load_streams())
     }
 
-    /// Creates or replaces a stream (clearing any other primary if this one is); logs
-    /// `stream_put`; answers the event id.
-    pub async fn put_stream(&self, stream: &StreamRow) -> Result<i64> {
-        match self {
-            Store::Sqlite(s) => s.put_stream(stream).await,
-        }
+    /// Id of the newest event, 0 when there is none.
+    pub async fn last_event_id(&self) -> Result<i64> {
+        on_backend!(self, c => last_event_id())
     }
 
-    /// Deletes a stream and logs `stream_delete`; answers the event id.
-    pub async fn delete_stream(&self, name: &str, at: i64) -> Result<i64> {
-        match self {
-            Store::Sqlite(s) => s.delete_stream(name, at).await,
-        }
+    /// Up to `limit` events after `after`, oldest first.
+    pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<Event>> {
+        on_backend!(self, c => events_after(after, limit))
     }
 
     /// Up to `limit` assignments with account greater than `after`, by account.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
-        match self {
-            Store::Sqlite(s) => s.list(after, limit).await,
-        }
+        on_backend!(self, c => list(after, limit))
     }
 
     /// Round-trips the database.
     pub async fn ping(&self) -> Result<()> {
+        on_backend!(self, c => ping())
+    }
+
+    /// Starts a write transaction; it waits for writers in other processes to finish.
+    pub async fn begin(&self) -> Result<Tx> {
+        Ok(match self {
+            Store::Sqlite(pool) => Tx::Sqlite(sqlite::begin(pool).await?),
+            Store::Postgres(pool) => Tx::Postgres(postgres::begin(pool).await?),
+        })
+    }
+}
+
+impl Tx {
+    /// Events other writers committed after `after`: read under the write lock, so
+    /// nothing can be missed before this transaction's own changes.
+    pub async fn events_after(&mut self, after: i64) -> Result<Vec<Event>> {
+        in_tx!(self, events_after(after, i64::MAX))
+    }
+
+    pub async fn load_streams(&mut self) -> Result<Vec<StreamRow>> {
+        in_tx!(self, load_streams())
+    }
+
+    /// Inserts a new assignment and logs `allocate`; answers the event id.
+    pub async fn insert(&mut self, assignment: &Assignment, at: i64) -> Result<i64> {
+        in_tx!(self, insert(assignment, at))
+    }
+
+    /// Deletes an assignment and logs `release`; answers the event id.
+    pub async fn delete(&mut self, assignment: &Assignment, at: i64) -> Result<i64> {
+        in_tx!(self, delete(assignment, at))
+    }
+
+    /// Changes an assignment's weight and logs `reweight`; answers the event id.
+    pub async fn reweight(&mut self, assignment: &Assignment, at: i64) -> Result<i64> {
+        in_tx!(self, reweight(assignment, at))
+    }
+
+    /// Applies moves in order with a `move` event each; answers the last event's id.
+    pub async fn apply_moves(&mut self, moves: &[Move], at: i64) -> Result<i64> {
+        in_tx!(self, apply_moves(moves, at))
+    }
+
+    /// Creates or replaces a stream (clearing any other primary if this one is) and logs
+    /// `stream_put`; answers the event id.
+    pub async fn put_stream(&mut self, stream: &StreamRow) -> Result<i64> {
+        in_tx!(self, put_stream(stream))
+    }
+
+    /// Deletes a stream and logs `stream_delete`; answers the event id.
+    pub async fn delete_stream(&mut self, name: &str, at: i64) -> Result<i64> {
+        in_tx!(self, delete_stream(name, at))
+    }
+
+    /// Makes the changes durable (and, on Postgres, tells the other replicas).
+    pub async fn commit(self) -> Result<()> {
         match self {
-            Store::Sqlite(s) => s.ping().await,
+            Tx::Sqlite(tx) => sqlite::commit(tx).await,
+            Tx::Postgres(tx) => postgres::commit(tx).await,
         }
     }
 }
@@ -174,6 +270,14 @@ fn decode_key(bytes: &[u8]) -> Result<HashKey> {
     Ok(HashKey::from_be_bytes(bytes))
 }
 
+fn decode_account(account: String) -> Result<AccountId> {
+    AccountId::parse(account).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn decode_weight(weight: i64) -> Result<u64> {
+    u64::try_from(weight).map_err(|_| StoreError::Corrupt(format!("weight {weight}")))
+}
+
 fn decode_assignment(
     account: String,
     key: &[u8],
@@ -181,12 +285,60 @@ fn decode_assignment(
     created_at: i64,
 ) -> Result<Assignment> {
     Ok(Assignment {
-        account: AccountId::parse(account).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        account: decode_account(account)?,
         hash_key: decode_key(key)?,
-        weight: u64::try_from(weight)
-            .map_err(|_| StoreError::Corrupt(format!("weight {weight}")))?,
+        weight: decode_weight(weight)?,
         created_at,
     })
+}
+
+#[allow(clippy::too_many_arguments)] // one argument per column
+fn decode_event(
+    id: i64,
+    at: i64,
+    kind: String,
+    account: Option<String>,
+    before: Option<Vec<u8>>,
+    after: Option<Vec<u8>>,
+    weight: Option<i64>,
+    stream: Option<String>,
+) -> Result<Event> {
+    let corrupt = || StoreError::Corrupt(format!("event {id} ({kind}) lacks a column"));
+    let account = || account.clone().ok_or_else(corrupt).and_then(decode_account);
+    let key = |k: &Option<Vec<u8>>| k.as_deref().ok_or_else(corrupt).and_then(decode_key);
+    let weight = || weight.ok_or_else(corrupt).and_then(decode_weight);
+    let change = match kind.as_str() {
+        "allocate" => Change::Allocate {
+            account: account()?,
+            key: key(&after)?,
+            weight: weight()?,
+        },
+        "release" => Change::Release {
+            account: account()?,
+            key: key(&before)?,
+        },
+        "move" => Change::Move {
+            account: account()?,
+            from: key(&before)?,
+            to: key(&after)?,
+        },
+        "reweight" => Change::Reweight {
+            account: account()?,
+            weight: weight()?,
+        },
+        "stream_put" => Change::StreamPut {
+            stream: stream.clone().ok_or_else(corrupt)?,
+        },
+        "stream_delete" => Change::StreamDelete {
+            stream: stream.clone().ok_or_else(corrupt)?,
+        },
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "event {id} of unknown kind {other:?}"
+            )));
+        }
+    };
+    Ok(Event { id, at, change })
 }
 
 /// The stored form of a shard map: `[[id, start, end], ...]` with keys as decimal strings.

@@ -144,3 +144,57 @@ fn openapi_subcommand_prints_the_document() {
     assert_eq!(doc["info"]["title"], "keyspread");
     assert!(doc["paths"]["/keys/{account}"]["post"].is_object());
 }
+
+#[tokio::test]
+async fn streams_put_command_registers_a_list_shards_file() {
+    let app = spawn_app().await;
+    let half = 1u128 << 127;
+    let listed = serde_json::json!({"Shards": [
+        {"ShardId": "shardId-000000000000", "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": u128::MAX.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1", "EndingSequenceNumber": "2"}},
+        {"ShardId": "shardId-000000000001", "ParentShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": (half - 1).to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "3"}},
+        {"ShardId": "shardId-000000000002", "ParentShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": half.to_string(), "EndingHashKey": u128::MAX.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "4"}}
+    ]});
+    let file = app.dir().join("orders.json");
+    std::fs::write(&file, listed.to_string()).unwrap();
+    // The server runs on this test's runtime: wait for the command without blocking it.
+    let run = |args: &[&str]| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+            .args(["streams", "put", "orders", "--from"])
+            .args(args)
+            .args(["--url", &app.url("")])
+            .env_remove("KEYSPREAD_TOKEN")
+            .output()
+    };
+    let out = run(&[file.to_str().unwrap(), "--primary"]).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("registered stream orders: 2 open shards (primary)"),
+        "{stdout}"
+    );
+    let stream = app.get("/streams/orders").await.body;
+    assert_eq!(
+        (
+            stream["primary"].as_bool(),
+            stream["next_shard_number"].as_u64()
+        ),
+        (Some(true), Some(3))
+    );
+
+    // A file whose open shards leave a gap is refused before anything is sent.
+    let mut broken = listed.clone();
+    broken["Shards"][2]["HashKeyRange"]["StartingHashKey"] = (half + 10).to_string().into();
+    std::fs::write(&file, broken.to_string()).unwrap();
+    let out = run(&[file.to_str().unwrap()]).await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gap: no open shard covers"));
+}

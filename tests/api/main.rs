@@ -12,3 +12,4 @@ mod rebalance;
 mod reshard;
 mod shards;
 mod store;
+mod streams;

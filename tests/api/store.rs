@@ -96,3 +96,43 @@ async fn every_change_is_logged() {
         .unwrap();
     assert_eq!(rows, 2);
 }
+
+#[tokio::test]
+async fn stream_changes_are_logged() {
+    let app = spawn_app().await;
+    let put = app
+        .call(
+            reqwest::Method::PUT,
+            "/streams/s",
+            Some(serde_json::json!({"shard_count": 2})),
+        )
+        .await;
+    assert_eq!(put.status, 201);
+    assert_eq!(app.delete("/streams/s").await.status, 204);
+    let mut db = connect(&app).await;
+    let events: Vec<(String, Option<String>, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT kind, stream, account, detail FROM events ORDER BY id")
+            .fetch_all(&mut db)
+            .await
+            .unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(
+        (
+            events[0].0.as_str(),
+            events[0].1.as_deref(),
+            events[0].2.as_deref()
+        ),
+        ("stream_put", Some("s"), None)
+    );
+    assert!(
+        events[0]
+            .3
+            .as_deref()
+            .unwrap()
+            .contains("shardId-000000000001")
+    );
+    assert_eq!(
+        (events[1].0.as_str(), events[1].1.as_deref()),
+        ("stream_delete", Some("s"))
+    );
+}

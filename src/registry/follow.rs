@@ -1,0 +1,161 @@
+//! Keeping the in-memory mirror in step with the event log.
+//!
+//! Every change, made here or by another replica, reaches memory the same way: as an
+//! event applied in id order. Writers catch up inside their write transaction (so they
+//! never decide on a stale tree); a background task catches up between writes, woken by
+//! Postgres notifications or a short poll.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::streams::Stream;
+use super::{Entry, Error, Registry, Writer};
+use crate::store::{CHANNEL, Change, Event, Store, StreamRow, Tx};
+
+/// Longest a replica goes without looking for other replicas' changes.
+pub const POLL: Duration = Duration::from_millis(250);
+
+impl Registry {
+    /// Starts a write transaction and applies everything committed before it.
+    pub(super) async fn begin(&self, w: &mut Writer) -> Result<Tx, Error> {
+        let mut tx = self.store.begin().await?;
+        let events = tx.events_after(w.last_event).await?;
+        if !events.is_empty() {
+            let streams_changed = self.apply_all(w, events)?;
+            if streams_changed {
+                let rows = tx.load_streams().await?;
+                self.reload_streams(w, rows)?;
+            }
+        }
+        Ok(tx)
+    }
+
+    /// Applies what other replicas committed since the last look; answers how many events.
+    pub async fn catch_up(&self) -> Result<usize, Error> {
+        let mut w = self.writer.lock().await;
+        let mut applied = 0;
+        loop {
+            let events = self.store.events_after(w.last_event, 10_000).await?;
+            if events.is_empty() {
+                return Ok(applied);
+            }
+            applied += events.len();
+            if self.apply_all(&mut w, events)? {
+                let rows = self.store.load_streams().await?;
+                self.reload_streams(&mut w, rows)?;
+            }
+        }
+    }
+
+    /// Follows other writers until the process ends: woken by notifications on Postgres,
+    /// and every [`POLL`] in any case.
+    pub fn follow(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut listener = None;
+            loop {
+                if listener.is_none() {
+                    listener = listen(&this.store).await;
+                }
+                match &mut listener {
+                    // A notice, or the poll interval, whichever comes first.
+                    Some(l) => match tokio::time::timeout(POLL, l.try_recv()).await {
+                        Ok(Err(_)) => listener = None,
+                        Ok(Ok(_)) | Err(_) => {}
+                    },
+                    None => tokio::time::sleep(POLL).await,
+                }
+                if let Err(err) = this.catch_up().await {
+                    tracing::warn!(%err, "cannot follow the event log; retrying");
+                }
+            }
+        })
+    }
+
+    /// Applies events in order; answers whether any changed a stream.
+    fn apply_all(&self, w: &mut Writer, events: Vec<Event>) -> Result<bool, Error> {
+        let mut streams_changed = false;
+        for event in events {
+            streams_changed |= matches!(
+                event.change,
+                Change::StreamPut { .. } | Change::StreamDelete { .. }
+            );
+            self.apply_event(w, event)?;
+        }
+        Ok(streams_changed)
+    }
+
+    /// Applies one committed change to memory. Stream changes are applied by reloading
+    /// the streams table (see [`Registry::reload_streams`]).
+    pub(super) fn apply_event(&self, w: &mut Writer, event: Event) -> Result<(), Error> {
+        let mut accounts = self.accounts.write().expect("accounts lock poisoned");
+        match event.change {
+            Change::Allocate {
+                account,
+                key,
+                weight,
+            } => {
+                w.alloc.insert(key, weight)?;
+                let entry = Entry {
+                    hash_key: key,
+                    weight,
+                    created_at: event.at,
+                };
+                accounts.insert(account, entry);
+            }
+            Change::Release { account, key } => {
+                w.alloc.remove(key)?;
+                accounts.remove(account.as_str());
+            }
+            Change::Move { account, from, to } => {
+                let weight = w.alloc.remove(from)?;
+                w.alloc.insert(to, weight)?;
+                if let Some(e) = accounts.get_mut(account.as_str()) {
+                    e.hash_key = to;
+                }
+            }
+            Change::Reweight { account, weight } => {
+                if let Some(e) = accounts.get_mut(account.as_str()) {
+                    w.alloc.set_weight(e.hash_key, weight)?;
+                    e.weight = weight;
+                }
+            }
+            Change::StreamPut { .. } | Change::StreamDelete { .. } => {}
+        }
+        w.last_event = event.id;
+        Ok(())
+    }
+
+    /// Replaces the in-memory streams with `rows` and balances on the primary one.
+    pub(super) fn reload_streams(&self, w: &mut Writer, rows: Vec<StreamRow>) -> Result<(), Error> {
+        let streams = rows
+            .into_iter()
+            .map(|row| Stream::from_row(row, self.keyspace).map(|s| (s.name.clone(), s)))
+            .collect::<Result<_, _>>()?;
+        let mut current = self.streams.write().expect("streams lock poisoned");
+        *current = streams;
+        let primary = current
+            .values()
+            .find(|s| s.primary)
+            .map(|s| (*s.map).clone());
+        let unchanged = match (&primary, w.alloc.balanced_map()) {
+            (Some(new), Some(old)) => new == old,
+            (None, None) => true,
+            _ => false,
+        };
+        if !unchanged {
+            w.alloc.balance_on(primary);
+        }
+        Ok(())
+    }
+}
+
+/// Subscribes to commit notices (Postgres only).
+async fn listen(store: &Store) -> Option<sqlx::postgres::PgListener> {
+    let Store::Postgres(pool) = store else {
+        return None;
+    };
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.ok()?;
+    listener.listen(CHANNEL).await.ok()?;
+    Some(listener)
+}

@@ -1,0 +1,51 @@
+//! Postgres backend: many keyspread replicas share one database.
+//!
+//! Writers serialize on a transaction-scoped advisory lock and announce each commit on a
+//! channel that every replica listens to.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+
+super::queries::queries!(Postgres);
+
+/// The advisory lock every write holds until it commits ("keyspread" in ASCII, as a key).
+const WRITE_LOCK: i64 = 0x6b65_7973_7072_6561;
+
+/// The channel commits are announced on.
+pub const CHANNEL: &str = "keyspread_events";
+
+/// Connects and runs the Postgres migrations (concurrent replicas migrate one at a time:
+/// sqlx takes its own advisory lock for that).
+pub async fn connect(url: &str) -> Result<PgPool> {
+    let options: PgConnectOptions = url.parse()?;
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        // Mutations fail fast when the database is gone; lookups never wait on it.
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_with(options)
+        .await?;
+    sqlx::migrate!("migrations/postgres").run(&pool).await?;
+    Ok(pool)
+}
+
+/// A write transaction holding the cluster-wide write lock.
+pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(WRITE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// Announces the change to the other replicas and commits (the notice is delivered on
+/// commit, and only then).
+pub async fn commit(mut tx: Transaction<'static, Postgres>) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(CHANNEL)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx.commit().await?)
+}

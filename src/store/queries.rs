@@ -1,0 +1,235 @@
+//! Every query, written once for both backends.
+//!
+//! The SQL is the same on SQLite and Postgres (`$N` placeholders, `RETURNING`,
+//! `ON CONFLICT`); only the sqlx types differ, so `queries!` stamps out one copy of these
+//! functions per backend module. Each takes a plain connection (a pooled one or a
+//! transaction's) so the caller decides what runs inside which transaction.
+
+/// Expands to the query functions over `$db` (an sqlx database type).
+macro_rules! queries {
+    ($db:ty) => {
+        use sqlx::Row as _;
+
+        use crate::keyspace::Move;
+        use crate::store::{
+            Assignment, Event, Result, StoreError, StreamRow, decode_assignment, decode_event,
+            decode_shards, encode_shards,
+        };
+
+        type Conn = <$db as sqlx::Database>::Connection;
+
+        const ASSIGNMENT_COLUMNS: &str = "SELECT account, hash_key, weight, created_at FROM assignments";
+
+        pub async fn bind_keyspace(conn: &mut Conn, bits: u32) -> Result<()> {
+            sqlx::query("INSERT INTO meta (name, value) VALUES ('keyspace_bits', $1) ON CONFLICT (name) DO NOTHING")
+                .bind(bits.to_string())
+                .execute(&mut *conn)
+                .await?;
+            let stored: String =
+                sqlx::query_scalar("SELECT value FROM meta WHERE name = 'keyspace_bits'")
+                    .fetch_one(&mut *conn)
+                    .await?;
+            let stored: u32 = stored
+                .parse()
+                .map_err(|_| StoreError::Corrupt(format!("keyspace_bits {stored:?}")))?;
+            if stored == bits {
+                Ok(())
+            } else {
+                Err(StoreError::KeyspaceMismatch { stored, configured: bits })
+            }
+        }
+
+        pub async fn load(conn: &mut Conn) -> Result<Vec<Assignment>> {
+            let rows = sqlx::query(ASSIGNMENT_COLUMNS).fetch_all(&mut *conn).await?;
+            rows.iter()
+                .map(|r| decode_assignment(r.try_get(0)?, &r.try_get::<Vec<u8>, _>(1)?, r.try_get(2)?, r.try_get(3)?))
+                .collect()
+        }
+
+        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
+            let rows = sqlx::query(&format!("{ASSIGNMENT_COLUMNS} WHERE account > $1 ORDER BY account LIMIT $2"))
+                .bind(after.unwrap_or(""))
+                .bind(i64::from(limit))
+                .fetch_all(&mut *conn)
+                .await?;
+            rows.iter()
+                .map(|r| decode_assignment(r.try_get(0)?, &r.try_get::<Vec<u8>, _>(1)?, r.try_get(2)?, r.try_get(3)?))
+                .collect()
+        }
+
+        pub async fn last_event_id(conn: &mut Conn) -> Result<i64> {
+            Ok(sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(&mut *conn).await?)
+        }
+
+        pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<Event>> {
+            let rows = sqlx::query(
+                "SELECT id, at, kind, account, key_before, key_after, weight, stream \
+                 FROM events WHERE id > $1 ORDER BY id LIMIT $2",
+            )
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    decode_event(
+                        r.try_get(0)?,
+                        r.try_get(1)?,
+                        r.try_get(2)?,
+                        r.try_get(3)?,
+                        r.try_get(4)?,
+                        r.try_get(5)?,
+                        r.try_get(6)?,
+                        r.try_get(7)?,
+                    )
+                })
+                .collect()
+        }
+
+        pub async fn insert(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
+            sqlx::query("INSERT INTO assignments (account, hash_key, weight, created_at) VALUES ($1, $2, $3, $4)")
+                .bind(a.account.as_str())
+                .bind(a.hash_key.to_be_bytes().to_vec())
+                .bind(a.weight as i64)
+                .bind(a.created_at)
+                .execute(&mut *conn)
+                .await?;
+            log(conn, at, "allocate", a.account.as_str(), None, Some(a.hash_key.to_be_bytes()), a.weight).await
+        }
+
+        pub async fn delete(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
+            let done = sqlx::query("DELETE FROM assignments WHERE account = $1 AND hash_key = $2")
+                .bind(a.account.as_str())
+                .bind(a.hash_key.to_be_bytes().to_vec())
+                .execute(&mut *conn)
+                .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Stale);
+            }
+            log(conn, at, "release", a.account.as_str(), Some(a.hash_key.to_be_bytes()), None, a.weight).await
+        }
+
+        pub async fn reweight(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
+            let key = a.hash_key.to_be_bytes();
+            let done = sqlx::query("UPDATE assignments SET weight = $1 WHERE account = $2 AND hash_key = $3")
+                .bind(a.weight as i64)
+                .bind(a.account.as_str())
+                .bind(key.to_vec())
+                .execute(&mut *conn)
+                .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Stale);
+            }
+            log(conn, at, "reweight", a.account.as_str(), Some(key), Some(key), a.weight).await
+        }
+
+        pub async fn apply_moves(conn: &mut Conn, moves: &[Move], at: i64) -> Result<i64> {
+            let mut id = 0;
+            for m in moves {
+                let done = sqlx::query("UPDATE assignments SET hash_key = $1 WHERE account = $2 AND hash_key = $3")
+                    .bind(m.to.to_be_bytes().to_vec())
+                    .bind(&m.account)
+                    .bind(m.from.to_be_bytes().to_vec())
+                    .execute(&mut *conn)
+                    .await?;
+                if done.rows_affected() != 1 {
+                    return Err(StoreError::Stale);
+                }
+                id = log(conn, at, "move", &m.account, Some(m.from.to_be_bytes()), Some(m.to.to_be_bytes()), m.weight).await?;
+            }
+            Ok(id)
+        }
+
+        pub async fn load_streams(conn: &mut Conn) -> Result<Vec<StreamRow>> {
+            let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at FROM streams ORDER BY name")
+                .fetch_all(&mut *conn)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let name: String = row.try_get(0)?;
+                    let shards = decode_shards(&name, &row.try_get::<String, _>(1)?)?;
+                    Ok(StreamRow {
+                        name,
+                        shards,
+                        next_shard: row.try_get::<i64, _>(2)? as u64,
+                        primary: row.try_get(3)?,
+                        updated_at: row.try_get(4)?,
+                    })
+                })
+                .collect()
+        }
+
+        pub async fn put_stream(conn: &mut Conn, stream: &StreamRow) -> Result<i64> {
+            if stream.primary {
+                sqlx::query("UPDATE streams SET is_primary = FALSE WHERE name <> $1")
+                    .bind(&stream.name)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            let shards = encode_shards(&stream.shards);
+            sqlx::query(
+                "INSERT INTO streams (name, shards, next_shard, is_primary, updated_at) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (name) DO UPDATE SET shards = excluded.shards, next_shard = excluded.next_shard, \
+                 is_primary = excluded.is_primary, updated_at = excluded.updated_at",
+            )
+            .bind(&stream.name)
+            .bind(&shards)
+            .bind(stream.next_shard as i64)
+            .bind(stream.primary)
+            .bind(stream.updated_at)
+            .execute(&mut *conn)
+            .await?;
+            log_stream(conn, stream.updated_at, "stream_put", &stream.name, Some(&shards)).await
+        }
+
+        pub async fn delete_stream(conn: &mut Conn, name: &str, at: i64) -> Result<i64> {
+            let done = sqlx::query("DELETE FROM streams WHERE name = $1").bind(name).execute(&mut *conn).await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Stale);
+            }
+            log_stream(conn, at, "stream_delete", name, None).await
+        }
+
+        pub async fn ping(conn: &mut Conn) -> Result<()> {
+            sqlx::query("SELECT 1").execute(&mut *conn).await?;
+            Ok(())
+        }
+
+        async fn log(
+            conn: &mut Conn,
+            at: i64,
+            kind: &str,
+            account: &str,
+            before: Option<[u8; 16]>,
+            after: Option<[u8; 16]>,
+            weight: u64,
+        ) -> Result<i64> {
+            Ok(sqlx::query_scalar(
+                "INSERT INTO events (at, kind, account, key_before, key_after, weight) \
+                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            )
+            .bind(at)
+            .bind(kind)
+            .bind(account)
+            .bind(before.map(|b| b.to_vec()))
+            .bind(after.map(|b| b.to_vec()))
+            .bind(weight as i64)
+            .fetch_one(&mut *conn)
+            .await?)
+        }
+
+        async fn log_stream(conn: &mut Conn, at: i64, kind: &str, stream: &str, detail: Option<&str>) -> Result<i64> {
+            Ok(sqlx::query_scalar(
+                "INSERT INTO events (at, kind, stream, detail) VALUES ($1, $2, $3, $4) RETURNING id",
+            )
+            .bind(at)
+            .bind(kind)
+            .bind(stream)
+            .bind(detail)
+            .fetch_one(&mut *conn)
+            .await?)
+        }
+    };
+}
+
+pub(crate) use queries;
