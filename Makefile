@@ -11,8 +11,16 @@ run:
 	$(CARGO) run --release -- serve
 
 ## Every test: unit, property, HTTP integration, the generated Python client, kinesalite.
+## With KEYSPREAD_TEST_POSTGRES=postgres://user:pass@host/db (a server tests may create
+## databases on), the HTTP suite runs a second time on Postgres, replicas included.
 test: test-deps
 	$(CARGO) test
+	@if [ -n "$$KEYSPREAD_TEST_POSTGRES" ]; then \
+		echo "--- the HTTP suite again, on Postgres"; \
+		$(CARGO) test --test api; \
+	else \
+		echo "--- KEYSPREAD_TEST_POSTGRES is not set: Postgres runs skipped"; \
+	fi
 
 ## What the tests drive besides Rust: a venv with openapi-python-client, and kinesalite.
 test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed

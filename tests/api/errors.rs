@@ -12,7 +12,7 @@ use crate::helpers::{answer, assert_problem, spawn_app, spawn_app_with};
 
 const TOKEN: &str = "test-token-0123456789";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn framework_rejections_are_problems() {
     let app = spawn_app().await;
     assert_problem(&app.get("/nowhere").await, 404, "no route for GET /nowhere");
@@ -58,7 +58,7 @@ async fn framework_rejections_are_problems() {
     assert_problem(&bad_utf8, 400, "UTF-8");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_are_set_and_propagated() {
     let app = spawn_app().await;
     let fresh = app.client.get(app.url("/healthz")).send().await.unwrap();
@@ -73,7 +73,7 @@ async fn request_ids_are_set_and_propagated() {
     assert_eq!(given.headers()["x-request-id"], "abc-123");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_guards_every_mutation() {
     let app = spawn_app_with(|c| c.token = Some(TOKEN.parse().unwrap())).await;
     let anonymous = app.client.post(app.url("/keys/a")).send().await.unwrap();
@@ -133,7 +133,7 @@ async fn from_peer(peer: SocketAddr, method: &str, path: &str) -> StatusCode {
     app.oneshot(request).await.unwrap().status()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_token_only_local_clients_mutate() {
     let remote: SocketAddr = "203.0.113.9:5000".parse().unwrap();
     assert_eq!(
@@ -167,7 +167,7 @@ async fn without_a_token_only_local_clients_mutate() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_requests_time_out() {
     let app = spawn_app_with(|c| c.request_timeout_secs = 1).await;
     let mut stream = tokio::net::TcpStream::connect(app.addr).await.unwrap();

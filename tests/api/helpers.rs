@@ -1,9 +1,13 @@
-//! Test harness: the real server on 127.0.0.1:0 over a fresh SQLite file per test.
+//! Test harness: the real server on 127.0.0.1:0 over a fresh database per test.
+//!
+//! SQLite by default; with `KEYSPREAD_TEST_POSTGRES` set to a server URL, every test gets
+//! a fresh database on that server instead, so the same suite runs on both backends.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use keyspread::config::ServeConfig;
+use sqlx::Connection;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -14,8 +18,9 @@ pub struct TestApp {
     pub config: ServeConfig,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
-    // Held so the database directory outlives the server.
+    // Held so the database outlives the server.
     dir: tempfile::TempDir,
+    postgres: Option<PgDatabase>,
 }
 
 impl TestApp {
@@ -44,7 +49,27 @@ impl TestApp {
         self.stop().await;
         let config = self.config.clone();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        start(config, dir).await
+        let mut app = start(config, dir).await;
+        app.postgres = self.postgres.take();
+        app
+    }
+
+    /// A direct connection to this app's database.
+    pub async fn db(&self) -> Db {
+        let url = &self.config.database_url;
+        if url.starts_with("postgres") {
+            Db::Postgres(
+                sqlx::PgConnection::connect(url)
+                    .await
+                    .expect("connect to postgres"),
+            )
+        } else {
+            Db::Sqlite(
+                sqlx::SqliteConnection::connect(url)
+                    .await
+                    .expect("open sqlite"),
+            )
+        }
     }
 }
 
@@ -64,14 +89,139 @@ pub async fn spawn_app() -> TestApp {
 /// Starts keyspread after letting the caller adjust its configuration.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut ServeConfig)) -> TestApp {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut config = ServeConfig::for_tests(database_url(dir.path()));
+    let (url, postgres) = match std::env::var("KEYSPREAD_TEST_POSTGRES") {
+        Ok(server) if !server.is_empty() => {
+            let db = PgDatabase::create(&server).await;
+            (db.url.clone(), Some(db))
+        }
+        _ => (sqlite_url(dir.path()), None),
+    };
+    let mut config = ServeConfig::for_tests(url);
     adjust(&mut config);
-    start(config, dir).await
+    let mut app = start(config, dir).await;
+    app.postgres = postgres;
+    app
 }
 
-fn database_url(dir: &Path) -> String {
+fn sqlite_url(dir: &Path) -> String {
     let file: PathBuf = dir.join("keyspread.db");
     format!("sqlite://{}", file.display())
+}
+
+/// A database created for one test on the Postgres server, dropped after it.
+pub struct PgDatabase {
+    server: String,
+    name: String,
+    pub url: String,
+}
+
+impl PgDatabase {
+    pub async fn create(server: &str) -> PgDatabase {
+        let name = format!("keyspread_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(server)
+            .await
+            .expect("connect to KEYSPREAD_TEST_POSTGRES");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .expect("create database");
+        let base = server.rsplit_once('/').map_or(server, |(base, _)| base);
+        PgDatabase {
+            server: server.to_owned(),
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let (server, name) = (self.server.clone(), self.name.clone());
+        // Drop runs inside the test's runtime: do the async work on a thread of its own.
+        // (Tests use the multi-threaded runtime, so the app's connections are still
+        // served while this waits and Postgres can close them.)
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(mut admin) = sqlx::PgConnection::connect(&server).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&mut admin)
+                        .await;
+                }
+            });
+        });
+        let _ = dropped.join();
+    }
+}
+
+/// A direct connection to a test app's database, for checking what was stored.
+pub enum Db {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+/// An `events` row: kind, account, stream, key before, key after, weight, detail.
+pub type EventRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<i64>,
+    Option<String>,
+);
+
+/// The same query on either connection.
+macro_rules! on_db {
+    ($db:expr, $conn:ident => $body:expr) => {
+        match $db {
+            Db::Sqlite($conn) => $body,
+            Db::Postgres($conn) => $body,
+        }
+    };
+}
+
+impl Db {
+    /// Inserts an assignment behind the server's back, as an import would.
+    pub async fn insert_assignment(&mut self, account: &str, key: u128) {
+        on_db!(self, c => sqlx::query("INSERT INTO assignments (account, hash_key, weight, created_at) VALUES ($1, $2, 1, 0)")
+            .bind(account)
+            .bind(key.to_be_bytes().to_vec())
+            .execute(c)
+            .await
+            .map(|done| done.rows_affected())
+            .unwrap());
+    }
+
+    /// Hash keys as `ORDER BY hash_key` returns them.
+    pub async fn keys_in_stored_order(&mut self) -> Vec<u128> {
+        let rows: Vec<(Vec<u8>,)> = on_db!(self, c => sqlx::query_as("SELECT hash_key FROM assignments ORDER BY hash_key")
+            .fetch_all(c)
+            .await
+            .unwrap());
+        rows.into_iter()
+            .map(|(k,)| u128::from_be_bytes(k.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Every event, oldest first.
+    pub async fn events(&mut self) -> Vec<EventRow> {
+        on_db!(self, c => sqlx::query_as("SELECT kind, account, stream, key_before, key_after, weight, detail FROM events ORDER BY id")
+            .fetch_all(c)
+            .await
+            .unwrap())
+    }
+
+    /// `(account, hash key, weight)` of every assignment, by account.
+    pub async fn assignments(&mut self) -> Vec<(String, Vec<u8>, i64)> {
+        on_db!(self, c => sqlx::query_as("SELECT account, hash_key, weight FROM assignments ORDER BY account")
+            .fetch_all(c)
+            .await
+            .unwrap())
+    }
 }
 
 async fn start(config: ServeConfig, dir: tempfile::TempDir) -> TestApp {
@@ -97,6 +247,7 @@ async fn start(config: ServeConfig, dir: tempfile::TempDir) -> TestApp {
         shutdown: Some(tx),
         server: Some(server),
         dir,
+        postgres: None,
     }
 }
 

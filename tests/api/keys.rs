@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::helpers::{assert_problem, spawn_app, spawn_app_with};
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_is_idempotent() {
     let app = spawn_app().await;
     let first = app.post("/keys/acme", None).await;
@@ -30,7 +30,7 @@ async fn allocate_is_idempotent() {
     assert_eq!(looked_up.body, first.body);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn golden_sequence_over_http() {
     let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
     let mut keys = Vec::new();
@@ -41,7 +41,7 @@ async fn golden_sequence_over_http() {
     assert_eq!(keys, expected.map(|k| k.to_string()));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weights_are_stored_and_validated() {
     let app = spawn_app().await;
     let heavy = app
@@ -87,7 +87,7 @@ async fn weights_are_stored_and_validated() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_allocate_body_may_be_left_out() {
     let app = spawn_app().await;
     // Some generated clients send a JSON content type with no body at all.
@@ -131,7 +131,7 @@ async fn the_allocate_body_may_be_left_out() {
     assert_eq!(merge.status(), 201);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reweight_keeps_the_key() {
     let app = spawn_app().await;
     let key = app.allocate("acme").await;
@@ -161,7 +161,7 @@ async fn reweight_keeps_the_key() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn account_ids_are_validated() {
     let app = spawn_app().await;
     let long = "x".repeat(257);
@@ -191,7 +191,7 @@ async fn account_ids_are_validated() {
     assert_eq!(app.post(&format!("/keys/{max}"), None).await.status, 201);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_frees_the_key_for_the_next_account() {
     let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
     for account in ["a", "b", "c"] {
@@ -205,7 +205,7 @@ async fn release_frees_the_key_for_the_next_account() {
     assert_eq!(app.allocate("d").await, "32");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_pages_by_account() {
     let app = spawn_app().await;
     for account in ["e", "a", "d", "b", "c"] {
@@ -242,7 +242,7 @@ async fn list_pages_by_account() {
     assert_problem(&app.get("/keys?limit=many").await, 400, "limit");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_allocations_never_share_a_key() {
     let app = spawn_app().await;
     let mut tasks = tokio::task::JoinSet::new();

@@ -15,7 +15,7 @@ const ACCOUNTS: usize = 40;
 const PARTITION_KEYS: usize = 1_000;
 const WORKERS: usize = 16;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kinesalite_and_keyspread_put_every_key_on_the_same_shard() {
     let kinesalite = Kinesalite::start().await;
     let app = spawn_app().await;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::helpers::{spawn_app, spawn_app_with};
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_rebuilds_the_tree_from_the_database() {
     let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
     for account in ["a", "b", "c", "d", "e"] {
@@ -23,7 +23,7 @@ async fn restart_rebuilds_the_tree_from_the_database() {
     assert_eq!(app.get("/healthz").await.body["accounts"], 6);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_keeps_its_keyspace_width() {
     let mut app = spawn_app_with(|c| c.keyspace_bits = 7).await;
     app.allocate("a").await;
@@ -40,7 +40,7 @@ async fn a_database_keeps_its_keyspace_width() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_readiness() {
     let app = spawn_app().await;
     let health = app.get("/healthz").await;
@@ -55,7 +55,7 @@ async fn health_and_readiness() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_openapi_document_is_current() {
     let committed =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
@@ -86,7 +86,7 @@ async fn wait_healthy(url: &str, limit: Duration) {
     panic!("{url} not healthy after {limit:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_creates_its_database_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -145,7 +145,7 @@ fn openapi_subcommand_prints_the_document() {
     assert!(doc["paths"]["/keys/{account}"]["post"].is_object());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_put_command_registers_a_list_shards_file() {
     let app = spawn_app().await;
     let half = 1u128 << 127;

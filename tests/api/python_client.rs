@@ -10,7 +10,7 @@ use crate::helpers::spawn_app;
 // Keeps the package name fixed; no post hooks, so ruff need not be on PATH.
 const GENERATOR_CONFIG: &str = r#"{"package_name_override": "keyspread_client", "post_hooks": []}"#;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_python_client_drives_the_live_server() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let generator = tool(

@@ -21,7 +21,7 @@ async fn lopsided() -> TestApp {
     app
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_changes_nothing_and_apply_moves_the_minimum() {
     let app = lopsided().await;
     let preview = app.get("/rebalance/preview?shards=2").await;
@@ -91,7 +91,7 @@ async fn preview_changes_nothing_and_apply_moves_the_minimum() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_change_since_the_preview_is_a_conflict() {
     let app = lopsided().await;
     let plan = app.get("/rebalance/preview?shards=2").await.body;
@@ -109,7 +109,7 @@ async fn any_change_since_the_preview_is_a_conflict() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_plan_ids_and_maps_are_rejected() {
     let app = spawn_app().await;
     assert_problem(

@@ -13,7 +13,7 @@ use crate::kinesalite::{Kinesalite, KinesisApi, Shard, open_in_key_order};
 
 const ACCOUNTS: usize = 40;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_of_matches_put_record_after_splits_and_merges() {
     let kinesalite = Kinesalite::start().await;
     let kinesis = &kinesalite.api;
@@ -69,7 +69,7 @@ async fn shard_of_matches_put_record_after_splits_and_merges() {
     check_uniform_shard_count(&app, kinesis).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_plans_come_true_on_kinesalite() {
     let kinesalite = Kinesalite::start().await;
     let kinesis = &kinesalite.api;

@@ -4,7 +4,7 @@ use crate::helpers::{assert_problem, spawn_app};
 
 const HALF: &str = "170141183460469231731687303715884105728";
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_of_a_hash_key() {
     let app = spawn_app().await;
     let top = app
@@ -31,7 +31,7 @@ async fn shard_of_a_hash_key() {
     assert_eq!(last.body["shard_id"], "shardId-000000099999");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_of_a_partition_key_is_md5() {
     let app = spawn_app().await;
     let one = app.get("/shard-of?partition_key=1&shards=2").await;
@@ -46,7 +46,7 @@ async fn shard_of_a_partition_key_is_md5() {
     assert_eq!(spaced.status, 200);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_of_an_account() {
     let app = spawn_app().await;
     let key = app.allocate("acme").await;
@@ -65,7 +65,7 @@ async fn shard_of_an_account() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_of_rejects_bad_queries() {
     let app = spawn_app().await;
     for (query, needle) in [
@@ -86,7 +86,7 @@ async fn shard_of_rejects_bad_queries() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distribution_beats_md5_for_the_seed_example() {
     let app = spawn_app().await;
     for i in 1..=14 {

@@ -1,19 +1,8 @@
 //! What lands in the database: the table, its key order, and the event log.
 
-use sqlx::{Connection, Row, SqliteConnection};
+use crate::helpers::{spawn_app, spawn_app_with};
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_with};
-
-async fn connect(app: &TestApp) -> SqliteConnection {
-    SqliteConnection::connect(&format!(
-        "sqlite://{}",
-        app.dir().join("keyspread.db").display()
-    ))
-    .await
-    .unwrap()
-}
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_key_order_is_numeric_order() {
     let app = spawn_app().await;
     let keys = [
@@ -28,26 +17,12 @@ async fn stored_key_order_is_numeric_order() {
         u128::MAX - 1,
         u128::MAX,
     ];
-    let mut db = connect(&app).await;
+    let mut db = app.db().await;
     // Insert out of order, as an import would.
     for (i, key) in keys.iter().rev().enumerate() {
-        sqlx::query(
-            "INSERT INTO assignments (account, hash_key, weight, created_at) VALUES ($1, $2, 1, 0)",
-        )
-        .bind(format!("imported-{i}"))
-        .bind(key.to_be_bytes().as_slice())
-        .execute(&mut db)
-        .await
-        .unwrap();
+        db.insert_assignment(&format!("imported-{i}"), *key).await;
     }
-    let ordered: Vec<u128> = sqlx::query("SELECT hash_key FROM assignments ORDER BY hash_key")
-        .fetch_all(&mut db)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| u128::from_be_bytes(r.get::<Vec<u8>, _>(0).try_into().unwrap()))
-        .collect();
-    assert_eq!(ordered, keys);
+    assert_eq!(db.keys_in_stored_order().await, keys);
     // The server reads them back as the same numbers after a restart.
     drop(db);
     let app = app.restart().await;
@@ -55,10 +30,7 @@ async fn stored_key_order_is_numeric_order() {
     assert_eq!(max.body["hash_key"], u128::MAX.to_string());
 }
 
-/// kind, account, key before, key after, weight.
-type EventRow = (String, String, Option<Vec<u8>>, Option<Vec<u8>>, i64);
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_change_is_logged() {
     let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
     for account in ["a", "b", "c"] {
@@ -72,32 +44,33 @@ async fn every_change_is_logged() {
     )
     .await;
     app.delete("/keys/b").await;
-    let mut db = connect(&app).await;
-    let events: Vec<EventRow> = sqlx::query_as(
-        "SELECT kind, account, key_before, key_after, weight FROM events ORDER BY id",
-    )
-    .fetch_all(&mut db)
-    .await
-    .unwrap();
+    let mut db = app.db().await;
     let key = |k: u128| Some(k.to_be_bytes().to_vec());
+    let event = |kind: &str, account: &str, before, after, weight| {
+        (
+            kind.to_owned(),
+            Some(account.to_owned()),
+            None,
+            before,
+            after,
+            Some(weight),
+            None,
+        )
+    };
     assert_eq!(
-        events,
+        db.events().await,
         [
-            ("allocate".into(), "a".into(), None, key(64), 1),
-            ("allocate".into(), "b".into(), None, key(32), 1),
-            ("allocate".into(), "c".into(), None, key(96), 1),
-            ("reweight".into(), "c".into(), key(96), key(96), 4),
-            ("release".into(), "b".into(), key(32), None, 1),
+            event("allocate", "a", None, key(64), 1),
+            event("allocate", "b", None, key(32), 1),
+            event("allocate", "c", None, key(96), 1),
+            event("reweight", "c", key(96), key(96), 4),
+            event("release", "b", key(32), None, 1),
         ]
     );
-    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM assignments")
-        .fetch_one(&mut db)
-        .await
-        .unwrap();
-    assert_eq!(rows, 2);
+    assert_eq!(db.assignments().await.len(), 2);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_changes_are_logged() {
     let app = spawn_app().await;
     let put = app
@@ -109,12 +82,7 @@ async fn stream_changes_are_logged() {
         .await;
     assert_eq!(put.status, 201);
     assert_eq!(app.delete("/streams/s").await.status, 204);
-    let mut db = connect(&app).await;
-    let events: Vec<(String, Option<String>, Option<String>, Option<String>)> =
-        sqlx::query_as("SELECT kind, stream, account, detail FROM events ORDER BY id")
-            .fetch_all(&mut db)
-            .await
-            .unwrap();
+    let events = app.db().await.events().await;
     assert_eq!(events.len(), 2);
     assert_eq!(
         (
@@ -122,17 +90,17 @@ async fn stream_changes_are_logged() {
             events[0].1.as_deref(),
             events[0].2.as_deref()
         ),
-        ("stream_put", Some("s"), None)
+        ("stream_put", None, Some("s"))
     );
     assert!(
         events[0]
-            .3
+            .6
             .as_deref()
             .unwrap()
             .contains("shardId-000000000001")
     );
     assert_eq!(
-        (events[1].0.as_str(), events[1].1.as_deref()),
+        (events[1].0.as_str(), events[1].2.as_deref()),
         ("stream_delete", Some("s"))
     );
 }

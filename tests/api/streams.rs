@@ -19,7 +19,7 @@ fn counts(shards: &Value) -> Vec<u64> {
         .collect()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_list_show_and_forget() {
     let app = spawn_app().await;
     let created = put(&app, "orders", json!({"shard_count": 3})).await;
@@ -50,7 +50,7 @@ async fn register_list_show_and_forget() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_maps_and_names_are_rejected() {
     let app = spawn_app().await;
     assert_problem(
@@ -94,7 +94,7 @@ async fn bad_maps_and_names_are_rejected() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_stream_keeps_any_shard_count_even() {
     let app = spawn_app().await;
     put(&app, "three", json!({"shard_count": 3, "primary": true})).await;
@@ -118,7 +118,7 @@ async fn a_primary_stream_keeps_any_shard_count_even() {
     assert_eq!(app.get("/keys/acct-0").await.status, 200);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changing_a_map_shows_its_effect_and_the_plan_to_fix_it() {
     let app = spawn_app().await;
     put(&app, "s", json!({"shard_count": 2, "primary": true})).await;
@@ -160,7 +160,7 @@ async fn changing_a_map_shows_its_effect_and_the_plan_to_fix_it() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_survive_a_restart() {
     let app = spawn_app().await;
     put(&app, "keep", json!({"shard_count": 5, "primary": true})).await;
@@ -179,7 +179,7 @@ async fn streams_survive_a_restart() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_plans_answer_calls_and_commands() {
     let app = spawn_app().await;
     put(&app, "s", json!({"shard_count": 1})).await;
