@@ -59,10 +59,11 @@ impl Registry {
                 }
                 match &mut listener {
                     // A notice, or the poll interval, whichever comes first.
-                    Some(l) => match tokio::time::timeout(POLL, l.try_recv()).await {
-                        Ok(Err(_)) => listener = None,
-                        Ok(Ok(_)) | Err(_) => {}
-                    },
+                    Some(l) => {
+                        if let Ok(Err(_)) = tokio::time::timeout(POLL, l.try_recv()).await {
+                            listener = None; // reconnect next round
+                        }
+                    }
                     None => tokio::time::sleep(POLL).await,
                 }
                 if let Err(err) = this.catch_up().await {
