@@ -12,8 +12,13 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
-    /// `sqlite://PATH` (created if missing).
-    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://keyspread.db")]
+    /// `sqlite://PATH` (created if missing) or `postgres://USER:PASSWORD@HOST/DB`.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://keyspread.db",
+        hide_env_values = true
+    )]
     pub database_url: String,
 
     /// Bearer token every mutation must carry; without one, only loopback clients may mutate.

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use keyspread::config::{ServeConfig, Token, redact_url};
 use keyspread::keyspace::Keyspace;
+use keyspread::store::Store;
 use keyspread::{AppState, cli, http, serve, telemetry};
 
 /// The authoritative registry of account -> Kinesis ExplicitHashKey.
@@ -21,6 +22,17 @@ struct Cli {
 enum Command {
     /// Run the HTTP service.
     Serve(ServeConfig),
+    /// Create or upgrade the database schema, then exit (`serve` also does this).
+    Migrate {
+        /// `sqlite://PATH` or `postgres://...`.
+        #[arg(
+            long,
+            env = "DATABASE_URL",
+            default_value = "sqlite://keyspread.db",
+            hide_env_values = true
+        )]
+        database_url: String,
+    },
     /// Print the OpenAPI document.
     Openapi,
     /// Compare MD5 of account names with keyspread's keys over a uniform map.
@@ -71,6 +83,12 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Command::Migrate { database_url } => report(
+            Store::connect(&database_url)
+                .await
+                .map(|_| format!("{} is up to date\n", redact_url(&database_url)))
+                .map_err(|e| e.to_string()),
+        ),
         Command::Openapi => {
             println!("{}", http::openapi_json());
             ExitCode::SUCCESS

@@ -198,3 +198,26 @@ async fn streams_put_command_registers_a_list_shards_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("gap: no open shard covers"));
 }
+
+#[test]
+fn migrate_prepares_a_database_without_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("fresh.db").display());
+    let out = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args(["migrate", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("is up to date"));
+    assert!(dir.path().join("fresh.db").exists());
+    let refused = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args(["migrate", "--database-url", "mysql://db/keys"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("unsupported database URL"));
+}

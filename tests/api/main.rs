@@ -7,6 +7,7 @@ mod keys;
 mod kinesalite;
 mod kinesis;
 mod lifecycle;
+mod outage;
 mod python_client;
 mod rebalance;
 mod reshard;
