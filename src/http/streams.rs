@@ -177,7 +177,10 @@ async fn put_stream(
     let (map, next_shard) = match (body.shards, body.shard_count) {
         (Some(shards), None) => {
             let listed = ListShards { shards };
-            (listed.open_map(keyspace)?, listed.next_shard_number())
+            let map = listed
+                .open_map(keyspace)
+                .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+            (map, listed.next_shard_number())
         }
         (None, Some(count)) => {
             let uniform = ShardMap::uniform(keyspace, count)

@@ -73,6 +73,25 @@ impl TestApp {
     }
 }
 
+impl Db {
+    /// A direct connection to the database at `url`, for tests that run no `TestApp`.
+    pub async fn connect(url: &str) -> Db {
+        if url.starts_with("postgres") {
+            Db::Postgres(
+                sqlx::PgConnection::connect(url)
+                    .await
+                    .expect("connect to postgres"),
+            )
+        } else {
+            Db::Sqlite(
+                sqlx::SqliteConnection::connect(url)
+                    .await
+                    .expect("open sqlite"),
+            )
+        }
+    }
+}
+
 impl Drop for TestApp {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
