@@ -96,8 +96,13 @@ impl Registry {
     ) -> Result<Arc<Registry>, Error> {
         let started = Instant::now();
         store.bind_keyspace(keyspace.bits()).await?;
-        let rows = store.load().await?;
-        let last_event = store.last_event_id().await?;
+        // Read under the write lock so that the rows and the last event id agree even
+        // while other replicas write; nothing is written, the transaction rolls back.
+        let mut snapshot = store.begin().await?;
+        let rows = snapshot.load().await?;
+        let last_event = snapshot.last_event_id().await?;
+        let streams = snapshot.load_streams().await?;
+        drop(snapshot);
         let mut alloc = Allocator::new(keyspace);
         let mut accounts = HashMap::with_capacity(rows.len());
         for a in rows {
@@ -109,7 +114,6 @@ impl Registry {
             };
             accounts.insert(a.account, entry);
         }
-        let streams = store.load_streams().await?;
         tracing::info!(
             accounts = accounts.len(),
             streams = streams.len(),

@@ -172,19 +172,9 @@ impl Store {
         on_backend!(self, c => bind_keyspace(bits))
     }
 
-    /// Every assignment, for rebuilding the tree.
-    pub async fn load(&self) -> Result<Vec<Assignment>> {
-        on_backend!(self, c => load())
-    }
-
     /// Every registered stream.
     pub async fn load_streams(&self) -> Result<Vec<StreamRow>> {
         on_backend!(self, c => load_streams())
-    }
-
-    /// Id of the newest event, 0 when there is none.
-    pub async fn last_event_id(&self) -> Result<i64> {
-        on_backend!(self, c => last_event_id())
     }
 
     /// Up to `limit` events after `after`, oldest first.
@@ -220,6 +210,16 @@ impl Tx {
 
     pub async fn load_streams(&mut self) -> Result<Vec<StreamRow>> {
         in_tx!(self, load_streams())
+    }
+
+    /// Every assignment, for rebuilding the tree.
+    pub async fn load(&mut self) -> Result<Vec<Assignment>> {
+        in_tx!(self, load())
+    }
+
+    /// Id of the newest event, 0 when there is none.
+    pub async fn last_event_id(&mut self) -> Result<i64> {
+        in_tx!(self, last_event_id())
     }
 
     /// Inserts a new assignment and logs `allocate`; answers the event id.
