@@ -10,6 +10,7 @@ mod lifecycle;
 mod outage;
 mod python_client;
 mod rebalance;
+mod replicas;
 mod reshard;
 mod shards;
 mod store;
