@@ -221,10 +221,10 @@ impl KeyTree {
             let node = &mut self.inners[cur.index()];
             node.load = node.load - Load::one(weight);
             let s = side(key, node.bit);
-            if let Some((above, _)) = slot {
-                if self.leaves[self.inners[above].first as usize].key == key {
-                    led.push(above);
-                }
+            if let Some((above, _)) = slot
+                && self.leaves[self.inners[above].first as usize].key == key
+            {
+                led.push(above);
             }
             parent_slot = slot;
             slot = Some((cur.index(), s));
