@@ -16,14 +16,10 @@ pub async fn connect(url: &str) -> Result<SqlitePool> {
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(5))
         .foreign_keys(true);
+    // Processes starting together on one file would race to switch it to WAL mode (which
+    // SQLite refuses at once rather than waiting) and to apply the first migration (sqlx's
+    // SQLite migrator takes no lock). A file lock beside the database makes them take turns.
     let lock_path = options.get_filename().with_extension("migrate-lock");
-    let pool = SqlitePoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options)
-        .await?;
-    // sqlx's SQLite migrator takes no lock: processes starting together on one file would
-    // both apply the first migration. A file lock makes them take turns.
     let lock = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
         let file = std::fs::File::create(lock_path)?;
         file.lock()?;
@@ -32,9 +28,13 @@ pub async fn connect(url: &str) -> Result<SqlitePool> {
     .await
     .expect("lock task")
     .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
-    let migrated = sqlx::migrate!("migrations/sqlite").run(&pool).await;
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await?;
+    sqlx::migrate!("migrations/sqlite").run(&pool).await?;
     drop(lock);
-    migrated?;
     Ok(pool)
 }
 

@@ -56,25 +56,12 @@ impl TestApp {
 
     /// A direct connection to this app's database.
     pub async fn db(&self) -> Db {
-        let url = &self.config.database_url;
-        if url.starts_with("postgres") {
-            Db::Postgres(
-                sqlx::PgConnection::connect(url)
-                    .await
-                    .expect("connect to postgres"),
-            )
-        } else {
-            Db::Sqlite(
-                sqlx::SqliteConnection::connect(url)
-                    .await
-                    .expect("open sqlite"),
-            )
-        }
+        Db::connect(&self.config.database_url).await
     }
 }
 
 impl Db {
-    /// A direct connection to the database at `url`, for tests that run no `TestApp`.
+    /// A direct connection to the database at `url`.
     pub async fn connect(url: &str) -> Db {
         if url.starts_with("postgres") {
             Db::Postgres(

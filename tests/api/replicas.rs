@@ -1,0 +1,380 @@
+//! Three replica processes on one database: they never disagree, and follow each other.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keyspread::keyspace::{Allocator, HashKey, Keyspace};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::helpers::{Db, EventRow, PgDatabase};
+
+const REPLICAS: usize = 3;
+const CLIENTS: u64 = 64;
+const LOAD_FOR: Duration = Duration::from_secs(6);
+/// Few enough names that allocations, releases and repeats mix.
+const POOL: u64 = 400;
+/// The documented bound on how long a change takes to show on another replica.
+const LAG_BOUND: Duration = Duration::from_secs(1);
+const SHARDS: usize = 4;
+/// Shard i of the uniform 4-shard map starts at i * floor(2^128 / 4).
+const STEP: u128 = 1 << 126;
+
+/// Operation name and status -> how many times it was answered so.
+type Counts = BTreeMap<(&'static str, u16), u64>;
+
+/// The replica processes, killed when dropped; their logs are printed if the test failed.
+#[derive(Default)]
+struct Replicas {
+    children: Vec<Child>,
+    logs: Vec<PathBuf>,
+}
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for log in &self.logs {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                eprintln!("--- last lines of {}:", log.display());
+                tail.iter().rev().for_each(|line| eprintln!("{line}"));
+            }
+        }
+    }
+}
+
+/// HTTP access to the replicas; cheap to clone into client tasks.
+#[derive(Clone)]
+struct Api {
+    client: reqwest::Client,
+    urls: Arc<Vec<String>>,
+}
+
+impl Api {
+    /// Sends a request to replica `i`: status and JSON body (a string if not JSON).
+    async fn call(
+        &self,
+        i: usize,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .client
+            .request(method.clone(), format!("{}{path}", self.urls[i]));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = (request.send().await)
+            .unwrap_or_else(|e| panic!("{method} {path} on replica {i}: {e}"));
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, body)
+    }
+
+    async fn get(&self, i: usize, path: &str) -> (u16, Value) {
+        self.call(i, Method::GET, path, None).await
+    }
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// Starts the replicas on `database_url` and waits until each is ready.
+async fn start(database_url: &str, dir: &Path) -> (Replicas, Api) {
+    let mut replicas = Replicas::default();
+    let mut urls = Vec::new();
+    for i in 0..REPLICAS {
+        let port = free_port();
+        let log = dir.join(format!("replica-{i}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+            .arg("serve")
+            .env("DATABASE_URL", database_url)
+            .env("KEYSPREAD_LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "info,sqlx=warn,tower_http=warn")
+            // The replay below assumes Kinesis' keyspace and balancing over it.
+            .env_remove("KEYSPREAD_KEYSPACE_BITS")
+            .env_remove("KEYSPREAD_TOKEN")
+            .env_remove("KEYSPREAD_PRIMARY_STREAM")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start a replica");
+        replicas.children.push(child);
+        replicas.logs.push(log);
+        urls.push(format!("http://127.0.0.1:{port}"));
+    }
+    let api = Api {
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap(),
+        urls: Arc::new(urls),
+    };
+    let started = Instant::now();
+    for i in 0..REPLICAS {
+        loop {
+            let ready = api.client.get(format!("{}/readyz", api.urls[i]));
+            if ready.send().await.is_ok_and(|r| r.status() == 200) {
+                break;
+            }
+            if let Some(exit) = replicas.children[i].try_wait().unwrap() {
+                panic!("replica {i} exited before it was ready: {exit}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "replica {i} not ready after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    (replicas, api)
+}
+
+/// Allocates on each replica in turn and times how long the others take to show the key.
+async fn measure_lag(api: &Api) -> Vec<Duration> {
+    let mut lags = Vec::new();
+    for n in 0..30 {
+        // Followers poll on a fixed period; write at spread-out phases of it, not right
+        // after the last poll (when the previous change was seen), or p50 is the period.
+        tokio::time::sleep(Duration::from_millis(n as u64 * 97 % 250)).await;
+        let (leader, path) = (n % REPLICAS, format!("/keys/lag-{n}"));
+        let (status, body) = api.call(leader, Method::POST, &path, None).await;
+        assert_eq!(status, 201, "{body}");
+        let committed = Instant::now();
+        for follower in (0..REPLICAS).filter(|&r| r != leader) {
+            loop {
+                let (status, seen) = api.get(follower, &path).await;
+                if status == 200 {
+                    assert_eq!(
+                        seen["hash_key"], body["hash_key"],
+                        "replica {follower} disagrees on {path}"
+                    );
+                    break;
+                }
+                assert_eq!(status, 404, "{seen}");
+                assert!(
+                    committed.elapsed() < Duration::from_secs(5),
+                    "replica {follower} never showed {path}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            lags.push(committed.elapsed());
+        }
+    }
+    lags.sort();
+    lags
+}
+
+/// xorshift64*: cheap, and random enough to mix operations.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) % n
+    }
+}
+
+/// One client: random operations on random replicas until `until`; fails on any other status.
+async fn client(api: Api, seed: u64, until: Instant) -> Counts {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut counts = Counts::new();
+    let mut record = |op: &'static str, (status, body): (u16, Value), allowed: &[u16]| {
+        assert!(
+            allowed.contains(&status),
+            "{op}: unexpected {status} {body}"
+        );
+        *counts.entry((op, status)).or_default() += 1;
+        body
+    };
+    while Instant::now() < until {
+        let replica = rng.below(REPLICAS as u64) as usize;
+        let path = format!("/keys/acct-{}", rng.below(POOL));
+        if rng.below(100) == 0 {
+            // Planned on one replica, applied on another: 409 when anything changed in between.
+            let plan = api.get(replica, "/rebalance/preview?shards=4").await;
+            let body = json!({"plan_id": record("preview", plan, &[200])["plan_id"]});
+            let other = (replica + 1 + rng.below(2) as usize) % REPLICAS;
+            let applied = api.call(other, Method::POST, "/rebalance", Some(body));
+            record("rebalance", applied.await, &[200, 409]);
+            continue;
+        }
+        let (op, method, allowed): (_, _, &[u16]) = match rng.below(100) {
+            0..45 => ("allocate", Method::POST, &[200, 201]),
+            45..70 => ("release", Method::DELETE, &[204, 404]),
+            _ => ("lookup", Method::GET, &[200, 404]),
+        };
+        record(op, api.call(replica, method, &path, None).await, allowed);
+    }
+    counts
+}
+
+/// Runs `CLIENTS` clients for `LOAD_FOR` and adds up what they saw.
+async fn load(api: &Api) -> Counts {
+    let until = Instant::now() + LOAD_FOR;
+    let clients: Vec<_> = (1..=CLIENTS)
+        .map(|n| tokio::spawn(client(api.clone(), n, until)))
+        .collect();
+    let mut total = Counts::new();
+    for handle in clients {
+        let counts = tokio::time::timeout(LOAD_FOR + Duration::from_secs(60), handle)
+            .await
+            .expect("a client still running a minute after the load ended")
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        for (kind, n) in counts {
+            *total.entry(kind).or_default() += n;
+        }
+    }
+    total
+}
+
+fn key(bytes: &[u8]) -> u128 {
+    u128::from_be_bytes(bytes.try_into().expect("16-byte key"))
+}
+
+/// Checks the assignments for duplicates, against their event log, and the log against the
+/// allocator one replica would have run. Answers account -> (key, weight).
+fn check_store(
+    assignments: &[(String, Vec<u8>, i64)],
+    events: &[EventRow],
+) -> BTreeMap<String, (u128, i64)> {
+    let stored: BTreeMap<String, (u128, i64)> = (assignments.iter())
+        .map(|(account, k, w)| (account.clone(), (key(k), *w)))
+        .collect();
+    assert_eq!(stored.len(), assignments.len(), "an account holds two keys");
+    let keys: HashSet<u128> = stored.values().map(|(k, _)| *k).collect();
+    assert_eq!(keys.len(), stored.len(), "a hash key is held twice");
+
+    let mut replayed = BTreeMap::new();
+    let mut alloc = Allocator::new(Keyspace::KINESIS);
+    for (id, (kind, account, _, before, after, weight, _)) in events.iter().enumerate() {
+        let account = account.clone().expect("event account");
+        let weight = weight.expect("event weight");
+        let from = || HashKey(key(before.as_deref().expect("key_before")));
+        let to = || HashKey(key(after.as_deref().expect("key_after")));
+        match kind.as_str() {
+            "allocate" => {
+                // Each replica decided on the caught-up state: one replica's walk must agree.
+                assert_eq!(alloc.next_key(), Ok(to()), "event {id}: allocate {account}");
+                alloc.insert(to(), weight as u64).unwrap();
+                let held = replayed.insert(account.clone(), (to().0, weight));
+                assert_eq!(held, None, "event {id}: {account} allocated twice");
+            }
+            "release" => {
+                alloc.remove(from()).unwrap();
+                let held = replayed.remove(&account).map(|(k, _)| k);
+                assert_eq!(held, Some(from().0), "event {id}: release {account}");
+            }
+            "move" => {
+                let w = alloc.remove(from()).unwrap();
+                alloc.insert(to(), w).unwrap();
+                let held = replayed.get_mut(&account).expect("moved account is held");
+                assert_eq!(held.0, from().0, "event {id}: move {account}");
+                held.0 = to().0;
+            }
+            "reweight" => {
+                alloc.set_weight(to(), weight as u64).unwrap();
+                replayed
+                    .get_mut(&account)
+                    .expect("reweighted account is held")
+                    .1 = weight;
+            }
+            other => panic!("event {id}: unexpected kind {other}"),
+        }
+    }
+    assert_eq!(
+        replayed, stored,
+        "the event log does not replay to the assignments"
+    );
+    stored
+}
+
+/// Accounts per shard of the uniform 4-shard map.
+fn per_shard(stored: &BTreeMap<String, (u128, i64)>) -> Vec<u64> {
+    let mut counts = vec![0; SHARDS];
+    for (k, _) in stored.values() {
+        counts[((k / STEP) as usize).min(SHARDS - 1)] += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_never_disagree_and_follow_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let postgres = match std::env::var("KEYSPREAD_TEST_POSTGRES") {
+        Ok(server) if !server.is_empty() => Some(PgDatabase::create(&server).await),
+        _ => None,
+    };
+    let (backend, url) = match &postgres {
+        Some(db) => ("postgres", db.url.clone()),
+        None => (
+            "sqlite",
+            format!("sqlite://{}", dir.path().join("keyspread.db").display()),
+        ),
+    };
+    let (_replicas, api) = start(&url, dir.path()).await;
+
+    let lags = measure_lag(&api).await;
+    let (p50, max) = (lags[lags.len() / 2], lags[lags.len() - 1]);
+    println!(
+        "{backend}: replica lag over {} samples: p50 {p50:?}, max {max:?}",
+        lags.len()
+    );
+    assert!(max < LAG_BOUND, "a replica took {max:?} to show a change");
+
+    let started = Instant::now();
+    let counts = load(&api).await;
+    let elapsed = started.elapsed();
+    let ops: u64 = counts.values().sum();
+    for ((op, status), n) in &counts {
+        println!("{backend}: {op:>9} {status}: {n}");
+    }
+
+    tokio::time::sleep(LAG_BOUND).await;
+    let mut db = Db::connect(&url).await;
+    let stored = check_store(&db.assignments().await, &db.events().await);
+    let expected = per_shard(&stored);
+    for i in 0..REPLICAS {
+        let (status, body) = api.get(i, "/distribution?shards=4").await;
+        assert_eq!(status, 200, "{body}");
+        let seen: Vec<u64> = (body["shards"].as_array().unwrap().iter())
+            .map(|s| s["accounts"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seen, expected, "replica {i} has not converged");
+    }
+
+    // Planned on one replica, applied via another: the plan names the shared event log.
+    let (status, plan) = api.get(1, "/rebalance/preview?shards=4").await;
+    assert_eq!(status, 200, "{plan}");
+    let body = json!({"plan_id": plan["plan_id"]});
+    let (status, applied) = api.call(0, Method::POST, "/rebalance", Some(body)).await;
+    assert_eq!(status, 200, "{applied}");
+    let stored = check_store(&db.assignments().await, &db.events().await);
+    let cap = stored.len().div_ceil(SHARDS) as u64;
+    let shards = per_shard(&stored);
+    assert!(
+        shards.iter().all(|&n| n <= cap),
+        "after rebalancing: {shards:?}, cap {cap}"
+    );
+
+    let moves = applied["moves"].as_array().map_or(0, Vec::len);
+    println!("{backend}: per shard {expected:?}, after {moves} moves {shards:?}");
+    let rate = ops as f64 / elapsed.as_secs_f64();
+    println!(
+        "{backend}: {ops} ops in {elapsed:.1?} ({rate:.0} ops/s), lag p50 {p50:?} max {max:?}"
+    );
+}
