@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use super::rebalance::plan_id;
-use super::{Error, MapSpec, Registry, detached, now_ms};
+use super::{Error, MapSpec, Registry, Writer, detached, now_ms};
 use crate::keyspace::{self, HashKey, Keyspace, Load, Plan, ShardMap, SplitPlan};
-use crate::store::{Change, Event, StreamRow};
+use crate::store::{Change, Event, StreamRow, Tx};
 
 /// A registered stream.
 #[derive(Debug, Clone)]
@@ -98,10 +98,9 @@ impl Registry {
                 updated_at: at,
             };
             let id = tx.put_stream(&row).await?;
-            let rows = tx.load_streams().await?;
-            tx.commit().await?;
-            this.apply_event(
+            this.commit_stream_change(
                 &mut w,
+                tx,
                 Event {
                     id,
                     at,
@@ -109,8 +108,8 @@ impl Registry {
                         stream: name.clone(),
                     },
                 },
-            )?;
-            this.reload_streams(&mut w, rows)?;
+            )
+            .await?;
             if primary && configured {
                 w.pending_primary = None;
             }
@@ -147,17 +146,16 @@ impl Registry {
                 .ok_or_else(|| Error::UnknownStream(name.clone()))?;
             let at = now_ms();
             let id = tx.delete_stream(&name, at).await?;
-            let rows = tx.load_streams().await?;
-            tx.commit().await?;
-            this.apply_event(
+            this.commit_stream_change(
                 &mut w,
+                tx,
                 Event {
                     id,
                     at,
                     change: Change::StreamDelete { stream: name },
                 },
-            )?;
-            this.reload_streams(&mut w, rows)
+            )
+            .await
         })
         .await
     }
@@ -195,17 +193,16 @@ impl Registry {
                     ..stream.to_row()
                 };
                 let id = tx.put_stream(&row).await?;
-                let rows = tx.load_streams().await?;
-                tx.commit().await?;
-                self.apply_event(
+                self.commit_stream_change(
                     &mut w,
+                    tx,
                     Event {
                         id,
                         at,
                         change: Change::StreamPut { stream: name },
                     },
-                )?;
-                self.reload_streams(&mut w, rows)
+                )
+                .await
             }
             None => {
                 tracing::warn!(stream = %name, "the configured primary stream is not registered yet; new keys use the plain walk until it is");
@@ -213,5 +210,19 @@ impl Registry {
                 Ok(())
             }
         }
+    }
+
+    /// Commits a stream change logged as `event`, then applies it; the streams table is
+    /// re-read inside the transaction, so memory gets exactly what was committed.
+    async fn commit_stream_change(
+        &self,
+        w: &mut Writer,
+        mut tx: Tx,
+        event: Event,
+    ) -> Result<(), Error> {
+        let rows = tx.load_streams().await?;
+        tx.commit().await?;
+        self.apply_event(w, event)?;
+        self.reload_streams(w, rows)
     }
 }
