@@ -34,6 +34,15 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_PRIMARY_STREAM")]
     pub primary_stream: Option<String>,
 
+    /// `Cache-Control` sent with lookups; producers and HTTP caches may reuse an answer
+    /// this long, and revalidate it cheaply with its ETag afterwards.
+    #[arg(
+        long,
+        env = "KEYSPREAD_LOOKUP_CACHE_CONTROL",
+        default_value = "max-age=60"
+    )]
+    pub lookup_cache_control: axum::http::HeaderValue,
+
     /// Seconds a request may take before it is answered 408.
     #[arg(long, env = "KEYSPREAD_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
@@ -48,6 +57,7 @@ impl ServeConfig {
             token: None,
             keyspace_bits: 128,
             primary_stream: None,
+            lookup_cache_control: axum::http::HeaderValue::from_static("max-age=60"),
             request_timeout_secs: 10,
         }
     }

@@ -30,6 +30,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     pub token: Option<Arc<Token>>,
     pub request_timeout: Duration,
+    /// `Cache-Control` of lookup answers.
+    pub lookup_cache_control: axum::http::HeaderValue,
 }
 
 impl AppState {
@@ -44,6 +46,7 @@ impl AppState {
             registry,
             token: config.token.clone().map(Arc::new),
             request_timeout: config.request_timeout(),
+            lookup_cache_control: config.lookup_cache_control.clone(),
         })
     }
 }

@@ -2,7 +2,8 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -116,11 +117,21 @@ async fn allocate(
 }
 
 /// Look up an account's hash key.
+///
+/// Answers carry a strong `ETag` and the configured `Cache-Control`; a request whose
+/// `If-None-Match` holds the current tag is answered 304 with no body.
 #[utoipa::path(
     get, path = "/keys/{account}", tag = "keys",
-    params(("account" = String, Path, description = "Account id")),
+    params(
+        ("account" = String, Path, description = "Account id"),
+        ("If-None-Match" = Option<String>, Header, description = "ETag of a cached answer"),
+    ),
     responses(
-        (status = 200, description = "The account's assignment", body = Assignment),
+        (status = 200, description = "The account's assignment", body = Assignment,
+            headers(("ETag" = String, description = "Changes whenever the assignment does"),
+                    ("Cache-Control" = String, description = "As configured (--lookup-cache-control)"))),
+        (status = 304, description = "The cached answer with this ETag is still current",
+            headers(("ETag" = String), ("Cache-Control" = String))),
         (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
     )
@@ -128,13 +139,41 @@ async fn allocate(
 async fn lookup(
     State(state): State<AppState>,
     Path(account): Path<String>,
-) -> Result<Json<Assignment>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let account = account_id(account)?;
-    state
+    let a = state
         .registry
         .lookup(account.as_str())
-        .map(|a| Json(a.into()))
-        .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))
+        .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))?;
+    let etag = etag(&a);
+    let cached = headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().trim_start_matches("W/"))
+        .any(|t| t == "*" || t == etag);
+    let validators = [
+        (
+            header::ETAG,
+            HeaderValue::from_str(&etag).expect("ascii tag"),
+        ),
+        (header::CACHE_CONTROL, state.lookup_cache_control.clone()),
+    ];
+    Ok(if cached {
+        (StatusCode::NOT_MODIFIED, validators).into_response()
+    } else {
+        (validators, Json(Assignment::from(a))).into_response()
+    })
+}
+
+/// A strong entity tag for an assignment: what it answers, nothing else.
+fn etag(a: &store::Assignment) -> String {
+    format!(
+        "\"{:032x}-{:x}-{:x}\"",
+        a.hash_key.0, a.weight, a.created_at
+    )
 }
 
 /// Change an account's weight; its hash key stays.

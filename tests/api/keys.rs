@@ -277,3 +277,42 @@ async fn concurrent_allocations_never_share_a_key() {
         "32 accounts, 32 distinct keys"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_carry_an_etag_and_revalidate() {
+    let app = spawn_app_with(|c| c.lookup_cache_control = "no-cache".parse().unwrap()).await;
+    app.allocate("acme").await;
+    let first = app.client.get(app.url("/keys/acme")).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["cache-control"], "no-cache");
+    let etag = first.headers()["etag"].to_str().unwrap().to_owned();
+    assert!(
+        etag.starts_with('"') && etag.ends_with('"'),
+        "strong tag: {etag}"
+    );
+
+    let revalidate = |tag: String| {
+        let request = app
+            .client
+            .get(app.url("/keys/acme"))
+            .header("if-none-match", tag);
+        async move { request.send().await.unwrap() }
+    };
+    let unchanged = revalidate(etag.clone()).await;
+    assert_eq!(unchanged.status(), 304);
+    assert_eq!(unchanged.headers()["etag"], etag.as_str());
+    assert!(unchanged.bytes().await.unwrap().is_empty());
+    assert_eq!(
+        revalidate(format!("\"other\", W/{etag}")).await.status(),
+        304
+    );
+    assert_eq!(revalidate("*".into()).await.status(), 304);
+    assert_eq!(revalidate("\"stale\"".into()).await.status(), 200);
+
+    // Any change to the assignment changes the tag.
+    app.call(Method::PATCH, "/keys/acme", Some(json!({"weight": 2})))
+        .await;
+    let changed = revalidate(etag.clone()).await;
+    assert_eq!(changed.status(), 200);
+    assert_ne!(changed.headers()["etag"], etag.as_str());
+}
