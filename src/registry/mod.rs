@@ -166,35 +166,79 @@ impl Registry {
         if let Some(existing) = self.lookup(account.as_str()) {
             return Ok(Allocated::Existing(existing));
         }
+        let mut answers = self.allocate_many(vec![(account, weight)]).await?;
+        Ok(answers.pop().expect("one answer per request"))
+    }
+
+    /// Gives each account a hash key, or answers the one it has, in one transaction:
+    /// all or nothing. Accounts must be distinct.
+    pub async fn allocate_many(
+        self: &Arc<Self>,
+        requests: Vec<(AccountId, u64)>,
+    ) -> Result<Vec<Allocated>, Error> {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
             let mut tx = this.begin(&mut w).await?;
-            if let Some(existing) = this.lookup(account.as_str()) {
-                return Ok(Allocated::Existing(existing));
+            let now = now_ms();
+            let mut answers = Vec::with_capacity(requests.len());
+            let mut new: Vec<Assignment> = Vec::new();
+            let mut failed = None;
+            // Each new key steers the next pick, as if they came one by one. The tree is
+            // put back before the commit; the committed events then update it.
+            for (account, weight) in requests {
+                if let Some(existing) = this.lookup(account.as_str()) {
+                    answers.push(Allocated::Existing(existing));
+                    continue;
+                }
+                match w
+                    .alloc
+                    .next_key()
+                    .and_then(|key| w.alloc.insert(key, weight).map(|()| key))
+                {
+                    Ok(hash_key) => {
+                        let a = Assignment {
+                            account,
+                            hash_key,
+                            weight,
+                            created_at: now,
+                        };
+                        new.push(a.clone());
+                        answers.push(Allocated::Created(a));
+                    }
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
+                    }
+                }
             }
-            let a = Assignment {
-                account,
-                hash_key: w.alloc.next_key()?,
-                weight,
-                created_at: now_ms(),
-            };
-            let id = tx.insert(&a, a.created_at).await?;
+            for a in &new {
+                w.alloc.remove(a.hash_key).expect("held a moment ago");
+            }
+            if let Some(err) = failed {
+                return Err(err.into());
+            }
+            if new.is_empty() {
+                return Ok(answers);
+            }
+            let ids = tx.insert_many(&new, now).await?;
             tx.commit().await?;
-            let change = Change::Allocate {
-                account: a.account.clone(),
-                key: a.hash_key,
-                weight,
-            };
-            this.apply_event(
-                &mut w,
-                Event {
-                    id,
-                    at: a.created_at,
-                    change,
-                },
-            )?;
-            Ok(Allocated::Created(a))
+            for (id, a) in ids.into_iter().zip(new) {
+                let change = Change::Allocate {
+                    account: a.account,
+                    key: a.hash_key,
+                    weight: a.weight,
+                };
+                this.apply_event(
+                    &mut w,
+                    Event {
+                        id,
+                        at: now,
+                        change,
+                    },
+                )?;
+            }
+            Ok(answers)
         })
         .await
     }

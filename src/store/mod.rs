@@ -222,9 +222,10 @@ impl Tx {
         in_tx!(self, last_event_id())
     }
 
-    /// Inserts a new assignment and logs `allocate`; answers the event id.
-    pub async fn insert(&mut self, assignment: &Assignment, at: i64) -> Result<i64> {
-        in_tx!(self, insert(assignment, at))
+    /// Inserts new assignments and logs `allocate` for each; answers the event ids in
+    /// the order of `new`.
+    pub async fn insert_many(&mut self, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
+        in_tx!(self, insert_many(new, at))
     }
 
     /// Deletes an assignment and logs `release`; answers the event id.

@@ -86,15 +86,39 @@ macro_rules! queries {
                 .collect()
         }
 
-        pub async fn insert(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
-            sqlx::query("INSERT INTO assignments (account, hash_key, weight, created_at) VALUES ($1, $2, $3, $4)")
-                .bind(a.account.as_str())
-                .bind(a.hash_key.to_be_bytes().to_vec())
-                .bind(a.weight as i64)
-                .bind(a.created_at)
-                .execute(&mut *conn)
-                .await?;
-            log(conn, at, "allocate", a.account.as_str(), None, Some(a.hash_key.to_be_bytes()), a.weight).await
+        /// Inserts new assignments and an `allocate` event each, a few hundred rows per
+        /// statement; answers the event ids in the order of `new`.
+        pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
+            let mut ids = Vec::with_capacity(new.len());
+            for chunk in new.chunks(500) {
+                sqlx::QueryBuilder::<$db>::new("INSERT INTO assignments (account, hash_key, weight, created_at) ")
+                    .push_values(chunk, |mut row, a| {
+                        row.push_bind(a.account.as_str())
+                            .push_bind(a.hash_key.to_be_bytes().to_vec())
+                            .push_bind(a.weight as i64)
+                            .push_bind(a.created_at);
+                    })
+                    .build()
+                    .execute(&mut *conn)
+                    .await?;
+                let mut chunk_ids: Vec<i64> =
+                    sqlx::QueryBuilder::<$db>::new("INSERT INTO events (at, kind, account, key_after, weight) ")
+                        .push_values(chunk, |mut row, a| {
+                            row.push_bind(at)
+                                .push_bind("allocate")
+                                .push_bind(a.account.as_str())
+                                .push_bind(a.hash_key.to_be_bytes().to_vec())
+                                .push_bind(a.weight as i64);
+                        })
+                        .push(" RETURNING id")
+                        .build_query_scalar()
+                        .fetch_all(&mut *conn)
+                        .await?;
+                // Ids are handed out in row order under the write lock.
+                chunk_ids.sort_unstable();
+                ids.extend(chunk_ids);
+            }
+            Ok(ids)
         }
 
         pub async fn delete(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
