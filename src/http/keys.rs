@@ -22,6 +22,14 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list))
 }
 
+/// `POST /keys/batch`, apart because it takes larger bodies.
+pub fn batch_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(allocate_batch))
+}
+
+/// Most accounts one batch may allocate.
+pub const MAX_BATCH: usize = 10_000;
+
 /// An account's hash key.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Assignment {
@@ -83,6 +91,89 @@ pub struct AssignmentPage {
 
 fn account_id(raw: String) -> Result<AccountId, ApiError> {
     AccountId::parse(raw).map_err(ApiError::from)
+}
+
+/// Accounts to allocate together.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// 1..=10000 distinct accounts.
+    pub accounts: Vec<BatchItem>,
+}
+
+/// One account of a batch.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchItem {
+    pub account: String,
+    /// 1..=1000000, default 1.
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub weight: Option<u64>,
+}
+
+/// The batch's assignments, in request order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchAnswer {
+    pub items: Vec<Assignment>,
+    /// How many accounts got a new key.
+    pub created: usize,
+    /// How many already had one (their assignment is answered unchanged).
+    pub existing: usize,
+}
+
+/// Allocate hash keys for up to 10,000 accounts in one transaction (idempotent).
+#[utoipa::path(
+    post, path = "/keys/batch", tag = "keys",
+    request_body = BatchRequest,
+    responses(
+        (status = 200, description = "Every account's assignment, committed together", body = BatchAnswer),
+        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 4 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid, duplicate or too many accounts (the detail names the first)", body = Problem, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+async fn allocate_batch(
+    State(state): State<AppState>,
+    Json(body): Json<BatchRequest>,
+) -> Result<Json<BatchAnswer>, ApiError> {
+    let n = body.accounts.len();
+    if !(1..=MAX_BATCH).contains(&n) {
+        return Err(ApiError::unprocessable(format!(
+            "a batch holds 1 to {MAX_BATCH} accounts, got {n}"
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(n);
+    let mut requests = Vec::with_capacity(n);
+    for (i, item) in body.accounts.into_iter().enumerate() {
+        let bad = |e: keyspace::Error| ApiError::unprocessable(format!("accounts[{i}]: {e}"));
+        let account = AccountId::parse(item.account).map_err(bad)?;
+        let weight = keyspace::check_weight(item.weight.unwrap_or(1)).map_err(bad)?;
+        if !seen.insert(account.clone()) {
+            return Err(ApiError::unprocessable(format!(
+                "accounts[{i}]: {account} appears twice"
+            )));
+        }
+        requests.push((account, weight));
+    }
+    let answers = state.registry.allocate_many(requests).await?;
+    let created = answers
+        .iter()
+        .filter(|a| matches!(a, Allocated::Created(_)))
+        .count();
+    let items: Vec<Assignment> = answers
+        .into_iter()
+        .map(|a| match a {
+            Allocated::Created(a) | Allocated::Existing(a) => a.into(),
+        })
+        .collect();
+    Ok(Json(BatchAnswer {
+        existing: items.len() - created,
+        created,
+        items,
+    }))
 }
 
 /// Allocate a hash key for an account (idempotent).

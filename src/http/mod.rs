@@ -32,16 +32,22 @@ use crate::AppState;
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
+/// Largest body `POST /keys/batch` accepts: 10,000 accounts of up to 256 bytes and more.
+pub const BATCH_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Every documented route, with the document built from them.
 fn api() -> OpenApiRouter<AppState> {
+    // Bodies are refused with 413 from their length before they are read.
+    let small = || RequestBodyLimitLayer::new(BODY_LIMIT);
     let mut api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .merge(keys::router())
-        .merge(shards::router())
-        .merge(rebalance::router())
-        .merge(streams::router())
-        .merge(health::router());
+        .merge(keys::router().layer(small()))
+        .merge(keys::batch_router().layer(RequestBodyLimitLayer::new(BATCH_BODY_LIMIT)))
+        .merge(shards::router().layer(small()))
+        .merge(rebalance::router().layer(small()))
+        .merge(streams::router().layer(small()))
+        .merge(health::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
     api
 }
@@ -85,15 +91,9 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)
         // Innermost first: each `layer` call wraps everything above it.
-        .layer(
-            ServiceBuilder::new()
-                .layer(CatchPanicLayer::new())
-                .layer(TimeoutLayer::with_status_code(
-                    StatusCode::REQUEST_TIMEOUT,
-                    timeout,
-                ))
-                .layer(RequestBodyLimitLayer::new(BODY_LIMIT)),
-        )
+        .layer(ServiceBuilder::new().layer(CatchPanicLayer::new()).layer(
+            TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout),
+        ))
         .layer(axum::middleware::map_response(
             middleware::problem_for_errors,
         ))

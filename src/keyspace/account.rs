@@ -11,6 +11,9 @@ pub struct AccountId(String);
 impl AccountId {
     pub const MAX_BYTES: usize = 256;
 
+    /// `/keys/batch` is the bulk route, so no account may be called that.
+    pub const RESERVED: &'static str = "batch";
+
     /// Validates an account id.
     pub fn parse(text: impl Into<String>) -> Result<Self, Error> {
         let text = text.into();
@@ -19,6 +22,9 @@ impl AccountId {
         }
         if text.chars().any(char::is_control) {
             return Err(Error::AccountControlChar);
+        }
+        if text == Self::RESERVED {
+            return Err(Error::AccountReserved);
         }
         Ok(AccountId(text))
     }
@@ -62,6 +68,7 @@ mod tests {
         assert_eq!(AccountId::parse("x".repeat(257)), Err(Error::AccountLength));
         // 129 two-byte characters: 258 bytes although only 129 chars.
         assert_eq!(AccountId::parse("é".repeat(129)), Err(Error::AccountLength));
+        assert_eq!(AccountId::parse("batch"), Err(Error::AccountReserved));
         for bad in ["a\nb", "tab\t", "\u{0}", "del\u{7f}", "c1\u{85}"] {
             assert_eq!(
                 AccountId::parse(bad),
@@ -74,7 +81,7 @@ mod tests {
     proptest! {
         #[test]
         fn valid_iff_length_and_no_controls(s in "\\PC{0,300}|.{0,5}") {
-            let expected = !s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control);
+            let expected = !s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control) && s != "batch";
             prop_assert_eq!(AccountId::parse(s.clone()).is_ok(), expected);
         }
     }

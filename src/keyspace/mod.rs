@@ -32,6 +32,8 @@ pub enum Error {
     AccountLength,
     #[error("account id must not contain control characters")]
     AccountControlChar,
+    #[error("account id \"batch\" is reserved: POST /keys/batch allocates in bulk")]
+    AccountReserved,
     #[error("keyspace bits must be between 1 and 128, got {0}")]
     KeyspaceBits(u32),
     #[error("shard count must be between 1 and {max}, got {got}")]

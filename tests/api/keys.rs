@@ -316,3 +316,120 @@ async fn lookups_carry_an_etag_and_revalidate() {
     assert_eq!(changed.status(), 200);
     assert_ne!(changed.headers()["etag"], etag.as_str());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_allocate_together_and_idempotently() {
+    let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
+    app.allocate("old").await; // 64
+    let body =
+        json!({"accounts": [{"account": "old"}, {"account": "a", "weight": 2}, {"account": "b"}]});
+    let answer = app.post("/keys/batch", Some(body.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        (
+            answer.body["created"].as_u64(),
+            answer.body["existing"].as_u64()
+        ),
+        (Some(2), Some(1))
+    );
+    let keys: Vec<&str> = answer.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["hash_key"].as_str().unwrap())
+        .collect();
+    // In request order, each new key steering the next as if allocated one by one.
+    assert_eq!(keys, ["64", "32", "96"]);
+    assert_eq!(answer.body["items"][1]["weight"], 2);
+    assert_eq!(app.get("/keys/b").await.body["hash_key"], "96");
+    // The same batch again changes nothing.
+    let again = app.post("/keys/batch", Some(body)).await;
+    assert_eq!(
+        (
+            again.body["created"].as_u64(),
+            again.body["items"][2]["hash_key"].as_str()
+        ),
+        (Some(0), Some("96"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_batch_allocates_nothing() {
+    let app = spawn_app().await;
+    let bad = |accounts: serde_json::Value| json!({ "accounts": accounts });
+    assert_problem(
+        &app.post("/keys/batch", Some(bad(json!([])))).await,
+        422,
+        "1 to 10000 accounts",
+    );
+    assert_problem(
+        &app.post(
+            "/keys/batch",
+            Some(bad(json!([{"account": "a"}, {"account": "a"}]))),
+        )
+        .await,
+        422,
+        "accounts[1]: a appears twice",
+    );
+    assert_problem(
+        &app.post(
+            "/keys/batch",
+            Some(bad(json!([{"account": "a"}, {"account": ""}]))),
+        )
+        .await,
+        422,
+        "accounts[1]: account id must be 1 to 256 bytes",
+    );
+    assert_problem(
+        &app.post(
+            "/keys/batch",
+            Some(bad(json!([{"account": "a", "weight": 0}]))),
+        )
+        .await,
+        422,
+        "accounts[0]: weight",
+    );
+    let many: Vec<_> = (0..10_001)
+        .map(|i| json!({"account": format!("a{i}")}))
+        .collect();
+    assert_problem(
+        &app.post("/keys/batch", Some(bad(json!(many)))).await,
+        422,
+        "got 10001",
+    );
+    assert_eq!(
+        app.get("/keys/a").await.status,
+        404,
+        "nothing was allocated"
+    );
+    // The bulk route's name is reserved as an account id.
+    assert_problem(&app.get("/keys/batch").await, 405, "GET is not allowed");
+    assert_problem(
+        &app.post("/keys/batch", Some(bad(json!([{"account": "batch"}]))))
+            .await,
+        422,
+        "reserved",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_batch_of_ten_thousand() {
+    let app = spawn_app().await;
+    let accounts: Vec<_> = (0..10_000)
+        .map(|i| json!({"account": format!("acct-{i:05}")}))
+        .collect();
+    let answer = app
+        .post("/keys/batch", Some(json!({ "accounts": accounts })))
+        .await;
+    assert_eq!(
+        (answer.status, answer.body["created"].as_u64()),
+        (200, Some(10_000))
+    );
+    let d = app.get("/distribution?shards=16").await.body;
+    assert_eq!(
+        (d["skew"]["max"].as_u64(), d["skew"]["min"].as_u64()),
+        (Some(625), Some(625))
+    );
+    let events = app.db().await.events().await;
+    assert_eq!(events.len(), 10_000);
+}
