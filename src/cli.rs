@@ -131,3 +131,130 @@ mod tests {
         assert_eq!(primary[primary.len() - 3..], ["100", "100", "1.000"]);
     }
 }
+
+/// What `keyspread import` did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ImportSummary {
+    pub rows: u64,
+    /// Accounts given a key by the walk.
+    pub allocated: u64,
+    /// Accounts that brought their own key and kept it.
+    pub kept: u64,
+    /// Accounts keyspread already had (left as they were).
+    pub present: u64,
+    /// Rows refused, with their line numbers and why.
+    pub refused: Vec<(u64, String)>,
+}
+
+/// Rows per transaction: large enough to amortize the commit, small enough to show progress.
+const IMPORT_CHUNK: usize = 10_000;
+
+/// `keyspread import`: moves an existing table of `account,weight[,hash_key]` rows (a
+/// header line is skipped) into keyspread, keeping the keys rows bring; one transaction
+/// per 10,000 rows. `progress` is called after each chunk with the rows read so far.
+pub async fn import(
+    registry: &std::sync::Arc<crate::registry::Registry>,
+    csv: impl std::io::Read,
+    mut progress: impl FnMut(u64),
+) -> Result<ImportSummary, String> {
+    use crate::keyspace::AccountId;
+    use crate::registry::{Allocated, NewAccount};
+
+    let keyspace = registry.keyspace();
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(csv);
+    let mut summary = ImportSummary::default();
+    let mut chunk: Vec<NewAccount> = Vec::with_capacity(IMPORT_CHUNK);
+    let mut accounts_seen = std::collections::HashSet::new();
+    let mut keys_seen = std::collections::HashSet::new();
+    let mut record = csv::StringRecord::new();
+    loop {
+        let more = reader
+            .read_record(&mut record)
+            .map_err(|e| format!("cannot read the CSV: {e}"))?;
+        if more {
+            let line = record.position().map_or(0, |p| p.line());
+            if line == 1
+                && record
+                    .get(1)
+                    .is_some_and(|w| w.eq_ignore_ascii_case("weight"))
+            {
+                continue; // the header
+            }
+            summary.rows += 1;
+            let parsed = parse_row(&record, keyspace).and_then(|row| {
+                if !accounts_seen.insert(row.account.clone()) {
+                    return Err(format!("account {} appears twice in the file", row.account));
+                }
+                if let Some(key) = row.key
+                    && !keys_seen.insert(key)
+                {
+                    return Err(format!("hash key {key} appears twice in the file"));
+                }
+                Ok(row)
+            });
+            match parsed {
+                Ok(row) if registry.lookup(row.account.as_str()).is_some() => summary.present += 1,
+                Ok(row)
+                    if row.key.is_some() && registry.is_held(row.key.expect("checked")).await =>
+                {
+                    let key = row.key.expect("checked");
+                    summary.refused.push((
+                        line,
+                        format!("hash key {key} is already held by another account"),
+                    ));
+                }
+                Ok(row) => chunk.push(row),
+                Err(why) => summary.refused.push((line, why)),
+            }
+        }
+        if chunk.len() >= IMPORT_CHUNK || (!more && !chunk.is_empty()) {
+            let brought = chunk.iter().filter(|r| r.key.is_some()).count() as u64;
+            let answers = registry
+                .allocate_many(std::mem::take(&mut chunk))
+                .await
+                .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
+            let created = answers
+                .iter()
+                .filter(|a| matches!(a, Allocated::Created(_)))
+                .count() as u64;
+            summary.kept += brought;
+            summary.allocated += created - brought;
+            summary.present += answers.len() as u64 - created;
+            progress(summary.rows);
+        }
+        if !more {
+            return Ok(summary);
+        }
+    }
+
+    fn parse_row(record: &csv::StringRecord, keyspace: Keyspace) -> Result<NewAccount, String> {
+        let field = |i: usize| record.get(i).filter(|f| !f.is_empty());
+        let account = AccountId::parse(field(0).unwrap_or_default()).map_err(|e| e.to_string())?;
+        let weight = match field(1) {
+            None => 1,
+            Some(w) => w
+                .parse::<u64>()
+                .map_err(|_| format!("weight {w:?} is not a whole number"))?,
+        };
+        let weight = keyspace::check_weight(weight).map_err(|e| e.to_string())?;
+        let key = field(2)
+            .map(|k| keyspace.parse(k))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        if record.len() > 3 {
+            return Err(format!(
+                "{} columns; expected account,weight[,hash_key]",
+                record.len()
+            ));
+        }
+        Ok(NewAccount {
+            account,
+            weight,
+            key,
+        })
+    }
+}

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use keyspread::config::{ServeConfig, Token, redact_url};
 use keyspread::keyspace::Keyspace;
+use keyspread::registry::Registry;
 use keyspread::store::Store;
 use keyspread::{AppState, cli, http, serve, telemetry};
 
@@ -32,6 +33,24 @@ enum Command {
             hide_env_values = true
         )]
         database_url: String,
+    },
+    /// Move an existing table into keyspread: a CSV of account,weight[,hash_key] rows;
+    /// rows that bring a hash key keep it.
+    Import {
+        /// The CSV file.
+        file: PathBuf,
+        /// `sqlite://PATH` or `postgres://...`.
+        #[arg(
+            long,
+            env = "DATABASE_URL",
+            default_value = "sqlite://keyspread.db",
+            hide_env_values = true
+        )]
+        database_url: String,
+        /// Width of the keyspace in bits (as the server runs with).
+        #[arg(long, env = "KEYSPREAD_KEYSPACE_BITS", default_value_t = 128,
+              value_parser = clap::value_parser!(u32).range(1..=128))]
+        keyspace_bits: u32,
     },
     /// Print the OpenAPI document.
     Openapi,
@@ -89,6 +108,11 @@ async fn main() -> ExitCode {
                 .map(|_| format!("{} is up to date\n", redact_url(&database_url)))
                 .map_err(|e| e.to_string()),
         ),
+        Command::Import {
+            file,
+            database_url,
+            keyspace_bits,
+        } => report(import(&file, &database_url, keyspace_bits).await),
         Command::Openapi => {
             println!("{}", http::openapi_json());
             ExitCode::SUCCESS
@@ -104,6 +128,70 @@ async fn main() -> ExitCode {
             token,
         }) => report(cli::put_stream(&url, token.as_ref(), &name, &file, primary).await),
     }
+}
+
+/// Runs `keyspread import`, showing progress on stderr.
+async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result<String, String> {
+    use std::io::{IsTerminal, Write};
+    let started = std::time::Instant::now();
+    let total = std::fs::read(file)
+        .map(|bytes| bytecount_lines(&bytes))
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let csv =
+        std::fs::File::open(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let keyspace = Keyspace::new(bits).map_err(|e| e.to_string())?;
+    let store = Store::connect(database_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let registry = Registry::open(store, keyspace, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let terminal = std::io::stderr().is_terminal();
+    let mut shown = 0;
+    let summary = cli::import(&registry, std::io::BufReader::new(csv), |rows| {
+        let rate = rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
+        let line = format!(
+            "imported {rows}/{total} rows ({:.0}%), {rate:.0} rows/s",
+            100.0 * rows as f64 / total.max(1) as f64
+        );
+        if terminal {
+            eprint!("\r{line}   ");
+            let _ = std::io::stderr().flush();
+        } else if rows >= shown + 100_000 || rows >= total {
+            eprintln!("{line}");
+            shown = rows;
+        }
+    })
+    .await?;
+    if terminal {
+        eprintln!();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut out = format!(
+        "{} rows in {seconds:.1} s ({:.0} rows/s): {} new keys from the walk, {} existing keys kept, {} accounts already present, {} rows refused\n",
+        summary.rows,
+        summary.rows as f64 / seconds.max(1e-3),
+        summary.allocated,
+        summary.kept,
+        summary.present,
+        summary.refused.len(),
+    );
+    for (line, why) in summary.refused.iter().take(20) {
+        out.push_str(&format!("  line {line}: {why}\n"));
+    }
+    if summary.refused.len() > 20 {
+        out.push_str(&format!("  ... and {} more\n", summary.refused.len() - 20));
+    }
+    if summary.refused.is_empty() {
+        Ok(out)
+    } else {
+        Err(out)
+    }
+}
+
+/// Lines in a file, for the progress figure.
+fn bytecount_lines(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|b| **b == b'\n').count() as u64
 }
 
 /// Prints a subcommand's output, or its error on stderr.

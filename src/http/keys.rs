@@ -13,7 +13,7 @@ use super::error::{ApiError, Problem};
 use super::extract::OptionalJson;
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
-use crate::registry::Allocated;
+use crate::registry::{Allocated, NewAccount};
 use crate::store;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -156,7 +156,11 @@ async fn allocate_batch(
                 "accounts[{i}]: {account} appears twice"
             )));
         }
-        requests.push((account, weight));
+        requests.push(NewAccount {
+            account,
+            weight,
+            key: None,
+        });
     }
     let answers = state.registry.allocate_many(requests).await?;
     let created = answers

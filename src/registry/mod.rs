@@ -52,6 +52,15 @@ impl From<StoreError> for Error {
     }
 }
 
+/// An account to give a hash key.
+#[derive(Debug, Clone)]
+pub struct NewAccount {
+    pub account: AccountId,
+    pub weight: u64,
+    /// The key it already has elsewhere (an import), or `None` for the walk's pick.
+    pub key: Option<HashKey>,
+}
+
 /// What an allocation found or made.
 #[derive(Debug, Clone)]
 pub enum Allocated {
@@ -148,6 +157,11 @@ impl Registry {
         Some(assignment(id, e))
     }
 
+    /// Whether some account holds `key`.
+    pub async fn is_held(&self, key: HashKey) -> bool {
+        self.writer.lock().await.alloc.weight(key).is_some()
+    }
+
     /// Number of accounts held.
     pub fn len(&self) -> usize {
         self.accounts.read().expect("accounts lock poisoned").len()
@@ -166,15 +180,20 @@ impl Registry {
         if let Some(existing) = self.lookup(account.as_str()) {
             return Ok(Allocated::Existing(existing));
         }
-        let mut answers = self.allocate_many(vec![(account, weight)]).await?;
+        let request = NewAccount {
+            account,
+            weight,
+            key: None,
+        };
+        let mut answers = self.allocate_many(vec![request]).await?;
         Ok(answers.pop().expect("one answer per request"))
     }
 
-    /// Gives each account a hash key, or answers the one it has, in one transaction:
-    /// all or nothing. Accounts must be distinct.
+    /// Gives each account a hash key (the walk's pick, or the one it brings), or answers
+    /// the one it has, in one transaction: all or nothing. Accounts must be distinct.
     pub async fn allocate_many(
         self: &Arc<Self>,
-        requests: Vec<(AccountId, u64)>,
+        requests: Vec<NewAccount>,
     ) -> Result<Vec<Allocated>, Error> {
         let this = Arc::clone(self);
         detached(async move {
@@ -186,16 +205,21 @@ impl Registry {
             let mut failed = None;
             // Each new key steers the next pick, as if they came one by one. The tree is
             // put back before the commit; the committed events then update it.
-            for (account, weight) in requests {
+            for NewAccount {
+                account,
+                weight,
+                key,
+            } in requests
+            {
                 if let Some(existing) = this.lookup(account.as_str()) {
                     answers.push(Allocated::Existing(existing));
                     continue;
                 }
-                match w
-                    .alloc
-                    .next_key()
-                    .and_then(|key| w.alloc.insert(key, weight).map(|()| key))
-                {
+                let key = match key {
+                    Some(key) => Ok(key),
+                    None => w.alloc.next_key(),
+                };
+                match key.and_then(|key| w.alloc.insert(key, weight).map(|()| key)) {
                     Ok(hash_key) => {
                         let a = Assignment {
                             account,

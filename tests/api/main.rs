@@ -3,6 +3,7 @@
 mod helpers;
 
 mod errors;
+mod import;
 mod keys;
 mod kinesalite;
 mod kinesis;

@@ -1,0 +1,75 @@
+//! `keyspread import`: an existing table moved in, keys kept, bad rows named.
+
+use std::time::{Duration, Instant};
+
+use crate::helpers::spawn_app;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_keeps_existing_keys_and_names_bad_rows() {
+    let app = spawn_app().await;
+    app.allocate("old").await;
+    let half = 1u128 << 127;
+    let csv = format!(
+        "account,weight,hash_key\n\
+         a,2\n\
+         b,,{}\n\
+         \"c, with a comma\",1,5\n\
+         old,1\n\
+         a,1\n\
+         d,0\n\
+         e,1,0x10\n\
+         f,1,5\n\
+         g,1,{half}\n",
+        half + 1
+    );
+    let file = app.dir().join("table.csv");
+    std::fs::write(&file, csv).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args([
+            "import",
+            file.to_str().unwrap(),
+            "--database-url",
+            &app.config.database_url,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "refused rows make the command fail: {report}"
+    );
+    assert!(report.contains("9 rows in"), "{report}");
+    assert!(report.contains("1 new keys from the walk, 2 existing keys kept, 1 accounts already present, 5 rows refused"), "{report}");
+    for expected in [
+        "line 6: account a appears twice in the file",
+        "line 7: weight must be between 1 and 1000000",
+        "line 8: hash key must be a decimal integer",
+        "line 9: hash key 5 appears twice in the file",
+        "line 10: hash key 170141183460469231731687303715884105728 is already held",
+    ] {
+        assert!(
+            report.contains(expected),
+            "missing {expected:?} in {report}"
+        );
+    }
+    // The running server follows the event log and answers the imported accounts.
+    let started = Instant::now();
+    while app.get("/keys/b").await.status != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the server never saw the import"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        app.get("/keys/b").await.body["hash_key"],
+        (half + 1).to_string()
+    );
+    assert_eq!(
+        app.get("/keys/c,%20with%20a%20comma").await.body["hash_key"],
+        "5"
+    );
+    assert_eq!(app.get("/keys/a").await.body["weight"], 2);
+    assert_eq!(app.get("/keys/g").await.status, 404);
+}
