@@ -9,7 +9,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
 use crate::AppState;
-use crate::keyspace::{self, HashKey, Shard, Skew};
+use crate::keyspace::{self, AccountId, HashKey, Shard, Skew};
 use crate::registry::MapSpec;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -118,9 +118,10 @@ async fn shard_of(
     let key = match (q.hash_key, q.account, q.partition_key) {
         (Some(k), None, None) => keyspace.parse(&k)?,
         (None, Some(account), None) => {
+            let account = AccountId::parse(account)?;
             state
                 .registry
-                .lookup(&account)
+                .lookup(account.as_str())
                 .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))?
                 .hash_key
         }
