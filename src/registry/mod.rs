@@ -12,6 +12,7 @@ use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace, Load, Shard
 use crate::store::{Assignment, Change, Event, Store, StoreError};
 
 mod follow;
+mod group;
 mod rebalance;
 mod streams;
 
@@ -93,6 +94,10 @@ pub struct Registry {
     accounts: RwLock<HashMap<AccountId, Entry>>,
     streams: RwLock<BTreeMap<String, Stream>>,
     writer: tokio::sync::Mutex<Writer>,
+    /// Transactions that allocated (each commits a group of one or more accounts).
+    allocation_groups: std::sync::atomic::AtomicU64,
+    /// Where single allocations queue for group commit.
+    group: std::sync::OnceLock<tokio::sync::mpsc::Sender<group::Pending>>,
 }
 
 impl Registry {
@@ -140,7 +145,11 @@ impl Registry {
                 last_event,
                 pending_primary: None,
             }),
+            allocation_groups: Default::default(),
+            group: std::sync::OnceLock::new(),
         });
+        let queue = registry.start_group_commit();
+        registry.group.set(queue).expect("set once");
         registry.reload_streams(&mut *registry.writer.lock().await, streams)?;
         registry.choose_primary(primary).await?;
         Ok(registry)
@@ -155,6 +164,12 @@ impl Registry {
         let accounts = self.accounts.read().expect("accounts lock poisoned");
         let (id, e) = accounts.get_key_value(account)?;
         Some(assignment(id, e))
+    }
+
+    /// How many transactions have allocated keys since start-up.
+    pub fn allocation_groups(&self) -> u64 {
+        self.allocation_groups
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether some account holds `key`.
@@ -185,8 +200,7 @@ impl Registry {
             weight,
             key: None,
         };
-        let mut answers = self.allocate_many(vec![request]).await?;
-        Ok(answers.pop().expect("one answer per request"))
+        self.allocate_in_group(request).await
     }
 
     /// Gives each account a hash key (the walk's pick, or the one it brings), or answers
@@ -247,6 +261,8 @@ impl Registry {
             }
             let ids = tx.insert_many(&new, now).await?;
             tx.commit().await?;
+            this.allocation_groups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             for (id, a) in ids.into_iter().zip(new) {
                 let change = Change::Allocate {
                     account: a.account,

@@ -433,3 +433,38 @@ async fn a_full_batch_of_ten_thousand() {
     let events = app.db().await.events().await;
     assert_eq!(events.len(), 10_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_new_accounts_all_commit_with_distinct_keys() {
+    let app = spawn_app().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (client, url) = (app.client.clone(), app.url(&format!("/keys/group-{i}")));
+        tasks.spawn(async move { client.post(url).send().await.unwrap().status() });
+    }
+    while let Some(status) = tasks.join_next().await {
+        assert_eq!(status.unwrap(), 201);
+    }
+    let events = app.db().await.events().await;
+    assert_eq!(events.len(), 64);
+    let keys: std::collections::HashSet<_> = events.iter().map(|e| e.4.clone()).collect();
+    assert_eq!(keys.len(), 64, "one key never twice");
+    assert_eq!(app.db().await.assignments().await.len(), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failing_allocation_does_not_fail_its_group() {
+    // Four keys in a 2-bit keyspace: eight concurrent accounts, four get one.
+    let app = spawn_app_with(|c| c.keyspace_bits = 2).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let (client, url) = (app.client.clone(), app.url(&format!("/keys/tiny-{i}")));
+        tasks.spawn(async move { client.post(url).send().await.unwrap().status().as_u16() });
+    }
+    let mut statuses = Vec::new();
+    while let Some(status) = tasks.join_next().await {
+        statuses.push(status.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, [201, 201, 201, 201, 409, 409, 409, 409]);
+}
