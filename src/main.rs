@@ -24,29 +24,14 @@ enum Command {
     /// Run the HTTP service.
     Serve(ServeConfig),
     /// Create or upgrade the database schema, then exit (`serve` also does this).
-    Migrate {
-        /// `sqlite://PATH` or `postgres://...`.
-        #[arg(
-            long,
-            env = "DATABASE_URL",
-            default_value = "sqlite://keyspread.db",
-            hide_env_values = true
-        )]
-        database_url: String,
-    },
+    Migrate(DatabaseArgs),
     /// Move an existing table into keyspread: a CSV of account,weight[,hash_key] rows;
     /// rows that bring a hash key keep it.
     Import {
         /// The CSV file.
         file: PathBuf,
-        /// `sqlite://PATH` or `postgres://...`.
-        #[arg(
-            long,
-            env = "DATABASE_URL",
-            default_value = "sqlite://keyspread.db",
-            hide_env_values = true
-        )]
-        database_url: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
         /// Width of the keyspace in bits (as the server runs with).
         #[arg(long, env = "KEYSPREAD_KEYSPACE_BITS", default_value_t = 128,
               value_parser = clap::value_parser!(u32).range(1..=128))]
@@ -66,6 +51,19 @@ enum Command {
     /// Manage the streams a running keyspread knows.
     #[command(subcommand)]
     Streams(StreamsCommand),
+}
+
+/// The database a subcommand works on directly.
+#[derive(Debug, clap::Args)]
+struct DatabaseArgs {
+    /// `sqlite://PATH` or `postgres://...`.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://keyspread.db",
+        hide_env_values = true
+    )]
+    database_url: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,7 +100,7 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Migrate { database_url } => report(
+        Command::Migrate(DatabaseArgs { database_url }) => report(
             Store::connect(&database_url)
                 .await
                 .map(|_| format!("{} is up to date\n", redact_url(&database_url)))
@@ -110,7 +108,7 @@ async fn main() -> ExitCode {
         ),
         Command::Import {
             file,
-            database_url,
+            database: DatabaseArgs { database_url },
             keyspace_bits,
         } => report(import(&file, &database_url, keyspace_bits).await),
         Command::Openapi => {
