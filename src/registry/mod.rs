@@ -113,21 +113,29 @@ impl Registry {
         // Read under the write lock so that the rows and the last event id agree even
         // while other replicas write; nothing is written, the transaction rolls back.
         let mut snapshot = store.begin().await?;
-        let rows = snapshot.load().await?;
+        let count = snapshot.count_assignments().await?;
+        let mut alloc = Allocator::new(keyspace);
+        let mut accounts = HashMap::with_capacity(usize::try_from(count).unwrap_or(0));
+        let mut clash = None;
+        snapshot
+            .for_each_assignment(|a| {
+                if let Err(err) = alloc.insert(a.hash_key, a.weight) {
+                    clash.get_or_insert(err);
+                }
+                let entry = Entry {
+                    hash_key: a.hash_key,
+                    weight: a.weight,
+                    created_at: a.created_at,
+                };
+                accounts.insert(a.account, entry);
+            })
+            .await?;
+        if let Some(err) = clash {
+            return Err(err.into());
+        }
         let last_event = snapshot.last_event_id().await?;
         let streams = snapshot.load_streams().await?;
         drop(snapshot);
-        let mut alloc = Allocator::new(keyspace);
-        let mut accounts = HashMap::with_capacity(rows.len());
-        for a in rows {
-            alloc.insert(a.hash_key, a.weight)?;
-            let entry = Entry {
-                hash_key: a.hash_key,
-                weight: a.weight,
-                created_at: a.created_at,
-            };
-            accounts.insert(a.account, entry);
-        }
         tracing::info!(
             accounts = accounts.len(),
             streams = streams.len(),

@@ -212,9 +212,14 @@ impl Tx {
         in_tx!(self, load_streams())
     }
 
-    /// Every assignment, for rebuilding the tree.
-    pub async fn load(&mut self) -> Result<Vec<Assignment>> {
-        in_tx!(self, load())
+    /// Streams every assignment to `each`, for rebuilding the tree.
+    pub async fn for_each_assignment(&mut self, each: impl FnMut(Assignment)) -> Result<()> {
+        in_tx!(self, for_each_assignment(each))
+    }
+
+    /// How many assignments there are.
+    pub async fn count_assignments(&mut self) -> Result<i64> {
+        in_tx!(self, count_assignments())
     }
 
     /// Id of the newest event, 0 when there is none.

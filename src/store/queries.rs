@@ -39,11 +39,27 @@ macro_rules! queries {
             }
         }
 
-        pub async fn load(conn: &mut Conn) -> Result<Vec<Assignment>> {
-            let rows = sqlx::query(ASSIGNMENT_COLUMNS).fetch_all(&mut *conn).await?;
-            rows.iter()
-                .map(|r| decode_assignment(r.try_get(0)?, &r.try_get::<Vec<u8>, _>(1)?, r.try_get(2)?, r.try_get(3)?))
-                .collect()
+        /// Hands every assignment to `each`, reading 50,000 rows at a time by account:
+        /// bounded memory, and far fewer hand-offs than a row-by-row stream.
+        pub async fn for_each_assignment(conn: &mut Conn, mut each: impl FnMut(Assignment)) -> Result<()> {
+            let mut after = String::new();
+            loop {
+                let rows = sqlx::query(&format!("{ASSIGNMENT_COLUMNS} WHERE account > $1 ORDER BY account LIMIT 50000"))
+                    .bind(&after)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                let Some(last) = rows.last() else {
+                    return Ok(());
+                };
+                after = last.try_get(0)?;
+                for r in &rows {
+                    each(decode_assignment(r.try_get(0)?, r.try_get::<&[u8], _>(1)?, r.try_get(2)?, r.try_get(3)?)?);
+                }
+            }
+        }
+
+        pub async fn count_assignments(conn: &mut Conn) -> Result<i64> {
+            Ok(sqlx::query_scalar("SELECT COUNT(*) FROM assignments").fetch_one(&mut *conn).await?)
         }
 
         pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
