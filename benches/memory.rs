@@ -2,6 +2,9 @@
 //! holding 1,000,000 imported random keys. Each case runs in a child process of its own so
 //! its peak (VmHWM) is its own. Run with `cargo bench --bench memory` (Linux: reads /proc).
 
+mod common;
+use common::SplitMix64;
+
 use std::hint::black_box;
 use std::process::Command;
 use std::time::Instant;
@@ -12,23 +15,6 @@ const KEYS: u64 = 1_000_000;
 /// Set in a child process to the case it measures.
 const CASE_VAR: &str = "KEYSPREAD_MEMORY_CASE";
 const CASES: [&str; 2] = ["allocated", "imported"];
-
-/// splitmix64, as in benches/tree.rs: a fixed seed, so every run imports the same keys.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn next_u128(&mut self) -> u128 {
-        (u128::from(self.next_u64()) << 64) | u128::from(self.next_u64())
-    }
-}
 
 /// Current and peak resident set size in KiB, from /proc/self/status.
 fn resident_kib() -> (u64, u64) {

@@ -1,6 +1,9 @@
 //! Allocation-tree speed: time per operation from empty, after random imports and after
 //! imports that make the trie as deep as it gets. Run with `cargo bench --bench tree`.
 
+mod common;
+use common::SplitMix64;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -13,23 +16,6 @@ const AFTER_IMPORT: u64 = 100_000;
 /// Chain length either side of a deep node; below 116 so no chain reaches another node of
 /// the walk's top 12 levels.
 const CHAIN_BITS: u32 = 100;
-
-/// splitmix64: a fixed-seed generator, so every run imports the same keys.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn next_u128(&mut self) -> u128 {
-        (u128::from(self.next_u64()) << 64) | u128::from(self.next_u64())
-    }
-}
 
 /// Imports random keys until `alloc` holds `total`.
 fn import_random(alloc: &mut Allocator, total: u64, seed: u64) {

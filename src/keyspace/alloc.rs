@@ -461,14 +461,7 @@ mod tests {
     fn random_map() -> impl Strategy<Value = crate::keyspace::ShardMap> {
         prop::collection::btree_set(1u128..u128::MAX, 0..40).prop_map(|cuts| {
             let starts: Vec<u128> = std::iter::once(0).chain(cuts).collect();
-            let open = starts
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    let end = starts.get(i + 1).map_or(u128::MAX, |n| n - 1);
-                    (format!("shardId-{i:012}"), HashKey(*s), HashKey(end))
-                })
-                .collect();
+            let open = crate::keyspace::shards::tiling(&starts);
             crate::keyspace::ShardMap::explicit(Keyspace::KINESIS, open).unwrap()
         })
     }

@@ -191,6 +191,20 @@ impl ShardMap {
     }
 }
 
+/// Open shards starting at each of `starts` (sorted, the first 0) and tiling the whole
+/// 128-bit keyspace; for tests.
+#[cfg(test)]
+pub(crate) fn tiling(starts: &[u128]) -> Vec<(String, HashKey, HashKey)> {
+    starts
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let end = starts.get(i + 1).map_or(u128::MAX, |n| n - 1);
+            (shard_id(i), HashKey(*s), HashKey(end))
+        })
+        .collect()
+}
+
 /// Kinesis' shard id for a shard index: `shardId-` and 12 digits.
 pub fn shard_id(index: usize) -> String {
     format!("shardId-{index:012}")
@@ -385,14 +399,7 @@ mod tests {
         ) {
             let mut starts: Vec<u128> = std::iter::once(0).chain(std::mem::take(&mut cuts)).collect();
             starts.dedup();
-            let ranges: Vec<_> = starts
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    let end = starts.get(i + 1).map_or(u128::MAX, |n| n - 1);
-                    (format!("shardId-{i:012}"), HashKey(*s), HashKey(end))
-                })
-                .collect();
+            let ranges = tiling(&starts);
             let map = ShardMap::explicit(Keyspace::KINESIS, ranges.clone()).unwrap();
             let scanned = ranges.iter().position(|(_, s, e)| s.0 <= key && key <= e.0).unwrap();
             prop_assert_eq!(map.index_of(HashKey(key)), scanned);
