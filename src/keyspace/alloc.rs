@@ -29,6 +29,21 @@ impl Allocator {
         }
     }
 
+    /// An allocator already holding `keys` with their weights, built at once; refuses a key
+    /// outside the keyspace or held twice.
+    pub fn with_keys(keyspace: Keyspace, keys: Vec<(HashKey, u64)>) -> Result<Self, Error> {
+        let entries = keys
+            .into_iter()
+            .map(|(key, weight)| keyspace.check(key).map(|key| (key.0, weight)))
+            .collect::<Result<_, _>>()?;
+        let tree = KeyTree::from_entries(entries).map_err(|key| Error::KeyTaken(HashKey(key)))?;
+        Ok(Allocator {
+            keyspace,
+            tree,
+            balance: None,
+        })
+    }
+
     /// Balances new keys over `map`'s shards from now on (`None`: over the whole keyspace).
     pub fn balance_on(&mut self, map: Option<ShardMap>) {
         self.balance = map.map(|map| {
@@ -250,6 +265,22 @@ mod tests {
             take(&mut alloc, 15),
             [64, 32, 96, 16, 80, 48, 112, 8, 72, 40, 104, 24, 88, 56, 120]
         );
+    }
+
+    #[test]
+    fn built_at_once_walks_as_inserted_one_by_one() {
+        let keys = [0, 32, 9, 57].map(|k| (HashKey(k), 1));
+        let mut built = Allocator::with_keys(Keyspace::new(7).unwrap(), keys.to_vec()).unwrap();
+        assert_eq!(take(&mut built, 8), [64, 96, 80, 112, 72, 48, 104, 16]);
+        let seven = Keyspace::new(7).unwrap();
+        assert!(matches!(
+            Allocator::with_keys(seven, vec![(HashKey(5), 1), (HashKey(5), 2)]),
+            Err(Error::KeyTaken(HashKey(5)))
+        ));
+        assert!(matches!(
+            Allocator::with_keys(seven, vec![(HashKey(128), 1)]),
+            Err(Error::HashKeyOutOfRange { .. })
+        ));
     }
 
     #[test]

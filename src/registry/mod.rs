@@ -100,6 +100,28 @@ pub struct Registry {
     group: std::sync::OnceLock<tokio::sync::mpsc::Sender<group::Pending>>,
 }
 
+/// Files every stored assignment by account and builds the allocation tree of their keys.
+fn rebuild(
+    keyspace: Keyspace,
+    count: usize,
+    batches: std::sync::mpsc::Receiver<Vec<Assignment>>,
+) -> Result<(HashMap<AccountId, Entry>, Allocator), Error> {
+    let mut accounts = HashMap::with_capacity(count);
+    let mut keys = Vec::with_capacity(count);
+    for batch in batches {
+        for a in batch {
+            keys.push((a.hash_key, a.weight));
+            let entry = Entry {
+                hash_key: a.hash_key,
+                weight: a.weight,
+                created_at: a.created_at,
+            };
+            accounts.insert(a.account, entry);
+        }
+    }
+    Ok((accounts, Allocator::with_keys(keyspace, keys)?))
+}
+
 impl Registry {
     /// Loads every committed assignment and stream and rebuilds the allocation tree;
     /// `primary` names the stream new keys balance on, overriding the database's choice.
@@ -113,26 +135,21 @@ impl Registry {
         // Read under the write lock so that the rows and the last event id agree even
         // while other replicas write; nothing is written, the transaction rolls back.
         let mut snapshot = store.begin().await?;
-        let count = snapshot.count_assignments().await?;
-        let mut alloc = Allocator::new(keyspace);
-        let mut accounts = HashMap::with_capacity(usize::try_from(count).unwrap_or(0));
-        let mut clash = None;
-        snapshot
-            .for_each_assignment(|a| {
-                if let Err(err) = alloc.insert(a.hash_key, a.weight) {
-                    clash.get_or_insert(err);
-                }
-                let entry = Entry {
-                    hash_key: a.hash_key,
-                    weight: a.weight,
-                    created_at: a.created_at,
-                };
-                accounts.insert(a.account, entry);
+        let count = usize::try_from(snapshot.count_assignments().await?).unwrap_or(0);
+        // The rows are read here while another thread files them, then builds the tree.
+        let (batches, filed) = std::sync::mpsc::sync_channel(4);
+        let (built, rebuilt) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("keyspread-rebuild".into())
+            .spawn(move || {
+                let _ = built.send(rebuild(keyspace, count, filed));
             })
+            .expect("start the rebuild thread");
+        snapshot
+            .scan_assignments(|batch| batches.send(batch).is_ok())
             .await?;
-        if let Some(err) = clash {
-            return Err(err.into());
-        }
+        drop(batches);
+        let (accounts, alloc) = rebuilt.await.expect("the rebuild thread answers")?;
         let last_event = snapshot.last_event_id().await?;
         let streams = snapshot.load_streams().await?;
         drop(snapshot);

@@ -8,6 +8,7 @@
 
 mod postgres;
 mod queries;
+mod raw_sqlite;
 mod sqlite;
 
 use sqlx::{PgPool, SqlitePool};
@@ -91,6 +92,8 @@ pub enum StoreError {
     Stale,
     #[error("database holds a {stored}-bit keyspace but {configured} bits are configured")]
     KeyspaceMismatch { stored: u32, configured: u32 },
+    #[error("reading the database failed: {0}")]
+    Read(String),
     #[error("corrupt row: {0}")]
     Corrupt(String),
     #[error("migration failed: {0}")]
@@ -121,6 +124,11 @@ pub enum Store {
     Sqlite(SqlitePool),
     Postgres(PgPool),
 }
+
+/// Rows [`Tx::scan_assignments`] hands over at a time.
+pub const SCAN_BATCH: usize = 16_384;
+
+const ASSIGNMENT_COLUMNS: &str = "SELECT account, hash_key, weight, created_at FROM assignments";
 
 /// A write transaction holding the database's write lock; dropped without
 /// [`Tx::commit`], it rolls back.
@@ -212,9 +220,13 @@ impl Tx {
         in_tx!(self, load_streams())
     }
 
-    /// Streams every assignment to `each`, for rebuilding the tree.
-    pub async fn for_each_assignment(&mut self, each: impl FnMut(Assignment)) -> Result<()> {
-        in_tx!(self, for_each_assignment(each))
+    /// Hands every assignment to `each`, [`SCAN_BATCH`] at a time, for rebuilding the
+    /// tree; stops early when `each` answers false.
+    pub async fn scan_assignments(
+        &mut self,
+        each: impl FnMut(Vec<Assignment>) -> bool,
+    ) -> Result<()> {
+        in_tx!(self, scan_assignments(each))
     }
 
     /// How many assignments there are.

@@ -10,6 +10,33 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 super::queries::queries!(Postgres);
 
+/// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, paging
+/// by account so that no read holds more than one batch.
+pub async fn scan_assignments(
+    conn: &mut Conn,
+    mut each: impl FnMut(Vec<Assignment>) -> bool,
+) -> Result<()> {
+    let sql = format!(
+        "{ASSIGNMENT_COLUMNS} WHERE account > $1 ORDER BY account LIMIT {}",
+        super::SCAN_BATCH
+    );
+    let mut after = String::new();
+    loop {
+        let rows = sqlx::query(&sql).bind(&after).fetch_all(&mut *conn).await?;
+        let Some(last) = rows.last() else {
+            return Ok(());
+        };
+        after = last.try_get(0)?;
+        let batch = rows
+            .iter()
+            .map(|r| decode_assignment(r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))
+            .collect::<Result<Vec<_>>>()?;
+        if !each(batch) {
+            return Ok(());
+        }
+    }
+}
+
 /// The advisory lock every write holds until it commits ("keyspread" in ASCII, as a key).
 const WRITE_LOCK: i64 = 0x6b65_7973_7072_6561;
 

@@ -18,7 +18,7 @@ macro_rules! queries {
 
         type Conn = <$db as sqlx::Database>::Connection;
 
-        const ASSIGNMENT_COLUMNS: &str = "SELECT account, hash_key, weight, created_at FROM assignments";
+        use crate::store::ASSIGNMENT_COLUMNS;
 
         pub async fn bind_keyspace(conn: &mut Conn, bits: u32) -> Result<()> {
             sqlx::query("INSERT INTO meta (name, value) VALUES ('keyspace_bits', $1) ON CONFLICT (name) DO NOTHING")
@@ -36,25 +36,6 @@ macro_rules! queries {
                 Ok(())
             } else {
                 Err(StoreError::KeyspaceMismatch { stored, configured: bits })
-            }
-        }
-
-        /// Hands every assignment to `each`, reading 50,000 rows at a time by account:
-        /// bounded memory, and far fewer hand-offs than a row-by-row stream.
-        pub async fn for_each_assignment(conn: &mut Conn, mut each: impl FnMut(Assignment)) -> Result<()> {
-            let mut after = String::new();
-            loop {
-                let rows = sqlx::query(&format!("{ASSIGNMENT_COLUMNS} WHERE account > $1 ORDER BY account LIMIT 50000"))
-                    .bind(&after)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                let Some(last) = rows.last() else {
-                    return Ok(());
-                };
-                after = last.try_get(0)?;
-                for r in &rows {
-                    each(decode_assignment(r.try_get(0)?, r.try_get::<&[u8], _>(1)?, r.try_get(2)?, r.try_get(3)?)?);
-                }
             }
         }
 

@@ -8,6 +8,39 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 super::queries::queries!(Sqlite);
 
+/// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, stepping
+/// one statement through SQLite's C API (see [`raw_sqlite`](super::raw_sqlite) for why).
+///
+/// The read runs on the calling thread without yielding: it is start-up's, before the
+/// server accepts anything.
+pub async fn scan_assignments(
+    tx: &mut Transaction<'static, Sqlite>,
+    mut each: impl FnMut(Vec<Assignment>) -> bool,
+) -> Result<()> {
+    let mut handle = tx.lock_handle().await?;
+    let mut rows = super::raw_sqlite::Statement::prepare(&mut handle, ASSIGNMENT_COLUMNS)?;
+    let mut batch = Vec::with_capacity(super::SCAN_BATCH);
+    while rows.step()? {
+        let account = rows.text(0)?.to_owned();
+        batch.push(decode_assignment(
+            account,
+            rows.bytes(1),
+            rows.int(2),
+            rows.int(3),
+        )?);
+        if batch.len() == super::SCAN_BATCH {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(super::SCAN_BATCH));
+            if !each(full) {
+                return Ok(());
+            }
+        }
+    }
+    if !batch.is_empty() {
+        each(batch);
+    }
+    Ok(())
+}
+
 /// Opens (creating if missing) the database file and runs the SQLite migrations.
 pub async fn connect(url: &str) -> Result<SqlitePool> {
     let options = SqliteConnectOptions::from_str(url)?
