@@ -25,16 +25,33 @@ impl Registry {
         tokio::spawn(async move {
             while let Some(first) = waiting.recv().await {
                 let mut group = vec![first];
-                while group.len() < MAX_GROUP {
-                    match waiting.try_recv() {
-                        Ok(next) => group.push(next),
-                        Err(_) => break,
+                // Allocations sent together reach this queue one request at a time, as the
+                // server reads them: let the ones already read arrive before committing, or
+                // a busy server alternates between a group of one and a group of the rest.
+                // Each yield lets ready requests run; a round that brings none ends the wait.
+                loop {
+                    tokio::task::yield_now().await;
+                    let before = group.len();
+                    while group.len() < MAX_GROUP {
+                        match waiting.try_recv() {
+                            Ok(next) => group.push(next),
+                            Err(_) => break,
+                        }
+                    }
+                    if group.len() == before || group.len() == MAX_GROUP {
+                        break;
                     }
                 }
                 let Some(registry) = registry.upgrade() else {
                     return;
                 };
+                let (size, started) = (group.len(), std::time::Instant::now());
                 registry.commit_group(group).await;
+                tracing::debug!(
+                    size,
+                    elapsed_us = started.elapsed().as_micros() as u64,
+                    "allocation group committed"
+                );
             }
         });
         queue
