@@ -2,8 +2,9 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
-use axum::http::{StatusCode, header};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
@@ -52,6 +53,38 @@ fn is_json_media_type(value: &str) -> bool {
         .to_ascii_lowercase();
     essence == "application/json"
         || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// The request's `If-None-Match` values, and nothing else: cloning every header, as a
+/// `HeaderMap` extractor does, would cost the lookup route more than its own work.
+pub struct IfNoneMatch(Vec<HeaderValue>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IfNoneMatch {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(IfNoneMatch(
+            parts
+                .headers
+                .get_all(header::IF_NONE_MATCH)
+                .iter()
+                .cloned()
+                .collect(),
+        ))
+    }
+}
+
+impl IfNoneMatch {
+    /// Whether the client's cached copy with one of these tags is still `current`
+    /// (`*` matches anything; weak tags compare by their opaque part).
+    pub fn matches(&self, current: &str) -> bool {
+        self.0
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|t| t.trim().trim_start_matches("W/"))
+            .any(|t| t == "*" || t == current)
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
-use super::extract::OptionalJson;
+use super::extract::{IfNoneMatch, OptionalJson};
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
 use crate::registry::{Allocated, NewAccount};
@@ -234,41 +234,43 @@ async fn allocate(
 async fn lookup(
     State(state): State<AppState>,
     Path(account): Path<String>,
-    headers: HeaderMap,
+    cached: IfNoneMatch,
 ) -> Result<Response, ApiError> {
-    let account = account_id(account)?;
     let a = state
         .registry
-        .lookup(account.as_str())
-        .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))?;
+        .lookup_id(account_id(account)?)
+        .map_err(|account| ApiError::not_found(format!("account {account} has no hash key")))?;
     let etag = etag(&a);
-    let cached = headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().trim_start_matches("W/"))
-        .any(|t| t == "*" || t == etag);
+    let fresh = cached.matches(etag.to_str().expect("ascii tag"));
     let validators = [
-        (
-            header::ETAG,
-            HeaderValue::from_str(&etag).expect("ascii tag"),
-        ),
+        (header::ETAG, etag),
         (header::CACHE_CONTROL, state.lookup_cache_control.clone()),
     ];
-    Ok(if cached {
+    Ok(if fresh {
         (StatusCode::NOT_MODIFIED, validators).into_response()
     } else {
         (validators, Json(Assignment::from(a))).into_response()
     })
 }
 
-/// A strong entity tag for an assignment: what it answers, nothing else.
-fn etag(a: &store::Assignment) -> String {
-    format!(
-        "\"{:032x}-{:x}-{:x}\"",
-        a.hash_key.0, a.weight, a.created_at
-    )
+/// A strong entity tag for an assignment: what it answers, nothing else. Hex digits
+/// written by hand: this is on every lookup.
+fn etag(a: &store::Assignment) -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let fields = [
+        (a.hash_key.0, 32),
+        (u128::from(a.weight), 16),
+        (u128::from(a.created_at as u64), 16),
+    ];
+    let mut tag = [b'"'; 1 + 32 + 16 + 16 + 1];
+    let mut at = 1;
+    for (value, digits) in fields {
+        for nibble in (0..digits).rev() {
+            tag[at] = HEX[((value >> (4 * nibble)) & 0xf) as usize];
+            at += 1;
+        }
+    }
+    HeaderValue::from_bytes(&tag).expect("quotes and hex digits")
 }
 
 /// Change an account's weight; its hash key stays.

@@ -52,13 +52,68 @@ fn api() -> OpenApiRouter<AppState> {
     api
 }
 
-/// Unix milliseconds as RFC 3339.
+/// Unix milliseconds as RFC 3339 in UTC, such as `2026-11-21T22:42:19.12Z`: the fraction
+/// only when it is not zero, without trailing zeros (as the `time` crate writes it).
+/// Written by hand for years 1970 to 9999, since every lookup answer carries one.
 fn timestamp(ms: i64) -> String {
-    use time::format_description::well_known::Rfc3339;
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
-        .format(&Rfc3339)
-        .unwrap_or_default()
+    const YEAR_10000: i64 = 253_402_300_800_000;
+    if !(0..YEAR_10000).contains(&ms) {
+        use time::format_description::well_known::Rfc3339;
+        return time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+            .format(&Rfc3339)
+            .unwrap_or_default();
+    }
+    let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
+    let (year, month, day) = civil_from_days(days);
+    let seconds = ms_of_day / 1000;
+    let mut text = String::with_capacity(24);
+    let mut push = |value: i64, width: u32, then: char| {
+        for place in (0..width).rev() {
+            let digit = (value / 10_i64.pow(place)) % 10;
+            text.push(char::from(b'0' + digit as u8));
+        }
+        text.push(then);
+    };
+    push(year, 4, '-');
+    push(month, 2, '-');
+    push(day, 2, 'T');
+    push(seconds / 3600, 2, ':');
+    push(seconds / 60 % 60, 2, ':');
+    push(seconds % 60, 2, '.');
+    let mut fraction = ms_of_day % 1000;
+    if fraction == 0 {
+        text.pop();
+    } else {
+        let mut width = 3;
+        while fraction % 10 == 0 {
+            fraction /= 10;
+            width -= 1;
+        }
+        push(fraction, width, 'Z');
+        return text;
+    }
+    text.push('Z');
+    text
+}
+
+/// Year, month and day of a count of days since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `openapi/`.
@@ -103,4 +158,33 @@ pub fn router(state: AppState) -> Router {
                 .layer(trace)
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timestamp;
+    use proptest::prelude::*;
+    use time::format_description::well_known::Rfc3339;
+
+    fn reference(ms: i64) -> String {
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+            .unwrap()
+            .format(&Rfc3339)
+            .unwrap()
+    }
+
+    #[test]
+    fn timestamps_read_as_rfc_3339() {
+        assert_eq!(timestamp(0), "1970-01-01T00:00:00Z");
+        assert_eq!(timestamp(1_795_300_939_120), "2026-11-21T22:42:19.12Z");
+        assert_eq!(timestamp(951_782_400_001), "2000-02-29T00:00:00.001Z");
+        assert_eq!(timestamp(-1), reference(-1));
+    }
+
+    proptest! {
+        #[test]
+        fn timestamps_match_the_time_crate(ms in 0i64..253_402_300_800_000) {
+            prop_assert_eq!(timestamp(ms), reference(ms));
+        }
+    }
 }

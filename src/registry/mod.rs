@@ -191,6 +191,26 @@ impl Registry {
         Some(assignment(id, e))
     }
 
+    /// As [`Registry::lookup`], answering with the given id instead of a copy of the
+    /// map's (the lookup route's path); the id comes back when the account has no key.
+    pub fn lookup_id(&self, account: AccountId) -> Result<Assignment, AccountId> {
+        let held = self
+            .accounts
+            .read()
+            .expect("accounts lock poisoned")
+            .get(account.as_str())
+            .copied();
+        match held {
+            Some(e) => Ok(Assignment {
+                account,
+                hash_key: e.hash_key,
+                weight: e.weight,
+                created_at: e.created_at,
+            }),
+            None => Err(account),
+        }
+    }
+
     /// How many transactions have allocated keys since start-up.
     pub fn allocation_groups(&self) -> u64 {
         self.allocation_groups
