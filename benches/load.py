@@ -501,7 +501,8 @@ def configuration(args, commands):
     lines = [
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine shared with other work",
         f"- CPU: {cpu}, {os.cpu_count()} cores; memory {int(mem) / 1024 / 1024:.1f} GiB; "
-        f"kernel {platform.release()}",
+        f"kernel {platform.release()}; load average at the start {args.load_before}, "
+        f"at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}",
         f"- binary: `{args.binary}` (extra serve flags: "
         f"{' '.join(serve_extra_flags(args.binary)) or 'none'})",
         f"- pinning: server and ceiling bench `taskset -c {SERVER_CPU}` (one tokio worker), "
@@ -553,6 +554,7 @@ def main():
         raise SystemExit(f"no server binary at {args.binary}: run `cargo build --release` "
                          "or pass --binary")
     args.binary = os.path.abspath(args.binary)
+    args.load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     commands = ["startup", "lookup", "allocate"] if args.command == "all" else [args.command]
     signal.signal(signal.SIGTERM, _on_signal)
     results = {}
