@@ -4,7 +4,7 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: run test test-deps fmt lint openapi bench
+.PHONY: run test test-deps fmt lint openapi bench bench-load bench-check
 
 ## Start the service on the embedded default (SQLite file keyspread.db, 127.0.0.1:8080).
 run:
@@ -45,7 +45,26 @@ lint:
 openapi:
 	$(CARGO) run --quiet -- openapi > openapi/openapi.json
 
-## Release-build benchmarks of the allocation tree (time per operation, memory).
+## Every benchmark, one table at the end (~4 minutes after the build; the first run builds a
+## 1M-account SQLite database, ~1 minute, cached in the target directory): the criterion
+## benches of the allocation tree, then the load scripts (start-up, lookup, allocation
+## against the database's own ceilings). KEYSPREAD_BENCH_POSTGRES=postgres://... adds
+## Postgres. Needs wrk and taskset. See docs/BENCHMARKS.md.
+BENCH_OUT := $(or $(CARGO_TARGET_DIR),target)
+
 bench:
+	$(CARGO) build --release
 	$(CARGO) bench --bench tree
-	$(CARGO) bench --bench memory
+	$(CARGO) bench --bench memory > $(BENCH_OUT)/bench-memory.log; \
+		status=$$?; cat $(BENCH_OUT)/bench-memory.log; exit $$status
+	$(PYTHON) benches/load.py all --criterion $(BENCH_OUT)/criterion \
+		--memory-log $(BENCH_OUT)/bench-memory.log --output $(BENCH_OUT)/bench-table.md
+
+## The load scripts alone (~3 minutes): start-up, lookup, allocation and the ceilings.
+bench-load:
+	$(CARGO) build --release
+	$(PYTHON) benches/load.py all --output $(BENCH_OUT)/bench-table.md
+
+## Compile every benchmark without running it (for CI).
+bench-check:
+	$(CARGO) bench --benches --no-run
