@@ -77,6 +77,11 @@ struct Entry {
     created_at: i64,
 }
 
+/// Every account's assignment, by account. Hashed with foldhash (seeded per process) rather
+/// than SipHash: a third of start-up at a million accounts was filing them, and lookups
+/// hash on every request.
+type Accounts = HashMap<AccountId, Entry, foldhash::quality::RandomState>;
+
 /// State only the writer touches.
 #[derive(Debug)]
 struct Writer {
@@ -91,7 +96,7 @@ struct Writer {
 pub struct Registry {
     store: Store,
     keyspace: Keyspace,
-    accounts: RwLock<HashMap<AccountId, Entry>>,
+    accounts: RwLock<Accounts>,
     streams: RwLock<BTreeMap<String, Stream>>,
     writer: tokio::sync::Mutex<Writer>,
     /// Transactions that allocated (each commits a group of one or more accounts).
@@ -100,17 +105,11 @@ pub struct Registry {
     group: std::sync::OnceLock<tokio::sync::mpsc::Sender<group::Pending>>,
 }
 
-/// Files every stored assignment by account and builds the allocation tree of their keys.
-fn rebuild(
-    keyspace: Keyspace,
-    count: usize,
-    batches: std::sync::mpsc::Receiver<Vec<Assignment>>,
-) -> Result<(HashMap<AccountId, Entry>, Allocator), Error> {
-    let mut accounts = HashMap::with_capacity(count);
-    let mut keys = Vec::with_capacity(count);
+/// Files every stored assignment by account.
+fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<Assignment>>) -> Accounts {
+    let mut accounts = Accounts::with_capacity_and_hasher(count, Default::default());
     for batch in batches {
         for a in batch {
-            keys.push((a.hash_key, a.weight));
             let entry = Entry {
                 hash_key: a.hash_key,
                 weight: a.weight,
@@ -119,7 +118,7 @@ fn rebuild(
             accounts.insert(a.account, entry);
         }
     }
-    Ok((accounts, Allocator::with_keys(keyspace, keys)?))
+    accounts
 }
 
 impl Registry {
@@ -136,20 +135,28 @@ impl Registry {
         // while other replicas write; nothing is written, the transaction rolls back.
         let mut snapshot = store.begin().await?;
         let count = usize::try_from(snapshot.count_assignments().await?).unwrap_or(0);
-        // The rows are read here while another thread files them, then builds the tree.
+        // The rows are read here while another thread files them by account; the tree of
+        // their keys is built while the filing finishes.
         let (batches, filed) = std::sync::mpsc::sync_channel(4);
-        let (built, rebuilt) = tokio::sync::oneshot::channel();
+        let (done, accounts) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
-            .name("keyspread-rebuild".into())
+            .name("keyspread-file".into())
             .spawn(move || {
-                let _ = built.send(rebuild(keyspace, count, filed));
+                let _ = done.send(file(count, filed));
             })
-            .expect("start the rebuild thread");
+            .expect("start the filing thread");
+        let mut keys = Vec::with_capacity(count);
         snapshot
-            .scan_assignments(|batch| batches.send(batch).is_ok())
+            .scan_assignments(|batch| {
+                keys.extend(batch.iter().map(|a| (a.hash_key, a.weight)));
+                batches.send(batch).is_ok()
+            })
             .await?;
         drop(batches);
-        let (accounts, alloc) = rebuilt.await.expect("the rebuild thread answers")?;
+        let alloc = tokio::task::spawn_blocking(move || Allocator::with_keys(keyspace, keys))
+            .await
+            .expect("tree build")?;
+        let accounts = accounts.await.expect("the filing thread answers");
         let last_event = snapshot.last_event_id().await?;
         let streams = snapshot.load_streams().await?;
         drop(snapshot);
