@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod keyspace;
+pub mod metrics;
 pub mod registry;
 pub mod store;
 pub mod telemetry;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// `Cache-Control` of lookup answers.
     pub lookup_cache_control: axum::http::HeaderValue,
+    /// Requests counted by route.
+    pub http_metrics: Arc<http::HttpMetrics>,
 }
 
 impl AppState {
@@ -47,6 +50,7 @@ impl AppState {
             token: config.token.clone().map(Arc::new),
             request_timeout: config.request_timeout(),
             lookup_cache_control: config.lookup_cache_control.clone(),
+            http_metrics: Arc::new(http::HttpMetrics::for_routes()),
         })
     }
 }

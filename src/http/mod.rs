@@ -4,11 +4,14 @@ mod error;
 mod extract;
 mod health;
 mod keys;
+mod metrics;
 mod middleware;
 mod openapi;
 mod rebalance;
 mod shards;
 mod streams;
+
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::Request;
@@ -25,6 +28,7 @@ use utoipa_swagger_ui::SwaggerUi;
 
 pub use error::{ApiError, PROBLEM_JSON, Problem};
 pub use keys::{Assignment, AssignmentPage};
+pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
 
 use crate::AppState;
@@ -47,9 +51,22 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(shards::router().layer(small()))
         .merge(rebalance::router().layer(small()))
         .merge(streams::router().layer(small()))
-        .merge(health::router().layer(small()));
+        .merge(health::router().layer(small()))
+        .merge(metrics::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
     api
+}
+
+/// Paths the router serves besides the API's: the document and Swagger UI.
+const DOC_PATHS: [&str; 4] = ["/openapi.json", "/docs", "/docs/", "/docs/{*rest}"];
+
+impl HttpMetrics {
+    /// Series for every route this service has.
+    pub fn for_routes() -> HttpMetrics {
+        let (_, doc) = api().split_for_parts();
+        let api_paths = doc.paths.paths.into_keys();
+        HttpMetrics::new(api_paths.chain(DOC_PATHS.map(String::from)))
+    }
 }
 
 /// Unix milliseconds as RFC 3339.
@@ -71,6 +88,7 @@ pub fn openapi_json() -> String {
 /// The application: routes, Swagger UI and the middleware stack.
 pub fn router(state: AppState) -> Router {
     let timeout = state.request_timeout;
+    let record = metrics::RecordLayer(Arc::clone(&state.http_metrics));
     let (routes, doc) = api()
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -103,4 +121,6 @@ pub fn router(state: AppState) -> Router {
                 .layer(trace)
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )
+        // Outermost, so every answer is counted as the client gets it.
+        .layer(record)
 }

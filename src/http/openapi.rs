@@ -23,6 +23,7 @@ use crate::keyspace::HashKey;
         (name = "rebalance", description = "Evening out accounts over shards"),
         (name = "streams", description = "Real shard maps of Kinesis streams, and split plans"),
         (name = "health", description = "Liveness and readiness"),
+        (name = "observability", description = "Metrics and the event log"),
     )
 )]
 pub struct ApiDoc;

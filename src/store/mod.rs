@@ -182,6 +182,11 @@ impl Store {
         on_backend!(self, c => events_after(after, limit))
     }
 
+    /// Id of the newest event, 0 when there is none.
+    pub async fn last_event_id(&self) -> Result<i64> {
+        on_backend!(self, c => last_event_id())
+    }
+
     /// Up to `limit` assignments with account greater than `after`, by account.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
         on_backend!(self, c => list(after, limit))

@@ -8,6 +8,7 @@ mod keys;
 mod kinesalite;
 mod kinesis;
 mod lifecycle;
+mod observability;
 mod outage;
 mod python_client;
 mod rebalance;

@@ -1,0 +1,165 @@
+//! `/metrics`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::helpers::{TestApp, spawn_app, spawn_app_with};
+
+/// The metrics page, checked for its media type.
+async fn scrape(app: &TestApp) -> String {
+    let response = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let media = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(media.starts_with("text/plain; version=0.0.4"), "{media}");
+    response.text().await.unwrap()
+}
+
+/// The value of the sample `series` (name and labels exactly as written), if present.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().expect("a number"))
+}
+
+fn value(page: &str, series: &str) -> f64 {
+    sample(page, series).unwrap_or_else(|| panic!("no sample {series} in\n{page}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_requests_by_route_template_and_changes() {
+    let app = spawn_app().await;
+    for account in ["a", "b", "c", "d"] {
+        app.allocate(account).await;
+    }
+    assert_eq!(app.get("/keys/a").await.status, 200);
+    assert_eq!(app.get("/keys/a").await.status, 200);
+    assert_eq!(app.get("/keys/nobody").await.status, 404);
+    assert_eq!(app.delete("/keys/d").await.status, 204);
+    let reweighted = app
+        .call(
+            reqwest::Method::PATCH,
+            "/keys/a",
+            Some(json!({"weight": 3})),
+        )
+        .await;
+    assert_eq!(reweighted.status, 200);
+    assert_eq!(app.get("/no/such/route").await.status, 404);
+    let preview = app.get("/rebalance/preview?shards=5").await;
+    let applied = app
+        .post(
+            "/rebalance",
+            Some(json!({"plan_id": preview.body["plan_id"]})),
+        )
+        .await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    let moved = applied.body["moves"].as_array().unwrap().len() as f64;
+
+    let page = scrape(&app).await;
+    let requests =
+        |labels: &str| value(&page, &format!("keyspread_http_requests_total{{{labels}}}"));
+    assert_eq!(
+        requests(r#"route="/keys/{account}",method="GET",status="200""#),
+        2.0
+    );
+    assert_eq!(
+        requests(r#"route="/keys/{account}",method="GET",status="404""#),
+        1.0
+    );
+    assert_eq!(
+        requests(r#"route="/keys/{account}",method="POST",status="201""#),
+        4.0
+    );
+    assert_eq!(
+        requests(r#"route="/keys/{account}",method="DELETE",status="204""#),
+        1.0
+    );
+    assert_eq!(
+        requests(r#"route="/keys/{account}",method="PATCH",status="200""#),
+        1.0
+    );
+    assert_eq!(
+        requests(r#"route="unmatched",method="GET",status="404""#),
+        1.0
+    );
+    // Labels are route templates, never raw paths.
+    assert!(!page.contains("route=\"/keys/a\""), "{page}");
+    assert!(!page.contains("/no/such/route"), "{page}");
+    let latency = "keyspread_http_request_duration_seconds";
+    assert_eq!(
+        value(
+            &page,
+            &format!(r#"{latency}_bucket{{route="/keys/{{account}}",method="GET",le="+Inf"}}"#)
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &page,
+            &format!(r#"{latency}_count{{route="/keys/{{account}}",method="GET"}}"#)
+        ),
+        3.0
+    );
+    assert!(page.contains("# TYPE keyspread_http_request_duration_seconds histogram"));
+
+    assert_eq!(value(&page, "keyspread_allocations_total"), 4.0);
+    assert_eq!(value(&page, "keyspread_releases_total"), 1.0);
+    assert_eq!(value(&page, "keyspread_reweights_total"), 1.0);
+    assert_eq!(value(&page, "keyspread_rebalance_moves_total"), moved);
+    assert_eq!(value(&page, "keyspread_accounts"), 3.0);
+    assert!(value(&page, "keyspread_tree_nodes") >= 3.0);
+    // Four allocations one at a time, a release, a reweight and maybe the rebalance.
+    let commits = value(&page, "keyspread_db_commit_seconds_count");
+    assert!(commits >= 6.0, "{commits} commits");
+    assert!(
+        value(
+            &page,
+            r#"keyspread_db_transaction_seconds_bucket{le="+Inf"}"#
+        ) >= 6.0
+    );
+    let applied_id = value(&page, "keyspread_event_applied_id");
+    assert_eq!(applied_id, value(&page, "keyspread_event_log_id"));
+    assert_eq!(value(&page, "keyspread_replica_lag_events"), 0.0);
+
+    // The scrape itself shows up on the next one.
+    let again = scrape(&app).await;
+    assert_eq!(
+        value(
+            &again,
+            r#"keyspread_http_requests_total{route="/metrics",method="GET",status="200"}"#
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_what_a_replica_followed() {
+    let first = spawn_app().await;
+    let url = first.config.database_url.clone();
+    let second = spawn_app_with(|c| c.database_url = url).await;
+    first.allocate("elsewhere").await;
+    let started = Instant::now();
+    while second.get("/keys/elsewhere").await.status != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never followed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let page = scrape(&second).await;
+    assert!(
+        value(&page, "keyspread_replica_delay_seconds_count") >= 1.0,
+        "{page}"
+    );
+    assert!(value(&page, "keyspread_replica_last_delay_seconds") < 10.0);
+    assert_eq!(
+        value(&page, "keyspread_event_applied_id"),
+        value(&page, "keyspread_event_log_id")
+    );
+    // The follower counts no allocation of its own.
+    assert_eq!(value(&page, "keyspread_allocations_total"), 0.0);
+    assert_eq!(value(&page, "keyspread_accounts"), 1.0);
+}
