@@ -1,6 +1,7 @@
 //! HTTP: routes, middleware, errors and the OpenAPI document.
 
 mod error;
+mod events;
 mod extract;
 mod health;
 mod keys;
@@ -27,6 +28,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 pub use error::{ApiError, PROBLEM_JSON, Problem};
+pub use events::{EventBody, EventPage};
 pub use keys::{Assignment, AssignmentPage};
 pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
@@ -52,7 +54,8 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(rebalance::router().layer(small()))
         .merge(streams::router().layer(small()))
         .merge(health::router().layer(small()))
-        .merge(metrics::router().layer(small()));
+        .merge(metrics::router().layer(small()))
+        .merge(events::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
     api
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace, Load, ShardMap};
-use crate::store::{Assignment, Change, Event, Store, StoreError};
+use crate::store::{Assignment, Change, Event, LoggedEvent, Store, StoreError};
 
 mod follow;
 mod group;
@@ -357,6 +357,11 @@ impl Registry {
     /// Up to `limit` assignments after `after`, by account, from the database.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>, Error> {
         Ok(self.store.list(after, limit).await?)
+    }
+
+    /// Up to `limit` events of the log after id `after`, from the database.
+    pub async fn log(&self, after: i64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
+        Ok(self.store.log(after, i64::from(limit)).await?)
     }
 
     /// Accounts and weight per shard of `map`.

@@ -1,10 +1,10 @@
-//! `/metrics`.
+//! `/metrics` and the `/events` feed.
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{TestApp, assert_problem, spawn_app, spawn_app_with};
 
 /// The metrics page, checked for its media type.
 async fn scrape(app: &TestApp) -> String {
@@ -162,4 +162,107 @@ async fn metrics_show_what_a_replica_followed() {
     // The follower counts no allocation of its own.
     assert_eq!(value(&page, "keyspread_allocations_total"), 0.0);
     assert_eq!(value(&page, "keyspread_accounts"), 1.0);
+}
+
+/// Every event, read through the feed `limit` at a time.
+async fn read_feed(app: &TestApp, limit: u32) -> Vec<Value> {
+    let mut after = 0;
+    let mut events = Vec::new();
+    loop {
+        let page = app
+            .get(&format!("/events?after={after}&limit={limit}"))
+            .await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        let batch = page.body["events"].as_array().unwrap().clone();
+        assert!(batch.len() <= limit as usize);
+        let next = page.body["next"].as_i64().unwrap();
+        if batch.is_empty() {
+            assert_eq!(next, after, "an empty page keeps the cursor");
+            return events;
+        }
+        assert_eq!(next, batch.last().unwrap()["id"].as_i64().unwrap());
+        after = next;
+        events.extend(batch);
+    }
+}
+
+fn decimal(key: &Option<Vec<u8>>) -> Value {
+    key.as_ref().map_or(Value::Null, |k| {
+        Value::String(u128::from_be_bytes(k.as_slice().try_into().unwrap()).to_string())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_feed_pages_through_the_log_as_stored() {
+    let app = spawn_app().await;
+    for account in ["a", "b", "c"] {
+        app.allocate(account).await;
+    }
+    app.call(
+        reqwest::Method::PATCH,
+        "/keys/a",
+        Some(json!({"weight": 7})),
+    )
+    .await;
+    app.delete("/keys/b").await;
+    let put = app
+        .call(
+            reqwest::Method::PUT,
+            "/streams/orders",
+            Some(json!({"shard_count": 2})),
+        )
+        .await;
+    assert!(matches!(put.status, 200 | 201), "{}", put.body);
+    let preview = app.get("/rebalance/preview?shards=3").await;
+    app.post(
+        "/rebalance",
+        Some(json!({"plan_id": preview.body["plan_id"]})),
+    )
+    .await;
+
+    let stored = app.db().await.events().await;
+    for limit in [1, 2, 1000] {
+        let feed = read_feed(&app, limit).await;
+        assert_eq!(feed.len(), stored.len());
+        let mut last = 0;
+        for (event, (kind, account, stream, before, after, weight, detail)) in
+            feed.iter().zip(&stored)
+        {
+            let id = event["id"].as_i64().unwrap();
+            assert!(id > last, "ids grow");
+            last = id;
+            assert_eq!(event["kind"], kind.as_str());
+            assert_eq!(event["account"], json!(account));
+            assert_eq!(event["stream"], json!(stream));
+            assert_eq!(event["key_before"], decimal(before));
+            assert_eq!(event["key_after"], decimal(after));
+            assert_eq!(event["weight"], json!(weight));
+            assert_eq!(event["detail"], json!(detail));
+            assert!(event["at"].as_str().unwrap().ends_with('Z'));
+        }
+    }
+    let kinds: Vec<&str> = stored.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(
+        &kinds[..6],
+        [
+            "allocate",
+            "allocate",
+            "allocate",
+            "reweight",
+            "release",
+            "stream_put"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_feed_refuses_bad_paging() {
+    let app = spawn_app().await;
+    assert_problem(&app.get("/events?limit=0").await, 400, "limit");
+    assert_problem(&app.get("/events?limit=1001").await, 400, "limit");
+    assert_problem(&app.get("/events?after=-1").await, 400, "after");
+    assert_problem(&app.get("/events?after=abc").await, 400, "query");
+    let empty = app.get("/events").await;
+    assert_eq!(empty.status, 200);
+    assert_eq!(empty.body, json!({"events": [], "next": 0}));
 }
