@@ -46,10 +46,18 @@ pub struct ServeConfig {
     /// Seconds a request may take before it is answered 408.
     #[arg(long, env = "KEYSPREAD_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
+
+    /// Mutations (POST, PUT, PATCH, DELETE) per second each client IP may make; 0: no limit.
+    #[arg(long, env = "KEYSPREAD_MUTATION_RATE", default_value_t = 1000)]
+    pub mutation_rate: u32,
+
+    /// Mutations a client may make at once before the per-second rate applies.
+    #[arg(long, env = "KEYSPREAD_MUTATION_BURST", default_value_t = 2000)]
+    pub mutation_burst: u32,
 }
 
 impl ServeConfig {
-    /// Defaults for tests: loopback port 0, no token, 128 bits.
+    /// Defaults for tests: loopback port 0, no token, 128 bits, mutations not rate-limited.
     pub fn for_tests(database_url: String) -> ServeConfig {
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -59,6 +67,8 @@ impl ServeConfig {
             primary_stream: None,
             lookup_cache_control: axum::http::HeaderValue::from_static("max-age=60"),
             request_timeout_secs: 10,
+            mutation_rate: 0,
+            mutation_burst: 2000,
         }
     }
 

@@ -35,6 +35,8 @@ pub struct AppState {
     pub lookup_cache_control: axum::http::HeaderValue,
     /// Requests counted by route.
     pub http_metrics: Arc<http::HttpMetrics>,
+    /// Per-client rate limit of mutations, if any.
+    pub mutation_limit: Option<Arc<http::MutationLimiter>>,
 }
 
 impl AppState {
@@ -51,6 +53,8 @@ impl AppState {
             request_timeout: config.request_timeout(),
             lookup_cache_control: config.lookup_cache_control.clone(),
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),
+            mutation_limit: http::MutationLimiter::new(config.mutation_rate, config.mutation_burst)
+                .map(Arc::new),
         })
     }
 }

@@ -5,6 +5,7 @@ mod events;
 mod extract;
 mod health;
 mod keys;
+mod limit;
 mod metrics;
 mod middleware;
 mod openapi;
@@ -30,6 +31,7 @@ use utoipa_swagger_ui::SwaggerUi;
 pub use error::{ApiError, PROBLEM_JSON, Problem};
 pub use events::{EventBody, EventPage};
 pub use keys::{Assignment, AssignmentPage};
+pub use limit::MutationLimiter;
 pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
 
@@ -57,6 +59,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(metrics::router().layer(small()))
         .merge(events::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
+    openapi::rate_limited_mutations(api.get_openapi_mut());
     api
 }
 
@@ -95,7 +98,7 @@ pub fn router(state: AppState) -> Router {
     let (routes, doc) = api()
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            middleware::require_auth,
+            middleware::guard_mutations,
         ))
         .split_for_parts();
     let trace = TraceLayer::new_for_http().make_span_with(|request: &Request| {

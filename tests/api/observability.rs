@@ -1,4 +1,4 @@
-//! `/metrics` and the `/events` feed.
+//! `/metrics`, the `/events` feed, and the per-client rate limit of mutations.
 
 use std::time::{Duration, Instant};
 
@@ -265,4 +265,44 @@ async fn the_event_feed_refuses_bad_paging() {
     let empty = app.get("/events").await;
     assert_eq!(empty.status, 200);
     assert_eq!(empty.body, json!({"events": [], "next": 0}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutations_past_the_rate_are_refused_429_then_allowed_again() {
+    let app = spawn_app_with(|c| {
+        c.mutation_rate = 4;
+        c.mutation_burst = 3;
+    })
+    .await;
+    for i in 0..3 {
+        assert_eq!(app.post(&format!("/keys/k{i}"), None).await.status, 201);
+    }
+    let refused = app.client.post(app.url("/keys/k3")).send().await.unwrap();
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(retry_after, 1);
+    assert_problem(
+        &crate::helpers::answer(refused).await,
+        429,
+        "too many changes",
+    );
+    // Refused, so not allocated; and reads are never limited.
+    for _ in 0..20 {
+        assert_eq!(app.get("/keys/k0").await.status, 200);
+    }
+    assert_eq!(app.get("/keys/k3").await.status, 404);
+    // Four per second: a quarter of a second brings a token back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.post("/keys/k3", None).await.status, 201);
+    let page = scrape(&app).await;
+    assert_eq!(
+        value(
+            &page,
+            r#"keyspread_http_requests_total{route="/keys/{account}",method="POST",status="429"}"#
+        ),
+        1.0
+    );
 }
