@@ -2,6 +2,7 @@
 
 mod helpers;
 
+mod abuse;
 mod errors;
 mod import;
 mod keys;
