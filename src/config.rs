@@ -46,10 +46,29 @@ pub struct ServeConfig {
     /// Seconds a request may take before it is answered 408.
     #[arg(long, env = "KEYSPREAD_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
+
+    /// Seconds a client has to send a request's headers, and that an idle connection is
+    /// kept open; a slower client's connection is closed.
+    #[arg(long, env = "KEYSPREAD_HEADER_TIMEOUT_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_secs: u64,
+
+    /// Most connections served at once; more wait in the listen backlog until one closes.
+    #[arg(long, env = "KEYSPREAD_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Mutations (POST, PUT, PATCH, DELETE) per second each client IP may make; 0: no limit.
+    #[arg(long, env = "KEYSPREAD_MUTATION_RATE", default_value_t = 1000)]
+    pub mutation_rate: u32,
+
+    /// Mutations a client may make at once before the per-second rate applies.
+    #[arg(long, env = "KEYSPREAD_MUTATION_BURST", default_value_t = 2000)]
+    pub mutation_burst: u32,
 }
 
 impl ServeConfig {
-    /// Defaults for tests: loopback port 0, no token, 128 bits.
+    /// Defaults for tests: loopback port 0, no token, 128 bits, mutations not rate-limited.
     pub fn for_tests(database_url: String) -> ServeConfig {
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -59,11 +78,19 @@ impl ServeConfig {
             primary_stream: None,
             lookup_cache_control: axum::http::HeaderValue::from_static("max-age=60"),
             request_timeout_secs: 10,
+            header_timeout_secs: 10,
+            max_connections: 10_000,
+            mutation_rate: 0,
+            mutation_burst: 2000,
         }
     }
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_secs)
+    }
+
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_timeout_secs)
     }
 }
 

@@ -6,12 +6,12 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod keyspace;
+pub mod metrics;
 pub mod registry;
 pub mod store;
 pub mod telemetry;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,20 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// `Cache-Control` of lookup answers.
     pub lookup_cache_control: axum::http::HeaderValue,
+    /// Requests counted by route.
+    pub http_metrics: Arc<http::HttpMetrics>,
+    /// Per-client rate limit of mutations, if any.
+    pub mutation_limit: Option<Arc<http::MutationLimiter>>,
+    /// Limits on connections, applied by [`serve`].
+    pub connections: ConnectionLimits,
+}
+
+/// How long connections may dawdle, and how many are served at once.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// For a request's headers, and between requests on an idle connection.
+    pub header_timeout: Duration,
+    pub max_connections: usize,
 }
 
 impl AppState {
@@ -47,6 +61,13 @@ impl AppState {
             token: config.token.clone().map(Arc::new),
             request_timeout: config.request_timeout(),
             lookup_cache_control: config.lookup_cache_control.clone(),
+            http_metrics: Arc::new(http::HttpMetrics::for_routes()),
+            mutation_limit: http::MutationLimiter::new(config.mutation_rate, config.mutation_burst)
+                .map(Arc::new),
+            connections: ConnectionLimits {
+                header_timeout: config.header_timeout(),
+                max_connections: config.max_connections as usize,
+            },
         })
     }
 }
@@ -63,13 +84,65 @@ pub enum StartError {
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, then drains in-flight requests.
+///
+/// Connections past `max_connections` wait in the listen backlog; a client that is slow to
+/// send its headers, or leaves its connection idle, is disconnected after `header_timeout`.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = app(state).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt as _;
+
+    let limits = state.connections;
+    let app = app(state);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    tokio::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => slot.expect("semaphore never closed"),
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors, say: wait for some to close, do not spin.
+                    tracing::warn!(%err, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service =
+            app.clone()
+                .map_request(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    request
+                        .extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    request
+                });
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            // Errors here are the client's doing (a reset, a timeout): nothing to report.
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, %peer, "connection closed");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

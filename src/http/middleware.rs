@@ -12,8 +12,9 @@ use axum::middleware::Next;
 use super::error::{PROBLEM_JSON, problem};
 use crate::AppState;
 
-/// Mutations need the bearer token when one is configured, else a loopback client.
-pub async fn require_auth(
+/// Mutations are rate-limited per client, then need the bearer token when one is
+/// configured, else a loopback client. Reads pass untouched.
+pub async fn guard_mutations(
     State(state): State<AppState>,
     request: Request,
     next: Next,
@@ -23,6 +24,12 @@ pub async fn require_auth(
         Method::GET | Method::HEAD | Method::OPTIONS
     ) {
         return next.run(request).await;
+    }
+    // Before authentication, so that guessing tokens is limited too.
+    if let (Some(limiter), Some(addr)) = (&state.mutation_limit, peer(&request))
+        && let Err(wait) = limiter.check(addr.ip())
+    {
+        return too_many(wait);
     }
     match &state.token {
         Some(token) => {
@@ -53,6 +60,20 @@ pub async fn require_auth(
             }
         }
     }
+}
+
+/// 429 with the whole seconds to wait in `Retry-After`.
+fn too_many(wait: std::time::Duration) -> Response<Body> {
+    let seconds = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
+    let mut refused = problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate-limited",
+        &format!("too many changes from this client: try again in {seconds} s"),
+    );
+    refused
+        .headers_mut()
+        .insert(header::RETRY_AFTER, seconds.into());
+    refused
 }
 
 /// The client's address, as the server saw it (or as a test mocks it).

@@ -1,14 +1,19 @@
 //! HTTP: routes, middleware, errors and the OpenAPI document.
 
 mod error;
+mod events;
 mod extract;
 mod health;
 mod keys;
+mod limit;
+mod metrics;
 mod middleware;
 mod openapi;
 mod rebalance;
 mod shards;
 mod streams;
+
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::Request;
@@ -24,7 +29,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
 pub use error::{ApiError, PROBLEM_JSON, Problem};
+pub use events::{EventBody, EventPage};
 pub use keys::{Assignment, AssignmentPage};
+pub use limit::MutationLimiter;
+pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
 
 use crate::AppState;
@@ -47,9 +55,24 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(shards::router().layer(small()))
         .merge(rebalance::router().layer(small()))
         .merge(streams::router().layer(small()))
-        .merge(health::router().layer(small()));
+        .merge(health::router().layer(small()))
+        .merge(metrics::router().layer(small()))
+        .merge(events::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
+    openapi::rate_limited_mutations(api.get_openapi_mut());
     api
+}
+
+/// Paths the router serves besides the API's: the document and Swagger UI.
+const DOC_PATHS: [&str; 4] = ["/openapi.json", "/docs", "/docs/", "/docs/{*rest}"];
+
+impl HttpMetrics {
+    /// Series for every route this service has.
+    pub fn for_routes() -> HttpMetrics {
+        let (_, doc) = api().split_for_parts();
+        let api_paths = doc.paths.paths.into_keys();
+        HttpMetrics::new(api_paths.chain(DOC_PATHS.map(String::from)))
+    }
 }
 
 /// Unix milliseconds as RFC 3339 in UTC, such as `2026-11-21T22:42:19.12Z`: the fraction
@@ -126,10 +149,11 @@ pub fn openapi_json() -> String {
 /// The application: routes, Swagger UI and the middleware stack.
 pub fn router(state: AppState) -> Router {
     let timeout = state.request_timeout;
+    let record = metrics::RecordLayer(Arc::clone(&state.http_metrics));
     let (routes, doc) = api()
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            middleware::require_auth,
+            middleware::guard_mutations,
         ))
         .split_for_parts();
     let trace = TraceLayer::new_for_http().make_span_with(|request: &Request| {
@@ -158,6 +182,8 @@ pub fn router(state: AppState) -> Router {
                 .layer(trace)
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID)),
         )
+        // Outermost, so every answer is counted as the client gets it.
+        .layer(record)
 }
 
 #[cfg(test)]

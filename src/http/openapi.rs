@@ -5,6 +5,7 @@ use utoipa::openapi::schema::{Schema, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContactBuilder, OpenApi, RefOr};
 
+use super::PROBLEM_JSON;
 use crate::keyspace::HashKey;
 
 /// Document-wide settings; `paths` come from the routers.
@@ -23,6 +24,7 @@ use crate::keyspace::HashKey;
         (name = "rebalance", description = "Evening out accounts over shards"),
         (name = "streams", description = "Real shard maps of Kinesis streams, and split plans"),
         (name = "health", description = "Liveness and readiness"),
+        (name = "observability", description = "Metrics and the event log"),
     )
 )]
 pub struct ApiDoc;
@@ -69,4 +71,39 @@ pub fn optional_bodies(doc: &mut OpenApi) {
 
 fn is_null(schema: &RefOr<Schema>) -> bool {
     matches!(schema, RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null))
+}
+
+/// Every mutation may be refused 429 by the per-client rate limit: said once, here, for all.
+pub fn rate_limited_mutations(doc: &mut OpenApi) {
+    use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
+    let too_many = ResponseBuilder::new()
+        .description("Too many mutations from this client; retry after the given seconds")
+        .header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(utoipa::openapi::ObjectBuilder::new().schema_type(Type::Integer))
+                .description(Some("Seconds to wait before trying again"))
+                .build(),
+        )
+        .content(
+            PROBLEM_JSON,
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+        .build();
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ];
+        for operation in operations.into_iter().flatten() {
+            operation
+                .responses
+                .responses
+                .insert("429".to_owned(), RefOr::T(too_many.clone()));
+        }
+    }
 }

@@ -76,6 +76,11 @@ impl Allocator {
         self.tree.iter().map(|(k, w)| (HashKey(k), w))
     }
 
+    /// Nodes of the key tree in use.
+    pub fn tree_nodes(&self) -> usize {
+        self.tree.nodes()
+    }
+
     /// The weight of `key`, if held.
     pub fn weight(&self, key: HashKey) -> Option<u64> {
         self.tree.weight(key.0)

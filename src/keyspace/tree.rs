@@ -118,6 +118,11 @@ impl KeyTree {
         self.root.is_none()
     }
 
+    /// Nodes in use, inner and leaf: what the tree's memory grows with.
+    pub fn nodes(&self) -> usize {
+        self.inners.len() - self.free_inners.len() + self.leaves.len() - self.free_leaves.len()
+    }
+
     /// The weight of `key`, if held.
     pub fn weight(&self, key: u128) -> Option<u64> {
         self.below(key).1

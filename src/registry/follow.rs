@@ -18,6 +18,7 @@ pub const POLL: Duration = Duration::from_millis(250);
 impl Registry {
     /// Starts a write transaction and applies everything committed before it.
     pub(super) async fn begin(&self, w: &mut Writer) -> Result<Tx, Error> {
+        w.tx_started = Some(std::time::Instant::now());
         let mut tx = self.store.begin().await?;
         let events = tx.events_after(w.last_event).await?;
         if !events.is_empty() {
@@ -81,7 +82,9 @@ impl Registry {
                 event.change,
                 Change::StreamPut { .. } | Change::StreamDelete { .. }
             );
+            let at = event.at;
             self.apply_event(w, event)?;
+            self.count_followed(at);
         }
         Ok(streams_changed)
     }
@@ -124,6 +127,7 @@ impl Registry {
             Change::StreamPut { .. } | Change::StreamDelete { .. } => {}
         }
         w.last_event = event.id;
+        self.count_applied(w, event.id);
         Ok(())
     }
 

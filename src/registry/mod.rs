@@ -9,13 +9,15 @@ use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace, Load, ShardMap};
-use crate::store::{Assignment, Change, Event, Store, StoreError};
+use crate::store::{Assignment, Change, Event, LoggedEvent, Store, StoreError};
 
 mod follow;
 mod group;
+mod metrics;
 mod rebalance;
 mod streams;
 
+use metrics::Committed;
 pub use rebalance::MapSpec;
 pub use streams::{Stream, StreamChange};
 
@@ -89,6 +91,8 @@ struct Writer {
     last_event: i64,
     /// The configured primary stream, until it is registered.
     pending_primary: Option<String>,
+    /// When the open write transaction began.
+    tx_started: Option<Instant>,
 }
 
 /// The authoritative registry of account -> hash key.
@@ -103,6 +107,7 @@ pub struct Registry {
     allocation_groups: std::sync::atomic::AtomicU64,
     /// Where single allocations queue for group commit.
     group: std::sync::OnceLock<tokio::sync::mpsc::Sender<group::Pending>>,
+    metrics: metrics::Metrics,
 }
 
 /// Files every stored assignment by account.
@@ -176,10 +181,15 @@ impl Registry {
                 alloc,
                 last_event,
                 pending_primary: None,
+                tx_started: None,
             }),
             allocation_groups: Default::default(),
             group: std::sync::OnceLock::new(),
+            metrics: Default::default(),
         });
+        let w = registry.writer.lock().await;
+        registry.count_applied(&w, last_event);
+        drop(w);
         let queue = registry.start_group_commit();
         registry.group.set(queue).expect("set once");
         registry.reload_streams(&mut *registry.writer.lock().await, streams)?;
@@ -312,7 +322,8 @@ impl Registry {
                 return Ok(answers);
             }
             let ids = tx.insert_many(&new, now).await?;
-            tx.commit().await?;
+            this.commit(&mut w, tx, Committed::Allocations(new.len()))
+                .await?;
             this.allocation_groups
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             for (id, a) in ids.into_iter().zip(new) {
@@ -346,7 +357,7 @@ impl Registry {
                 .ok_or(Error::NotFound(account))?;
             let at = now_ms();
             let id = tx.delete(&a, at).await?;
-            tx.commit().await?;
+            this.commit(&mut w, tx, Committed::Release).await?;
             let change = Change::Release {
                 account: a.account.clone(),
                 key: a.hash_key,
@@ -376,7 +387,7 @@ impl Registry {
             a.weight = weight;
             let at = now_ms();
             let id = tx.reweight(&a, at).await?;
-            tx.commit().await?;
+            this.commit(&mut w, tx, Committed::Reweight).await?;
             let change = Change::Reweight {
                 account: a.account.clone(),
                 weight,
@@ -390,6 +401,11 @@ impl Registry {
     /// Up to `limit` assignments after `after`, by account, from the database.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>, Error> {
         Ok(self.store.list(after, limit).await?)
+    }
+
+    /// Up to `limit` events of the log after id `after`, from the database.
+    pub async fn log(&self, after: i64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
+        Ok(self.store.log(after, i64::from(limit)).await?)
     }
 
     /// Accounts and weight per shard of `map`.

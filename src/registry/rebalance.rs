@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
-use super::{Error, Registry, detached, now_ms};
+use super::{Committed, Error, Registry, detached, now_ms};
 use crate::keyspace::{self, AccountId, Allocator, Holding, Plan, ShardMap};
 use crate::store::{Change, Event};
 
@@ -78,7 +78,8 @@ impl Registry {
             }
             let at = now_ms();
             let last = tx.apply_moves(&plan.moves, at).await?;
-            tx.commit().await?;
+            this.commit(&mut w, tx, Committed::Moves(plan.moves.len()))
+                .await?;
             // The moves' events are numbered up to `last`, one each, in order.
             let first = last - plan.moves.len() as i64 + 1;
             for (id, m) in (first..=last).zip(&plan.moves) {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::rebalance::plan_id;
-use super::{Error, MapSpec, Registry, Writer, detached, now_ms};
+use super::{Committed, Error, MapSpec, Registry, Writer, detached, now_ms};
 use crate::keyspace::{self, HashKey, Keyspace, Load, Plan, ShardMap, SplitPlan};
 use crate::store::{Change, Event, StreamRow, Tx};
 
@@ -221,7 +221,7 @@ impl Registry {
         event: Event,
     ) -> Result<(), Error> {
         let rows = tx.load_streams().await?;
-        tx.commit().await?;
+        self.commit(w, tx, Committed::Stream).await?;
         self.apply_event(w, event)?;
         self.reload_streams(w, rows)
     }

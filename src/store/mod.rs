@@ -50,6 +50,18 @@ pub struct Event {
     pub change: Change,
 }
 
+/// An event with its columns as the log stores them, which say a little more than the
+/// [`Change`] (the weight a released account had, the key a reweighted one keeps).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedEvent {
+    pub event: Event,
+    pub key_before: Option<HashKey>,
+    pub key_after: Option<HashKey>,
+    pub weight: Option<u64>,
+    /// For `stream_put`: the stream's new open shards, as stored (see [`StreamRow`]).
+    pub detail: Option<String>,
+}
+
 /// What an event did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -187,7 +199,17 @@ impl Store {
 
     /// Up to `limit` events after `after`, oldest first.
     pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<Event>> {
+        Ok(events(self.log(after, limit).await?))
+    }
+
+    /// Up to `limit` events after `after` with their details, oldest first.
+    pub async fn log(&self, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
         on_backend!(self, c => events_after(after, limit))
+    }
+
+    /// Id of the newest event, 0 when there is none.
+    pub async fn last_event_id(&self) -> Result<i64> {
+        on_backend!(self, c => last_event_id())
     }
 
     /// Up to `limit` assignments with account greater than `after`, by account.
@@ -213,7 +235,7 @@ impl Tx {
     /// Events other writers committed after `after`: read under the write lock, so
     /// nothing can be missed before this transaction's own changes.
     pub async fn events_after(&mut self, after: i64) -> Result<Vec<Event>> {
-        in_tx!(self, events_after(after, i64::MAX))
+        Ok(events(in_tx!(self, events_after(after, i64::MAX))?))
     }
 
     pub async fn load_streams(&mut self) -> Result<Vec<StreamRow>> {
@@ -278,6 +300,10 @@ impl Tx {
             Tx::Postgres(tx) => postgres::commit(tx).await,
         }
     }
+}
+
+fn events(logged: Vec<LoggedEvent>) -> Vec<Event> {
+    logged.into_iter().map(|l| l.event).collect()
 }
 
 /// Decodes a 16-byte big-endian key column.
@@ -357,6 +383,31 @@ fn decode_event(
         }
     };
     Ok(Event { id, at, change })
+}
+
+#[allow(clippy::too_many_arguments)] // one argument per column
+fn decode_logged(
+    id: i64,
+    at: i64,
+    kind: String,
+    account: Option<String>,
+    before: Option<Vec<u8>>,
+    after: Option<Vec<u8>>,
+    weight: Option<i64>,
+    stream: Option<String>,
+    detail: Option<String>,
+) -> Result<LoggedEvent> {
+    let key = |k: &Option<Vec<u8>>| k.as_deref().map(decode_key).transpose();
+    let (key_before, key_after) = (key(&before)?, key(&after)?);
+    let weight_column = weight.map(decode_weight).transpose()?;
+    let event = decode_event(id, at, kind, account, before, after, weight, stream)?;
+    Ok(LoggedEvent {
+        event,
+        key_before,
+        key_after,
+        weight: weight_column,
+        detail,
+    })
 }
 
 /// The stored form of a shard map: `[[id, start, end], ...]` with keys as decimal strings.

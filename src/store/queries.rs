@@ -12,7 +12,7 @@ macro_rules! queries {
 
         use crate::keyspace::Move;
         use crate::store::{
-            Assignment, Event, Result, StoreError, StreamRow, decode_assignment, decode_event,
+            Assignment, LoggedEvent, Result, StoreError, StreamRow, decode_assignment, decode_logged,
             decode_shards, encode_shards,
         };
 
@@ -58,9 +58,9 @@ macro_rules! queries {
             Ok(sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(&mut *conn).await?)
         }
 
-        pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<Event>> {
+        pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows = sqlx::query(
-                "SELECT id, at, kind, account, key_before, key_after, weight, stream \
+                "SELECT id, at, kind, account, key_before, key_after, weight, stream, detail \
                  FROM events WHERE id > $1 ORDER BY id LIMIT $2",
             )
             .bind(after)
@@ -69,7 +69,7 @@ macro_rules! queries {
             .await?;
             rows.iter()
                 .map(|r| {
-                    decode_event(
+                    decode_logged(
                         r.try_get(0)?,
                         r.try_get(1)?,
                         r.try_get(2)?,
@@ -78,6 +78,7 @@ macro_rules! queries {
                         r.try_get(5)?,
                         r.try_get(6)?,
                         r.try_get(7)?,
+                        r.try_get(8)?,
                     )
                 })
                 .collect()

@@ -2,12 +2,14 @@
 
 mod helpers;
 
+mod abuse;
 mod errors;
 mod import;
 mod keys;
 mod kinesalite;
 mod kinesis;
 mod lifecycle;
+mod observability;
 mod outage;
 mod python_client;
 mod rebalance;

@@ -1,0 +1,142 @@
+//! `GET /events`: the event log every replica follows, as a paged feed.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Problem};
+use crate::AppState;
+use crate::keyspace::{AccountId, HashKey};
+use crate::store::{Change, LoggedEvent};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(events))
+}
+
+/// Largest page of events.
+pub const MAX_EVENTS: u32 = 1000;
+
+/// Paging through the event log by id.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventParams {
+    /// Start after this event id (the `next` of the previous page); default 0.
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+    /// Page size, 1..=1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// What an event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Allocate,
+    Release,
+    Move,
+    Reweight,
+    StreamPut,
+    StreamDelete,
+}
+
+/// One committed change.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EventBody {
+    /// Position in the log; ids only grow.
+    pub id: i64,
+    pub kind: EventKind,
+    /// When it was committed (RFC 3339).
+    #[schema(format = DateTime)]
+    pub at: String,
+    /// The account, for account events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// The stream, for stream events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    /// The account's key before the change (release, move, reweight).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_before: Option<HashKey>,
+    /// The account's key after the change (allocate, move, reweight).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_after: Option<HashKey>,
+    /// The account's weight: the new one for allocate and reweight, the one it had for
+    /// release and move.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u64>,
+    /// For `stream_put`: the stream's open shards as JSON,
+    /// `[[shard_id, starting_hash_key, ending_hash_key], ...]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl From<LoggedEvent> for EventBody {
+    fn from(logged: LoggedEvent) -> Self {
+        let (kind, account, stream) = match logged.event.change {
+            Change::Allocate { account, .. } => (EventKind::Allocate, Some(account), None),
+            Change::Release { account, .. } => (EventKind::Release, Some(account), None),
+            Change::Move { account, .. } => (EventKind::Move, Some(account), None),
+            Change::Reweight { account, .. } => (EventKind::Reweight, Some(account), None),
+            Change::StreamPut { stream } => (EventKind::StreamPut, None, Some(stream)),
+            Change::StreamDelete { stream } => (EventKind::StreamDelete, None, Some(stream)),
+        };
+        EventBody {
+            id: logged.event.id,
+            kind,
+            at: super::timestamp(logged.event.at),
+            account: account.map(AccountId::into_string),
+            stream,
+            key_before: logged.key_before,
+            key_after: logged.key_after,
+            weight: logged.weight,
+            detail: logged.detail,
+        }
+    }
+}
+
+/// One page of the event log.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EventPage {
+    /// Events in id order.
+    pub events: Vec<EventBody>,
+    /// Pass as `after` for the next page: the last event's id, or `after` itself when the
+    /// page is empty (nothing newer yet; ask again later).
+    pub next: i64,
+}
+
+/// The event log, oldest first, paged by id.
+#[utoipa::path(
+    get, path = "/events", tag = "observability",
+    params(EventParams),
+    responses(
+        (status = 200, description = "Events after `after`, at most `limit`", body = EventPage),
+        (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn events(
+    State(state): State<AppState>,
+    Query(params): Query<EventParams>,
+) -> Result<Json<EventPage>, ApiError> {
+    let after = params.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::bad_request(format!(
+            "after must be 0 or more, got {after}"
+        )));
+    }
+    let limit = params.limit.unwrap_or(100);
+    if !(1..=MAX_EVENTS).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {MAX_EVENTS}, got {limit}"
+        )));
+    }
+    let logged = state.registry.log(after, limit).await?;
+    let next = logged.last().map_or(after, |l| l.event.id);
+    Ok(Json(EventPage {
+        events: logged.into_iter().map(EventBody::from).collect(),
+        next,
+    }))
+}

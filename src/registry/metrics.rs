@@ -1,0 +1,176 @@
+//! What the registry counts: the changes this process commits, the tree, the database's
+//! latency, and how far this process trails the event log.
+
+use std::time::{Duration, Instant};
+
+use super::{Registry, Writer, now_ms};
+use crate::metrics::{Counter, Gauge, Histogram, header, single};
+use crate::store::Tx;
+
+/// The registry's counters, gauges and histograms.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    allocations: Counter,
+    releases: Counter,
+    reweights: Counter,
+    moves: Counter,
+    tree_nodes: Gauge,
+    transactions: Histogram,
+    commits: Histogram,
+    applied_event: Gauge,
+    follow_delay: Histogram,
+    last_follow_delay_ms: Gauge,
+}
+
+/// A change this process committed, for the counters.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Committed {
+    Allocations(usize),
+    Release,
+    Reweight,
+    Moves(usize),
+    Stream,
+}
+
+impl Registry {
+    /// Commits `tx` (begun by [`Registry::begin`]), timing the commit and the whole
+    /// transaction, and counts what it changed.
+    pub(super) async fn commit(
+        &self,
+        w: &mut Writer,
+        tx: Tx,
+        what: Committed,
+    ) -> Result<(), super::Error> {
+        let committing = Instant::now();
+        let done = tx.commit().await;
+        self.metrics.commits.observe(committing.elapsed());
+        if let Some(started) = w.tx_started.take() {
+            self.metrics.transactions.observe(started.elapsed());
+        }
+        done?;
+        let m = &self.metrics;
+        match what {
+            Committed::Allocations(n) => m.allocations.add(n as u64),
+            Committed::Release => m.releases.add(1),
+            Committed::Reweight => m.reweights.add(1),
+            Committed::Moves(n) => m.moves.add(n as u64),
+            Committed::Stream => {}
+        }
+        Ok(())
+    }
+
+    /// Records that event `id` is applied to memory.
+    pub(super) fn count_applied(&self, w: &Writer, id: i64) {
+        self.metrics.applied_event.set(id);
+        self.metrics.tree_nodes.set(w.alloc.tree_nodes() as i64);
+    }
+
+    /// Records how long after its commit (at `at`) an event of another writer got here.
+    pub(super) fn count_followed(&self, at: i64) {
+        // Clocks of different hosts may disagree a little: never below zero.
+        let delay = u64::try_from(now_ms() - at).unwrap_or(0);
+        self.metrics
+            .follow_delay
+            .observe(Duration::from_millis(delay));
+        self.metrics.last_follow_delay_ms.set(delay as i64);
+    }
+
+    /// The registry's metrics in the Prometheus text format; reads the log's newest event
+    /// id from the database (left out while the database does not answer).
+    pub async fn render_metrics(&self, out: &mut String) {
+        let m = &self.metrics;
+        let counters = [
+            (
+                "keyspread_allocations_total",
+                "Accounts given a new hash key by this process.",
+                &m.allocations,
+            ),
+            (
+                "keyspread_releases_total",
+                "Hash keys released by this process.",
+                &m.releases,
+            ),
+            (
+                "keyspread_reweights_total",
+                "Weight changes committed by this process.",
+                &m.reweights,
+            ),
+            (
+                "keyspread_rebalance_moves_total",
+                "Accounts moved to another key by rebalances this process applied.",
+                &m.moves,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            single(out, name, "counter", help, counter.get());
+        }
+        single(
+            out,
+            "keyspread_accounts",
+            "gauge",
+            "Accounts holding a hash key.",
+            self.len(),
+        );
+        single(
+            out,
+            "keyspread_tree_nodes",
+            "gauge",
+            "Nodes of the allocation tree in memory.",
+            m.tree_nodes.get(),
+        );
+        header(
+            out,
+            "keyspread_db_transaction_seconds",
+            "histogram",
+            "Write transactions, from begin (the write lock included) to commit.",
+        );
+        m.transactions
+            .render(out, "keyspread_db_transaction_seconds", "");
+        header(
+            out,
+            "keyspread_db_commit_seconds",
+            "histogram",
+            "Commits of write transactions.",
+        );
+        m.commits.render(out, "keyspread_db_commit_seconds", "");
+        let applied = m.applied_event.get();
+        single(
+            out,
+            "keyspread_event_applied_id",
+            "gauge",
+            "Id of the newest event applied to this process's memory.",
+            applied,
+        );
+        if let Ok(head) = self.store.last_event_id().await {
+            single(
+                out,
+                "keyspread_event_log_id",
+                "gauge",
+                "Id of the newest event in the database's log.",
+                head,
+            );
+            single(
+                out,
+                "keyspread_replica_lag_events",
+                "gauge",
+                "Events in the log not yet applied here.",
+                (head - applied).max(0),
+            );
+        }
+        header(
+            out,
+            "keyspread_replica_delay_seconds",
+            "histogram",
+            "From another writer's commit of an event to its application here.",
+        );
+        m.follow_delay
+            .render(out, "keyspread_replica_delay_seconds", "");
+        single(
+            out,
+            "keyspread_replica_last_delay_seconds",
+            "gauge",
+            "Delay of the last event followed from another writer.",
+            m.last_follow_delay_ms.get() as f64 / 1e3,
+        );
+    }
+}
