@@ -1,6 +1,8 @@
 //! One integration-test binary: the real server, on port 0, over a fresh database per test.
 
 mod helpers;
+mod process;
+mod replay;
 
 mod errors;
 mod import;
