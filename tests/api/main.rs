@@ -4,6 +4,7 @@ mod helpers;
 mod process;
 mod replay;
 
+mod crash;
 mod errors;
 mod import;
 mod keys;
