@@ -16,6 +16,7 @@ mod python_client;
 mod rebalance;
 mod replicas;
 mod reshard;
+mod schemathesis;
 mod shards;
 mod store;
 mod streams;
