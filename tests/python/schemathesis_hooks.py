@@ -2,7 +2,8 @@
 
 Each rule is in the operation's description in openapi/openapi.json, but JSON Schema has
 no way to say it: "exactly one of these query parameters", "no account twice in a batch",
-"a hash key is at most 2^128 - 1", "the open shards tile the keyspace". A request that
+"a hash key is at most 2^128 - 1", "the open shards tile the keyspace", "an account id is
+at most 256 bytes" (maxLength counts characters). A request that
 the schema allows but that breaks one of them is rightly refused (400 or 422), which the
 positive_data_acceptance check would report. So positive cases are brought within these
 rules before they are sent; negative cases are sent as generated. One more hook keeps
@@ -14,6 +15,7 @@ import schemathesis
 from schemathesis import GenerationMode
 
 KEYSPACE = 2**128
+ACCOUNT_BYTES = 256
 # Maps of up to 100,000 shards are valid, but each answer about one runs to tens of MB,
 # which the debug-build server and the response validator take seconds over, and a
 # registered stream is repeated by every later GET /streams. Valid counts are lowered to
@@ -36,6 +38,8 @@ def exactly_one(params, names, default):
 def shard_of(case):
     query = case.query
     exactly_one(query, ["hash_key", "account", "partition_key"], ("partition_key", "k"))
+    if "account" in query:
+        query["account"] = fit(query["account"])
     exactly_one(query, ["shards", "stream"], ("shards", 4))
     key = query.get("hash_key")
     if isinstance(key, str) and key.isdigit():
@@ -56,11 +60,26 @@ def cap(params, name, most):
         params[name] = most
 
 
+def fit(account):
+    """The longest prefix of `account` of at most 256 bytes of UTF-8."""
+    if not isinstance(account, str):
+        return account
+    while len(account.encode()) > ACCOUNT_BYTES:
+        account = account[:-1]
+    return account
+
+
+def account_path(case):
+    if "account" in (case.path_parameters or {}):
+        case.path_parameters["account"] = fit(case.path_parameters["account"])
+
+
 def batch(case):
     if not isinstance(case.body, dict):
         return
     seen, items = set(), []
     for item in case.body["accounts"]:
+        item["account"] = fit(item["account"])
         if item["account"] not in seen:
             seen.add(item["account"])
             items.append(item)
@@ -83,6 +102,10 @@ RULES = {
     ("GET", "/distribution"): map_params,
     ("GET", "/rebalance/preview"): map_params,
     ("POST", "/keys/batch"): batch,
+    ("GET", "/keys/{account}"): account_path,
+    ("POST", "/keys/{account}"): account_path,
+    ("PATCH", "/keys/{account}"): account_path,
+    ("DELETE", "/keys/{account}"): account_path,
     ("PUT", "/streams/{name}"): put_stream,
 }
 
