@@ -70,19 +70,26 @@ async fn acknowledged_changes_survive_sigkill() {
             .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         records.push(record);
     }
-    let health: serde_json::Value = (target.client)
-        .get(format!("{}/healthz", server.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    server.kill();
-
     let mut db = Db::connect(&url).await;
+    // A request a client gave up on may still be committing: give it a moment to land in
+    // both the table and the server's memory, which must then agree.
+    let (mut held, mut stored) = (serde_json::Value::Null, 0);
+    for _ in 0..20 {
+        let health = target.client.get(format!("{}/healthz", server.url));
+        let health: serde_json::Value = health.send().await.unwrap().json().await.unwrap();
+        (held, stored) = (health["accounts"].clone(), db.assignments().await.len());
+        if held == stored {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.kill();
     let (assignments, events) = (db.assignments().await, db.events().await);
-    let v = verdict::judge(&records, &assignments, &events);
+    let mut v = verdict::judge(&records, &assignments, &events);
+    if held != stored {
+        let problem = format!("the last server holds {held} accounts, the table {stored}");
+        v.problems.push(problem);
+    }
     let sum = |f: fn(&Record) -> u64| records.iter().map(f).sum::<u64>();
     println!(
         "{backend}: {KILLS} kills, {down:.1?} down in all; {} lookups, {} requests unanswered \
@@ -115,11 +122,6 @@ async fn acknowledged_changes_survive_sigkill() {
         v.problems.is_empty(),
         "{} broken promises (seed {seed})",
         v.problems.len()
-    );
-    assert_eq!(
-        health["accounts"],
-        assignments.len(),
-        "the last server's memory and the table disagree"
     );
     check_store(&assignments, &events);
 }
