@@ -4,7 +4,7 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: run test test-deps fmt lint openapi bench bench-load bench-check
+.PHONY: run test test-deps crash fmt lint openapi bench bench-load bench-check
 
 ## Start the service on the embedded default (SQLite file keyspread.db, 127.0.0.1:8080).
 run:
@@ -20,6 +20,15 @@ test: test-deps
 		$(CARGO) test --test api; \
 	else \
 		echo "--- KEYSPREAD_TEST_POSTGRES is not set: Postgres runs skipped"; \
+	fi
+
+## The crash test alone, with its figures: 64 clients, SIGKILL at 20 random moments, then
+## every acknowledged change checked in the database. SQLite, and Postgres too when
+## KEYSPREAD_TEST_POSTGRES is set; KEYSPREAD_CRASH_SEED=N repeats a run's choices.
+crash:
+	env -u KEYSPREAD_TEST_POSTGRES $(CARGO) test --test api crash:: -- --nocapture
+	@if [ -n "$$KEYSPREAD_TEST_POSTGRES" ]; then \
+		$(CARGO) test --test api crash:: -- --nocapture; \
 	fi
 
 ## What the tests drive besides Rust: a venv with openapi-python-client, and kinesalite.

@@ -11,7 +11,9 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 
 /// A JSON body that may be left out: an empty body (whatever its `Content-Type`, as some
-/// generated clients always send one) or `null` means `None`.
+/// generated clients always send one) means `None`. A body that is sent must be a `T`;
+/// `null` is not one, as the document says (it cannot offer `null` without generated
+/// clients making the body required).
 pub struct OptionalJson<T>(pub Option<T>);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
@@ -37,9 +39,60 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
             )
             .into_response());
         }
-        let Json(value) =
-            Json::<Option<T>>::from_bytes(&bytes).map_err(IntoResponse::into_response)?;
-        Ok(OptionalJson(value))
+        let Json(value) = Json::<T>::from_bytes(&bytes).map_err(IntoResponse::into_response)?;
+        Ok(OptionalJson(Some(value)))
+    }
+}
+
+/// Counts and weights in JSON bodies. The document calls them `integer`, which in JSON
+/// Schema includes numbers written with a zero fraction (`3.0`), so those are taken too.
+pub mod whole_number {
+    use std::fmt;
+
+    use serde::Deserializer;
+    use serde::de::{self, Deserialize, Unexpected, Visitor};
+
+    struct Whole(u64);
+
+    impl<'de> Deserialize<'de> for Whole {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(WholeVisitor).map(Whole)
+        }
+    }
+
+    struct WholeVisitor;
+
+    impl Visitor<'_> for WholeVisitor {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a whole number")
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+        }
+
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
+            // 2^64 as f64 is exact; below it every whole f64 converts exactly.
+            if v.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&v) {
+                Ok(v as u64)
+            } else {
+                Err(E::invalid_value(Unexpected::Float(v), &self))
+            }
+        }
+    }
+
+    pub fn required<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        Whole::deserialize(d).map(|w| w.0)
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Option::<Whole>::deserialize(d).map(|w| w.map(|w| w.0))
     }
 }
 
@@ -90,6 +143,34 @@ impl IfNoneMatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Counts {
+        #[serde(deserialize_with = "whole_number::required")]
+        n: u64,
+        #[serde(default, deserialize_with = "whole_number::optional")]
+        m: Option<u64>,
+    }
+
+    #[test]
+    fn whole_numbers_with_or_without_a_fraction() {
+        let parse = |json: &str| serde_json::from_str::<Counts>(json).map(|c| (c.n, c.m));
+        assert_eq!(parse(r#"{"n": 3}"#).unwrap(), (3, None));
+        assert_eq!(
+            parse(r#"{"n": 3.0, "m": 70991.0}"#).unwrap(),
+            (3, Some(70991))
+        );
+        assert_eq!(parse(r#"{"n": 1e3, "m": null}"#).unwrap(), (1000, None));
+        for bad in [
+            r#"{"n": 2.5}"#,
+            r#"{"n": -1}"#,
+            r#"{"n": -1.0}"#,
+            r#"{"n": 1e30}"#,
+            r#"{"n": "3"}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn json_media_types() {

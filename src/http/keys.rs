@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
-use super::extract::{IfNoneMatch, OptionalJson};
+use super::extract::{IfNoneMatch, OptionalJson, whole_number};
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
 use crate::registry::{Allocated, NewAccount};
@@ -59,6 +59,7 @@ impl From<store::Assignment> for Assignment {
 pub struct AllocateRequest {
     /// Relative load of the account, 1..=1000000 (default 1); balance compares weight sums.
     #[schema(minimum = 1, maximum = 1000000)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub weight: Option<u64>,
 }
 
@@ -67,6 +68,7 @@ pub struct AllocateRequest {
 #[serde(deny_unknown_fields)]
 pub struct ReweightRequest {
     #[schema(minimum = 1, maximum = 1000000)]
+    #[serde(deserialize_with = "whole_number::required")]
     pub weight: u64,
 }
 
@@ -89,6 +91,19 @@ pub struct AssignmentPage {
     pub next: Option<String>,
 }
 
+/// An account id in a path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct AccountPath {
+    /// Account id: 1..=256 bytes of UTF-8 without control characters; not `batch`.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^(?!batch$)[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
+    pub account: String,
+}
+
 fn account_id(raw: String) -> Result<AccountId, ApiError> {
     AccountId::parse(raw).map_err(ApiError::from)
 }
@@ -98,6 +113,7 @@ fn account_id(raw: String) -> Result<AccountId, ApiError> {
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// 1..=10000 distinct accounts.
+    #[schema(min_items = 1, max_items = 10000)]
     pub accounts: Vec<BatchItem>,
 }
 
@@ -105,9 +121,16 @@ pub struct BatchRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchItem {
+    /// 1..=256 bytes of UTF-8 without control characters; not `batch`.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^(?!batch$)[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub account: String,
     /// 1..=1000000, default 1.
     #[schema(minimum = 1, maximum = 1000000)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub weight: Option<u64>,
 }
 
@@ -130,7 +153,9 @@ pub struct BatchAnswer {
         (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 4 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid, duplicate or too many accounts (the detail names the first)", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
@@ -183,22 +208,23 @@ async fn allocate_batch(
 /// Allocate a hash key for an account (idempotent).
 #[utoipa::path(
     post, path = "/keys/{account}", tag = "keys",
-    params(("account" = String, Path, description = "Account id: 1..=256 bytes of UTF-8, no control characters")),
-    request_body(content = Option<AllocateRequest>, description = "Optional (an empty body or null is fine); weight defaults to 1"),
+    params(AccountPath),
+    request_body(content = Option<AllocateRequest>, description = "Optional (an empty body is fine); weight defaults to 1"),
     responses(
         (status = 201, description = "New assignment, committed", body = Assignment),
         (status = 200, description = "The account already had this assignment", body = Assignment),
-        (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid account id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
 async fn allocate(
     State(state): State<AppState>,
-    Path(account): Path<String>,
+    Path(AccountPath { account }): Path<AccountPath>,
     OptionalJson(body): OptionalJson<AllocateRequest>,
 ) -> Result<(StatusCode, Json<Assignment>), ApiError> {
     let account = account_id(account)?;
@@ -218,7 +244,7 @@ async fn allocate(
 #[utoipa::path(
     get, path = "/keys/{account}", tag = "keys",
     params(
-        ("account" = String, Path, description = "Account id"),
+        AccountPath,
         ("If-None-Match" = Option<String>, Header, description = "ETag of a cached answer"),
     ),
     responses(
@@ -233,7 +259,7 @@ async fn allocate(
 )]
 async fn lookup(
     State(state): State<AppState>,
-    Path(account): Path<String>,
+    Path(AccountPath { account }): Path<AccountPath>,
     cached: IfNoneMatch,
 ) -> Result<Response, ApiError> {
     let a = state
@@ -276,21 +302,22 @@ fn etag(a: &store::Assignment) -> HeaderValue {
 /// Change an account's weight; its hash key stays.
 #[utoipa::path(
     patch, path = "/keys/{account}", tag = "keys",
-    params(("account" = String, Path, description = "Account id")),
+    params(AccountPath),
     request_body = ReweightRequest,
     responses(
         (status = 200, description = "The updated assignment", body = Assignment),
-        (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid account id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
 async fn reweight(
     State(state): State<AppState>,
-    Path(account): Path<String>,
+    Path(AccountPath { account }): Path<AccountPath>,
     Json(body): Json<ReweightRequest>,
 ) -> Result<Json<Assignment>, ApiError> {
     let account = account_id(account)?;
@@ -302,7 +329,7 @@ async fn reweight(
 /// Release an account's hash key.
 #[utoipa::path(
     delete, path = "/keys/{account}", tag = "keys",
-    params(("account" = String, Path, description = "Account id")),
+    params(AccountPath),
     responses(
         (status = 204, description = "Released; the key may be handed out again"),
         (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
@@ -314,7 +341,7 @@ async fn reweight(
 )]
 async fn release(
     State(state): State<AppState>,
-    Path(account): Path<String>,
+    Path(AccountPath { account }): Path<AccountPath>,
 ) -> Result<StatusCode, ApiError> {
     state.registry.release(account_id(account)?).await?;
     Ok(StatusCode::NO_CONTENT)

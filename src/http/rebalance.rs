@@ -70,6 +70,10 @@ impl RebalancePlan {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApplyRequest {
+    /// The `plan_id` of a preview: `EVENT.MAP.DIGEST`.
+    #[schema(
+        pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,4}|100000|stream:[a-zA-Z0-9_.-]{1,128})\.[0-9a-fA-F]{16}$"
+    )]
     pub plan_id: String,
 }
 
@@ -99,8 +103,10 @@ async fn preview(
         (status = 200, description = "The moves applied", body = RebalancePlan),
         (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The plan's stream is no longer registered", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Assignments or the map changed since the preview", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a plan id", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))

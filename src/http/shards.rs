@@ -22,9 +22,15 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ShardOfParams {
-    /// A hash key (decimal).
+    /// A hash key (decimal, at most 2^128 - 1).
+    #[param(pattern = r"^[0-9]{1,39}$")]
     pub hash_key: Option<String>,
     /// An account: its assigned hash key.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^(?!batch$)[^\u0000-\u001f\u007f-\u009f]+$"
+    )]
     pub account: Option<String>,
     /// A partition key: its MD5 hash, as Kinesis computes it.
     pub partition_key: Option<String>,

@@ -9,6 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
+use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
 use crate::keyspace::{HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew};
@@ -30,6 +31,7 @@ pub struct PutStream {
     pub shards: Option<Vec<ListedShard>>,
     /// Instead of `Shards`: a uniform map of this many shards, as CreateStream makes.
     #[schema(minimum = 1, maximum = 100000)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
     pub shard_count: Option<u64>,
     /// Whether new keys balance on this stream's shards; left out, the stream keeps its role.
     pub primary: Option<bool>,
@@ -123,6 +125,15 @@ pub struct StreamChange {
     pub rebalance: RebalancePlan,
 }
 
+/// A stream name in a path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct StreamPath {
+    /// Kinesis stream name: 1 to 128 of `a-z A-Z 0-9 _ . -`.
+    #[param(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
+    pub name: String,
+}
+
 /// Kinesis stream names: 1 to 128 of `a-z A-Z 0-9 _ . -`.
 fn stream_name(name: String) -> Result<String, ApiError> {
     let ok = (1..=128).contains(&name.len())
@@ -155,21 +166,22 @@ async fn list_streams(State(state): State<AppState>) -> Json<Vec<StreamBody>> {
 /// Register or replace a stream's shard map.
 #[utoipa::path(
     put, path = "/streams/{name}", tag = "streams",
-    params(("name" = String, Path, description = "Kinesis stream name")),
+    params(StreamPath),
     request_body = PutStream,
     responses(
         (status = 201, description = "Registered", body = StreamChange),
         (status = 200, description = "Replaced; `before` shows the old map's balance", body = StreamChange),
-        (status = 400, description = "Invalid stream name", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid stream name, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not list-shards output, or the open shards do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
 async fn put_stream(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    Path(StreamPath { name }): Path<StreamPath>,
     Json(body): Json<PutStream>,
 ) -> Result<(StatusCode, Json<StreamChange>), ApiError> {
     let name = stream_name(name)?;
@@ -222,7 +234,7 @@ async fn put_stream(
 /// Show a registered stream.
 #[utoipa::path(
     get, path = "/streams/{name}", tag = "streams",
-    params(("name" = String, Path, description = "Kinesis stream name")),
+    params(StreamPath),
     responses(
         (status = 200, description = "The stream", body = StreamBody),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
@@ -230,7 +242,7 @@ async fn put_stream(
 )]
 async fn get_stream(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<Json<StreamBody>, ApiError> {
     state
         .registry
@@ -242,7 +254,7 @@ async fn get_stream(
 /// Forget a stream.
 #[utoipa::path(
     delete, path = "/streams/{name}", tag = "streams",
-    params(("name" = String, Path, description = "Kinesis stream name")),
+    params(StreamPath),
     responses(
         (status = 204, description = "Forgotten; if it was primary, new keys use the plain walk"),
         (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
@@ -253,7 +265,7 @@ async fn get_stream(
 )]
 async fn delete_stream(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<StatusCode, ApiError> {
     state.registry.delete_stream(name).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -321,7 +333,7 @@ fn spread(loads: &[Load]) -> u64 {
 /// Plan SplitShard / MergeShards calls to reach `target` shards split where the accounts are.
 #[utoipa::path(
     get, path = "/streams/{name}/split-plan", tag = "streams",
-    params(("name" = String, Path, description = "Kinesis stream name"), SplitParams),
+    params(StreamPath, SplitParams),
     responses(
         (status = 200, description = "The plan", body = SplitPlanBody),
         (status = 400, description = "Bad target", body = Problem, content_type = "application/problem+json"),
@@ -330,7 +342,7 @@ fn spread(loads: &[Load]) -> u64 {
 )]
 async fn split_plan(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    Path(StreamPath { name }): Path<StreamPath>,
     Query(q): Query<SplitParams>,
 ) -> Result<Json<SplitPlanBody>, ApiError> {
     let keyspace = state.registry.keyspace();

@@ -95,18 +95,33 @@ pub async fn spawn_app() -> TestApp {
 /// Starts keyspread after letting the caller adjust its configuration.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut ServeConfig)) -> TestApp {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (url, postgres) = match std::env::var("KEYSPREAD_TEST_POSTGRES") {
-        Ok(server) if !server.is_empty() => {
-            let db = PgDatabase::create(&server).await;
-            (db.url.clone(), Some(db))
-        }
-        _ => (sqlite_url(dir.path()), None),
-    };
+    let (url, postgres) = fresh_database(dir.path()).await;
     let mut config = ServeConfig::for_tests(url);
     adjust(&mut config);
     let mut app = start(config, dir).await;
     app.postgres = postgres;
     app
+}
+
+/// A fresh database for one test: a database on the `KEYSPREAD_TEST_POSTGRES` server when
+/// that is set (dropped with the returned guard), else a SQLite file in `dir`.
+pub async fn fresh_database(dir: &Path) -> (String, Option<PgDatabase>) {
+    match std::env::var("KEYSPREAD_TEST_POSTGRES") {
+        Ok(server) if !server.is_empty() => {
+            let db = PgDatabase::create(&server).await;
+            (db.url.clone(), Some(db))
+        }
+        _ => (sqlite_url(dir), None),
+    }
+}
+
+/// `postgres` or `sqlite`, for what a test prints.
+pub fn backend(url: &str) -> &'static str {
+    if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    }
 }
 
 fn sqlite_url(dir: &Path) -> String {

@@ -51,12 +51,17 @@ async fn weights_are_stored_and_validated() {
         (heavy.status, heavy.body["weight"].as_u64()),
         (201, Some(1_000_000))
     );
-    let null_body = app
-        .post("/keys/nullish", Some(serde_json::Value::Null))
-        .await;
+    // A body left out is fine; one that is sent must be the documented object.
+    assert_problem(
+        &app.post("/keys/nullish", Some(serde_json::Value::Null))
+            .await,
+        422,
+        "expected struct AllocateRequest",
+    );
+    let whole = app.post("/keys/whole", Some(json!({"weight": 3.0}))).await;
     assert_eq!(
-        (null_body.status, null_body.body["weight"].as_u64()),
-        (201, Some(1))
+        (whole.status, whole.body["weight"].as_u64()),
+        (201, Some(3))
     );
     for bad in [json!({"weight": 0}), json!({"weight": 1_000_001})] {
         assert_problem(

@@ -1,8 +1,11 @@
 //! One integration-test binary: the real server, on port 0, over a fresh database per test.
 
 mod helpers;
+mod process;
+mod replay;
 
 mod abuse;
+mod crash;
 mod errors;
 mod import;
 mod keys;
@@ -15,6 +18,7 @@ mod python_client;
 mod rebalance;
 mod replicas;
 mod reshard;
+mod schemathesis;
 mod shards;
 mod store;
 mod streams;

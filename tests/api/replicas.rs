@@ -1,16 +1,16 @@
 //! Three replica processes on one database: they never disagree, and follow each other.
 
-use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyspread::keyspace::{Allocator, HashKey, Keyspace};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{Db, EventRow, PgDatabase};
+use crate::helpers::{Db, backend, fresh_database};
+use crate::process::{Rng, Server};
+use crate::replay::check_store;
 
 const REPLICAS: usize = 3;
 const CLIENTS: u64 = 64;
@@ -25,30 +25,6 @@ const STEP: u128 = 1 << 126;
 
 /// Operation name and status -> how many times it was answered so.
 type Counts = BTreeMap<(&'static str, u16), u64>;
-
-/// The replica processes, killed when dropped; their logs are printed if the test failed.
-#[derive(Default)]
-struct Replicas {
-    children: Vec<Child>,
-    logs: Vec<PathBuf>,
-}
-
-impl Drop for Replicas {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if std::thread::panicking() {
-            for log in &self.logs {
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                eprintln!("--- last lines of {}:", log.display());
-                tail.iter().rev().for_each(|line| eprintln!("{line}"));
-            }
-        }
-    }
-}
 
 /// HTTP access to the replicas; cheap to clone into client tasks.
 #[derive(Clone)]
@@ -85,59 +61,20 @@ impl Api {
     }
 }
 
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 /// Starts the replicas on `database_url` and waits until each is ready.
-async fn start(database_url: &str, dir: &Path) -> (Replicas, Api) {
-    let mut replicas = Replicas::default();
-    let mut urls = Vec::new();
-    for i in 0..REPLICAS {
-        let port = free_port();
-        let log = dir.join(format!("replica-{i}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
-            .arg("serve")
-            .env("DATABASE_URL", database_url)
-            .env("KEYSPREAD_LISTEN", format!("127.0.0.1:{port}"))
-            .env("RUST_LOG", "info,sqlx=warn,tower_http=warn")
-            // The replay below assumes Kinesis' keyspace and balancing over it.
-            .env_remove("KEYSPREAD_KEYSPACE_BITS")
-            .env_remove("KEYSPREAD_TOKEN")
-            .env_remove("KEYSPREAD_PRIMARY_STREAM")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start a replica");
-        replicas.children.push(child);
-        replicas.logs.push(log);
-        urls.push(format!("http://127.0.0.1:{port}"));
-    }
+async fn start(database_url: &str, dir: &Path) -> (Vec<Server>, Api) {
+    let mut replicas: Vec<Server> = (0..REPLICAS)
+        .map(|i| Server::spawn(database_url, &dir.join(format!("replica-{i}.log"))))
+        .collect();
     let api = Api {
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(20))
             .build()
             .unwrap(),
-        urls: Arc::new(urls),
+        urls: Arc::new(replicas.iter().map(|r| r.url.clone()).collect()),
     };
-    let started = Instant::now();
-    for i in 0..REPLICAS {
-        loop {
-            let ready = api.client.get(format!("{}/readyz", api.urls[i]));
-            if ready.send().await.is_ok_and(|r| r.status() == 200) {
-                break;
-            }
-            if let Some(exit) = replicas.children[i].try_wait().unwrap() {
-                panic!("replica {i} exited before it was ready: {exit}");
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "replica {i} not ready after 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    for replica in &mut replicas {
+        replica.wait_ready(&api.client).await;
     }
     (replicas, api)
 }
@@ -177,21 +114,9 @@ async fn measure_lag(api: &Api) -> Vec<Duration> {
     lags
 }
 
-/// xorshift64*: cheap, and random enough to mix operations.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) % n
-    }
-}
-
 /// One client: random operations on random replicas until `until`; fails on any other status.
 async fn client(api: Api, seed: u64, until: Instant) -> Counts {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let mut counts = Counts::new();
     let mut record = |op: &'static str, (status, body): (u16, Value), allowed: &[u16]| {
         assert!(
@@ -242,67 +167,6 @@ async fn load(api: &Api) -> Counts {
     total
 }
 
-fn key(bytes: &[u8]) -> u128 {
-    u128::from_be_bytes(bytes.try_into().expect("16-byte key"))
-}
-
-/// Checks the assignments for duplicates, against their event log, and the log against the
-/// allocator one replica would have run. Answers account -> (key, weight).
-fn check_store(
-    assignments: &[(String, Vec<u8>, i64)],
-    events: &[EventRow],
-) -> BTreeMap<String, (u128, i64)> {
-    let stored: BTreeMap<String, (u128, i64)> = (assignments.iter())
-        .map(|(account, k, w)| (account.clone(), (key(k), *w)))
-        .collect();
-    assert_eq!(stored.len(), assignments.len(), "an account holds two keys");
-    let keys: HashSet<u128> = stored.values().map(|(k, _)| *k).collect();
-    assert_eq!(keys.len(), stored.len(), "a hash key is held twice");
-
-    let mut replayed = BTreeMap::new();
-    let mut alloc = Allocator::new(Keyspace::KINESIS);
-    for (id, (kind, account, _, before, after, weight, _)) in events.iter().enumerate() {
-        let account = account.clone().expect("event account");
-        let weight = weight.expect("event weight");
-        let from = || HashKey(key(before.as_deref().expect("key_before")));
-        let to = || HashKey(key(after.as_deref().expect("key_after")));
-        match kind.as_str() {
-            "allocate" => {
-                // Each replica decided on the caught-up state: one replica's walk must agree.
-                assert_eq!(alloc.next_key(), Ok(to()), "event {id}: allocate {account}");
-                alloc.insert(to(), weight as u64).unwrap();
-                let held = replayed.insert(account.clone(), (to().0, weight));
-                assert_eq!(held, None, "event {id}: {account} allocated twice");
-            }
-            "release" => {
-                alloc.remove(from()).unwrap();
-                let held = replayed.remove(&account).map(|(k, _)| k);
-                assert_eq!(held, Some(from().0), "event {id}: release {account}");
-            }
-            "move" => {
-                let w = alloc.remove(from()).unwrap();
-                alloc.insert(to(), w).unwrap();
-                let held = replayed.get_mut(&account).expect("moved account is held");
-                assert_eq!(held.0, from().0, "event {id}: move {account}");
-                held.0 = to().0;
-            }
-            "reweight" => {
-                alloc.set_weight(to(), weight as u64).unwrap();
-                replayed
-                    .get_mut(&account)
-                    .expect("reweighted account is held")
-                    .1 = weight;
-            }
-            other => panic!("event {id}: unexpected kind {other}"),
-        }
-    }
-    assert_eq!(
-        replayed, stored,
-        "the event log does not replay to the assignments"
-    );
-    stored
-}
-
 /// Accounts per shard of the uniform 4-shard map.
 fn per_shard(stored: &BTreeMap<String, (u128, i64)>) -> Vec<u64> {
     let mut counts = vec![0; SHARDS];
@@ -315,17 +179,8 @@ fn per_shard(stored: &BTreeMap<String, (u128, i64)>) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_never_disagree_and_follow_each_other() {
     let dir = tempfile::tempdir().unwrap();
-    let postgres = match std::env::var("KEYSPREAD_TEST_POSTGRES") {
-        Ok(server) if !server.is_empty() => Some(PgDatabase::create(&server).await),
-        _ => None,
-    };
-    let (backend, url) = match &postgres {
-        Some(db) => ("postgres", db.url.clone()),
-        None => (
-            "sqlite",
-            format!("sqlite://{}", dir.path().join("keyspread.db").display()),
-        ),
-    };
+    let (url, _postgres) = fresh_database(dir.path()).await;
+    let backend = backend(&url);
     let (_replicas, api) = start(&url, dir.path()).await;
 
     let lags = measure_lag(&api).await;

@@ -1,0 +1,171 @@
+//! What the crash test's clients were promised, checked against the database itself.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::client::{Op, Record};
+use crate::helpers::EventRow;
+use crate::replay::key;
+
+/// One account's entry in the event log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged {
+    Allocate(u128),
+    Release,
+    Move(u128, u128),
+}
+
+/// The counts a run is judged by, and every broken promise.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub acked_allocations: u64,
+    /// Acknowledged allocations found in the log as the account's, with exactly that key.
+    pub found: u64,
+    /// Acknowledged allocations missing from the log, or undone without a later release.
+    pub lost: u64,
+    /// Keys held twice, accounts holding two keys.
+    pub duplicates: u64,
+    pub acked_releases: u64,
+    /// Move events in the log, and moves answered to clients.
+    pub moves: u64,
+    pub acked_moves: u64,
+    pub problems: Vec<String>,
+}
+
+/// Judges `records` against the table (`account, key, weight`) and the event log.
+pub fn judge(
+    records: &[Record],
+    assignments: &[(String, Vec<u8>, i64)],
+    events: &[EventRow],
+) -> Verdict {
+    let mut v = Verdict::default();
+    let table: BTreeMap<&str, (u128, i64)> = (assignments.iter())
+        .map(|(a, k, w)| (a.as_str(), (key(k), *w)))
+        .collect();
+    let keys: HashSet<u128> = table.values().map(|(k, _)| *k).collect();
+    v.duplicates = (assignments.len() - table.len() + table.len() - keys.len()) as u64;
+    if v.duplicates > 0 {
+        v.problems
+            .push(format!("{} keys or accounts held twice", v.duplicates));
+    }
+
+    let mut log: HashMap<&str, Vec<Logged>> = HashMap::new();
+    let mut logged_moves = HashSet::new();
+    for (kind, account, _, before, after, _, _) in events {
+        let Some(account) = account.as_deref() else {
+            continue;
+        };
+        let entry = match kind.as_str() {
+            "allocate" => Logged::Allocate(key(after.as_deref().expect("key_after"))),
+            "release" => Logged::Release,
+            "move" => {
+                let (from, to) = (
+                    key(before.as_deref().unwrap()),
+                    key(after.as_deref().unwrap()),
+                );
+                logged_moves.insert((account.to_owned(), from, to));
+                v.moves += 1;
+                Logged::Move(from, to)
+            }
+            _ => continue,
+        };
+        log.entry(account).or_default().push(entry);
+    }
+
+    for record in records {
+        for m in &record.moves {
+            v.acked_moves += 1;
+            if !logged_moves.contains(m) {
+                v.problems
+                    .push(format!("acknowledged move {m:?} is not logged"));
+            }
+        }
+        v.problems.extend(record.anomalies.iter().cloned());
+        for (account, ops) in &record.accounts {
+            let logged = log.get(account.as_str()).map_or(&[][..], Vec::as_slice);
+            judge_account(&mut v, account, ops, logged, table.get(account.as_str()));
+        }
+    }
+    v
+}
+
+/// Checks one account's acknowledged operations against its log entries and its row.
+fn judge_account(
+    v: &mut Verdict,
+    account: &str,
+    ops: &[Op],
+    logged: &[Logged],
+    row: Option<&(u128, i64)>,
+) {
+    // The last acknowledged operation decides the state, unless a later attempt (one that
+    // got no answer) may have changed it.
+    let last = ops.iter().rposition(|op| {
+        matches!(
+            op,
+            Op::Allocate { key: Some(_), .. } | Op::Release { acked: true }
+        )
+    });
+    let attempted_after = |i: usize, release: bool| {
+        ops[i + 1..]
+            .iter()
+            .any(|op| matches!(op, Op::Release { .. }) == release)
+    };
+    for (i, op) in ops.iter().enumerate() {
+        let deciding = last == Some(i);
+        match *op {
+            Op::Allocate {
+                weight,
+                key: Some(k),
+            } => {
+                v.acked_allocations += 1;
+                let mut kept = logged.contains(&Logged::Allocate(k));
+                if kept {
+                    v.found += 1;
+                } else {
+                    v.problems
+                        .push(format!("{account}: acknowledged key {k} is not in the log"));
+                }
+                if deciding && !attempted_after(i, true) {
+                    let expected = current_key(logged, k).map(|key| (key, weight));
+                    let held = row.map(|&(key, w)| (key, w as u64));
+                    if held.is_none() || held != expected {
+                        kept = false;
+                        v.problems.push(format!(
+                            "{account}: acknowledged key {k} should be held as {expected:?}, \
+                             the table has {held:?}; its log: {logged:?}"
+                        ));
+                    }
+                }
+                if !kept {
+                    v.lost += 1;
+                }
+            }
+            Op::Release { acked: true } => {
+                v.acked_releases += 1;
+                if deciding && !attempted_after(i, false) && row.is_some() {
+                    v.problems
+                        .push(format!("{account}: released, yet the table has {row:?}"));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The key an allocation of `k` holds now: `k` moved by the logged moves after the
+/// account's last allocation, which must be of `k` and never released.
+fn current_key(logged: &[Logged], k: u128) -> Option<u128> {
+    let start = logged
+        .iter()
+        .rposition(|e| matches!(e, Logged::Allocate(_)))?;
+    if logged[start] != Logged::Allocate(k) {
+        return None;
+    }
+    let mut current = k;
+    for entry in &logged[start + 1..] {
+        match *entry {
+            Logged::Move(from, to) if from == current => current = to,
+            _ => return None,
+        }
+    }
+    Some(current)
+}

@@ -1,0 +1,110 @@
+//! The real `keyspread` binary as a child process, for tests that run several, kill or
+//! restart them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One `keyspread serve` process on a loopback port; killed when dropped, its log printed
+/// if the test failed.
+pub struct Server {
+    child: Option<Child>,
+    log: PathBuf,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Server {
+    /// Starts `keyspread serve` on a free loopback port over `database_url`, appending its
+    /// log to `log` (restarts share one file).
+    pub fn spawn(database_url: &str, log: &Path) -> Server {
+        let port = free_port();
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open the server log");
+        let child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+            .arg("serve")
+            .env("DATABASE_URL", database_url)
+            .env("KEYSPREAD_LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "info,sqlx=warn,tower_http=warn")
+            // Replays in the tests assume Kinesis' keyspace and balancing over it.
+            .env_remove("KEYSPREAD_KEYSPACE_BITS")
+            .env_remove("KEYSPREAD_TOKEN")
+            .env_remove("KEYSPREAD_PRIMARY_STREAM")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start keyspread");
+        Server {
+            child: Some(child),
+            log: log.to_owned(),
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Waits until `/readyz` answers 200; panics if the process exits first or after 30 s.
+    pub async fn wait_ready(&mut self, client: &reqwest::Client) {
+        let started = Instant::now();
+        loop {
+            let ready = client.get(format!("{}/readyz", self.url)).send().await;
+            if ready.is_ok_and(|r| r.status() == 200) {
+                return;
+            }
+            let child = self.child.as_mut().expect("a running server");
+            if let Some(exit) = child.try_wait().unwrap() {
+                panic!("{} exited before it was ready: {exit}", self.url);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{} not ready after 30 s",
+                self.url
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Kills the process with SIGKILL (no shutdown of any kind) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            eprintln!("--- last lines of {}:", self.log.display());
+            tail.iter().rev().for_each(|line| eprintln!("{line}"));
+        }
+    }
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// xorshift64*: cheap, seedable, and random enough to mix operations.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) % n
+    }
+}
