@@ -236,6 +236,29 @@ impl Db {
             .unwrap())
     }
 
+    /// Takes the database's write lock as another writer would, until
+    /// [`Db::release_write_lock`]: SQLite's `BEGIN IMMEDIATE`, Postgres' advisory lock.
+    pub async fn hold_write_lock(&mut self) {
+        match self {
+            Db::Sqlite(c) => {
+                sqlx::raw_sql("BEGIN IMMEDIATE").execute(c).await.unwrap();
+            }
+            Db::Postgres(c) => {
+                // The store's lock: "keyspread" in ASCII, 0x6b65_7973_7072_6561.
+                sqlx::raw_sql("BEGIN; SELECT pg_advisory_xact_lock(7738725071420810593)")
+                    .execute(c)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    pub async fn release_write_lock(&mut self) {
+        on_db!(self, c => {
+            sqlx::raw_sql("ROLLBACK").execute(c).await.unwrap();
+        });
+    }
+
     /// `(account, hash key, weight)` of every assignment, by account.
     pub async fn assignments(&mut self) -> Vec<(String, Vec<u8>, i64)> {
         on_db!(self, c => sqlx::query_as("SELECT account, hash_key, weight FROM assignments ORDER BY account")

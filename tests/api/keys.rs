@@ -1,5 +1,7 @@
 //! Allocate, look up, reweight, release and list.
 
+use std::time::Duration;
+
 use reqwest::Method;
 use serde_json::json;
 
@@ -472,4 +474,33 @@ async fn one_failing_allocation_does_not_fail_its_group() {
     }
     statuses.sort();
     assert_eq!(statuses, [201, 201, 201, 201, 409, 409, 409, 409]);
+}
+
+/// Lookups are answered from memory and never queue behind a write: they answer while an
+/// allocation waits for the database's write lock (held here by another writer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_answer_while_an_allocation_waits() {
+    let app = spawn_app().await;
+    let key = app.allocate("acme").await;
+    let mut db = app.db().await;
+    db.hold_write_lock().await;
+    let allocation = app.post("/keys/globex", None);
+    tokio::pin!(allocation);
+    let waited = tokio::time::timeout(Duration::from_millis(300), &mut allocation).await;
+    assert!(
+        waited.is_err(),
+        "allocated while another writer held the lock"
+    );
+    for _ in 0..50 {
+        let answer = app.get("/keys/acme").await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.body["hash_key"], key.as_str());
+    }
+    let still = tokio::time::timeout(Duration::ZERO, &mut allocation).await;
+    assert!(
+        still.is_err(),
+        "the allocation finished before the lock was released"
+    );
+    db.release_write_lock().await;
+    assert_eq!(allocation.await.status, 201);
 }
