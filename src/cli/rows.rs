@@ -1,7 +1,7 @@
 //! The rows of a `keyspread import` file, read and checked without touching a database.
 
 use std::collections::HashSet;
-use std::io::Read;
+use std::io::{self, Read};
 
 use crate::keyspace::{self, AccountId, HashKey, Keyspace};
 use crate::registry::NewAccount;
@@ -13,16 +13,18 @@ pub struct Row {
     pub parsed: Result<NewAccount, String>,
 }
 
-/// Reads `account,weight[,hash_key]` rows: fields trimmed, a header on line 1 skipped,
-/// accounts and keys that appear twice in the file refused.
+/// Reads `account,weight[,hash_key]` rows: fields trimmed, blank lines and a header (a first
+/// row whose second field is "weight") skipped, accounts and keys repeated in the file refused.
 ///
 /// Yields `Err` once, and then nothing, when the file is not readable CSV (bad UTF-8).
 pub struct Rows<R> {
-    reader: csv::Reader<R>,
+    reader: csv::Reader<Kept<R>>,
     record: csv::StringRecord,
     keyspace: Keyspace,
     accounts_seen: HashSet<AccountId>,
     keys_seen: HashSet<HashKey>,
+    /// Whether a record was read: only the first one may be the header.
+    started: bool,
     failed: bool,
 }
 
@@ -33,15 +35,41 @@ impl<R: Read> Rows<R> {
             .has_headers(false)
             .flexible(true)
             .trim(csv::Trim::All)
-            .from_reader(csv);
+            .from_reader(Kept {
+                inner: csv,
+                bytes: Vec::new(),
+                from: 0,
+            });
         Rows {
             reader,
             record: csv::StringRecord::new(),
             keyspace,
             accounts_seen: HashSet::new(),
             keys_seen: HashSet::new(),
+            started: false,
             failed: false,
         }
+    }
+
+    /// The line the record just read starts on, counting the blank lines before it, which
+    /// csv skips but leaves out of the record's position.
+    fn start_line(&mut self) -> u64 {
+        let (start, line) = self
+            .record
+            .position()
+            .map_or((0, 1), |p| (p.byte(), p.line()));
+        let end = self.reader.position().byte();
+        let kept = self.reader.get_mut();
+        let record = |offset: u64| usize::try_from(offset - kept.from).unwrap_or(usize::MAX);
+        let blank = kept.bytes[record(start).min(kept.bytes.len())..]
+            .iter()
+            .take_while(|b| matches!(b, b'\r' | b'\n'))
+            .filter(|b| **b == b'\n')
+            .count() as u64;
+        let consumed = record(end).min(kept.bytes.len());
+        kept.bytes.drain(..consumed);
+        kept.from = end;
+        line + blank
     }
 
     /// Checks one record against the rows before it.
@@ -75,8 +103,9 @@ impl<R: Read> Iterator for Rows<R> {
                 Ok(false) => return None,
                 Ok(true) => {}
             }
-            let line = self.record.position().map_or(0, |p| p.line());
-            let header = line == 1
+            let line = self.start_line();
+            let first = !std::mem::replace(&mut self.started, true);
+            let header = first
                 && self
                     .record
                     .get(1)
@@ -86,6 +115,22 @@ impl<R: Read> Iterator for Rows<R> {
                 return Some(Ok(Row { line, parsed }));
             }
         }
+    }
+}
+
+/// The input from the start of the current record on, as far as csv has read ahead.
+struct Kept<R> {
+    inner: R,
+    bytes: Vec<u8>,
+    /// The input offset of `bytes[0]`.
+    from: u64,
+}
+
+impl<R: Read> Read for Kept<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
     }
 }
 
@@ -150,7 +195,17 @@ mod tests {
     }
 
     #[test]
-    fn a_header_only_counts_on_line_one() {
+    fn blank_lines_count_towards_the_line_a_row_is_on() {
+        let lines: Vec<u64> = read("a,1\n\n\nb,1\r\n\r\n\"c\n\",1\n\nd\n\n")
+            .into_iter()
+            .map(|(line, _)| line)
+            .collect();
+        assert_eq!(lines, [1, 4, 6, 9]);
+    }
+
+    #[test]
+    fn only_the_first_row_may_be_the_header() {
+        assert_eq!(read("\naccount,weight\na\n"), [(3, Ok("a".to_owned()))]);
         assert_eq!(
             read("a,1\nb,weight\n")[1],
             (2, Err("weight \"weight\" is not a whole number".into()))
