@@ -4,7 +4,7 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: run test test-deps crash fmt lint openapi bench bench-load bench-check
+.PHONY: run test test-deps crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
 
 ## Start the service on the embedded default (SQLite file keyspread.db, 127.0.0.1:8080).
 run:
@@ -77,3 +77,21 @@ bench-load:
 ## Compile every benchmark without running it (for CI).
 bench-check:
 	$(CARGO) bench --benches --no-run
+
+## Fuzz every target in turn for FUZZ_SECONDS each (nightly and cargo-fuzz; see docs/FUZZING.md),
+## one process pinned to CPU FUZZ_CPU; new inputs go to fuzz/corpus/<target>.
+FUZZ_SECONDS ?= 600
+FUZZ_CPU     ?= 1
+FUZZ_TARGETS ?= tree hash_key account_id list_shards csv_import
+
+fuzz:
+	cd fuzz && $(CARGO) +nightly fuzz build
+	@for t in $(FUZZ_TARGETS); do \
+		echo "--- fuzz $$t for $(FUZZ_SECONDS) s"; \
+		(cd fuzz && taskset -c $(FUZZ_CPU) $(CARGO) +nightly fuzz run $$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1) || exit 1; \
+	done
+
+## The fuzz targets still compile (stable is enough; no sanitizer): cheap enough for CI.
+fuzz-check:
+	$(CARGO) check --manifest-path fuzz/Cargo.toml --bins --locked

@@ -6,6 +6,10 @@ use std::path::Path;
 use crate::config::Token;
 use crate::keyspace::{self, Allocator, Keyspace, ListShards, Load, ShardMap, Skew};
 
+mod rows;
+
+pub use rows::{Row, Rows};
+
 /// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a
 /// uniform map of `shards`: MD5-hashed by Kinesis, allocated by keyspread's plain walk, and
 /// allocated with that map as the primary stream.
@@ -157,45 +161,16 @@ pub async fn import(
     csv: impl std::io::Read,
     mut progress: impl FnMut(u64),
 ) -> Result<ImportSummary, String> {
-    use crate::keyspace::AccountId;
     use crate::registry::{Allocated, NewAccount};
 
-    let keyspace = registry.keyspace();
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .from_reader(csv);
+    let mut rows = Rows::new(csv, registry.keyspace());
     let mut summary = ImportSummary::default();
     let mut chunk: Vec<NewAccount> = Vec::with_capacity(IMPORT_CHUNK);
-    let mut accounts_seen = std::collections::HashSet::new();
-    let mut keys_seen = std::collections::HashSet::new();
-    let mut record = csv::StringRecord::new();
     loop {
-        let more = reader
-            .read_record(&mut record)
-            .map_err(|e| format!("cannot read the CSV: {e}"))?;
-        if more {
-            let line = record.position().map_or(0, |p| p.line());
-            if line == 1
-                && record
-                    .get(1)
-                    .is_some_and(|w| w.eq_ignore_ascii_case("weight"))
-            {
-                continue; // the header
-            }
+        let next = rows.next().transpose()?;
+        let more = next.is_some();
+        if let Some(Row { line, parsed }) = next {
             summary.rows += 1;
-            let parsed = parse_row(&record, keyspace).and_then(|row| {
-                if !accounts_seen.insert(row.account.clone()) {
-                    return Err(format!("account {} appears twice in the file", row.account));
-                }
-                if let Some(key) = row.key
-                    && !keys_seen.insert(key)
-                {
-                    return Err(format!("hash key {key} appears twice in the file"));
-                }
-                Ok(row)
-            });
             match parsed {
                 Ok(row) if registry.lookup(row.account.as_str()).is_some() => summary.present += 1,
                 Ok(row)
@@ -229,32 +204,5 @@ pub async fn import(
         if !more {
             return Ok(summary);
         }
-    }
-
-    fn parse_row(record: &csv::StringRecord, keyspace: Keyspace) -> Result<NewAccount, String> {
-        let field = |i: usize| record.get(i).filter(|f| !f.is_empty());
-        let account = AccountId::parse(field(0).unwrap_or_default()).map_err(|e| e.to_string())?;
-        let weight = match field(1) {
-            None => 1,
-            Some(w) => w
-                .parse::<u64>()
-                .map_err(|_| format!("weight {w:?} is not a whole number"))?,
-        };
-        let weight = keyspace::check_weight(weight).map_err(|e| e.to_string())?;
-        let key = field(2)
-            .map(|k| keyspace.parse(k))
-            .transpose()
-            .map_err(|e| e.to_string())?;
-        if record.len() > 3 {
-            return Err(format!(
-                "{} columns; expected account,weight[,hash_key]",
-                record.len()
-            ));
-        }
-        Ok(NewAccount {
-            account,
-            weight,
-            key,
-        })
     }
 }

@@ -45,9 +45,14 @@ impl ListedShard {
         self.sequence_number_range.ending_sequence_number.is_none()
     }
 
-    /// The number in `shardId-000000000042`, if it has that form.
+    /// The number in `shardId-000000000042`, if it has that form: exactly 12 digits, so the
+    /// next number always fits.
     pub fn number(&self) -> Option<u64> {
-        self.shard_id.strip_prefix("shardId-")?.parse().ok()
+        let digits = self.shard_id.strip_prefix("shardId-")?;
+        if digits.len() != 12 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
     }
 }
 
@@ -134,5 +139,22 @@ mod tests {
             "{err}"
         );
         assert!(ListShards::parse(b"{\"Streams\": []}").is_err());
+    }
+
+    #[test]
+    fn shard_numbers_have_kinesis_twelve_digits() {
+        let listed = |id: &str| {
+            let json = AFTER_SPLIT.replace("shardId-000000000002", id);
+            ListShards::parse(json.as_bytes()).unwrap()
+        };
+        assert_eq!(listed("shardId-000000000041").next_shard_number(), 42);
+        // Other forms are not numbered shards; the largest u64 used to overflow here.
+        for id in [
+            "shardId-18446744073709551615",
+            "shardId-+00000000041",
+            "shardId-41",
+        ] {
+            assert_eq!(listed(id).next_shard_number(), 2, "{id}");
+        }
     }
 }
