@@ -27,6 +27,8 @@ fn reference(text: &str, max: u128) -> Expected {
     let mut accounts = HashSet::new();
     let mut keys = HashSet::new();
     let mut rows = Vec::new();
+    // A leading byte-order mark is no part of the first field.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let body = text.strip_suffix('\n').unwrap_or(text);
     let mut first = true;
     for (i, line) in body.split('\n').enumerate() {
@@ -47,10 +49,10 @@ fn reference(text: &str, max: u128) -> Expected {
         let row = (|| {
             let account = field(0)?;
             AccountId::parse(account).ok()?;
-            // Weights are u64 text: an optional '+', then digits (leading zeros allowed).
+            // Weights are digits only (leading zeros allowed).
             let weight = match field(1) {
                 None => 1,
-                Some(w) => u64::try_from(digits(w.strip_prefix('+').unwrap_or(w))?).ok()?,
+                Some(w) => u64::try_from(digits(w)?).ok()?,
             };
             if !(1..=1_000_000).contains(&weight) {
                 return None;
@@ -62,8 +64,8 @@ fn reference(text: &str, max: u128) -> Expected {
             if fields.len() > 3 {
                 return None;
             }
-            // An account counts as seen once its row parses, even if its key repeats.
-            if !accounts.insert(account.to_owned()) {
+            // A refused row claims neither its account nor its key.
+            if accounts.contains(account) {
                 return None;
             }
             if let Some(key) = key
@@ -71,6 +73,7 @@ fn reference(text: &str, max: u128) -> Expected {
             {
                 return None;
             }
+            accounts.insert(account.to_owned());
             Some((account.to_owned(), weight, key))
         })();
         rows.push((number, row));

@@ -61,7 +61,12 @@ impl<R: Read> Rows<R> {
         let end = self.reader.position().byte();
         let kept = self.reader.get_mut();
         let record = |offset: u64| usize::try_from(offset - kept.from).unwrap_or(usize::MAX);
-        let blank = kept.bytes[record(start).min(kept.bytes.len())..]
+        let mut before = &kept.bytes[record(start).min(kept.bytes.len())..];
+        if start == 0 {
+            // csv drops a byte-order mark that starts the file.
+            before = before.strip_prefix(b"\xef\xbb\xbf").unwrap_or(before);
+        }
+        let blank = before
             .iter()
             .take_while(|b| matches!(b, b'\r' | b'\n'))
             .filter(|b| **b == b'\n')
@@ -75,7 +80,8 @@ impl<R: Read> Rows<R> {
     /// Checks one record against the rows before it.
     fn check(&mut self) -> Result<NewAccount, String> {
         let row = parse_record(&self.record, self.keyspace)?;
-        if !self.accounts_seen.insert(row.account.clone()) {
+        // A refused row claims nothing: a later row may still bring its account or key.
+        if self.accounts_seen.contains(&row.account) {
             return Err(format!("account {} appears twice in the file", row.account));
         }
         if let Some(key) = row.key
@@ -83,6 +89,7 @@ impl<R: Read> Rows<R> {
         {
             return Err(format!("hash key {key} appears twice in the file"));
         }
+        self.accounts_seen.insert(row.account.clone());
         Ok(row)
     }
 }
@@ -103,8 +110,8 @@ impl<R: Read> Iterator for Rows<R> {
                 Ok(false) => return None,
                 Ok(true) => {}
             }
-            let line = self.start_line();
             let first = !std::mem::replace(&mut self.started, true);
+            let line = self.start_line();
             let header = first
                 && self
                     .record
@@ -142,7 +149,9 @@ fn parse_record(record: &csv::StringRecord, keyspace: Keyspace) -> Result<NewAcc
         None => 1,
         Some(w) => w
             .parse::<u64>()
-            .map_err(|_| format!("weight {w:?} is not a whole number"))?,
+            .ok()
+            .filter(|_| w.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| format!("weight {w:?} is not a whole number"))?,
     };
     let weight = keyspace::check_weight(weight).map_err(|e| e.to_string())?;
     let key = field(2)
@@ -230,6 +239,34 @@ mod tests {
             "{}",
             why[6]
         );
+    }
+
+    /// csv drops a byte-order mark that starts the file (spreadsheets write one).
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_account() {
+        assert_eq!(read("\u{feff}a,1\nb,1\n")[0], (1, Ok("a".to_owned())));
+        assert_eq!(
+            read("\u{feff}account,weight\nb\n"),
+            [(2, Ok("b".to_owned()))]
+        );
+    }
+
+    #[test]
+    fn weights_are_plain_digits() {
+        assert_eq!(
+            read("a,+5\n")[0].1,
+            Err("weight \"+5\" is not a whole number".into())
+        );
+    }
+
+    #[test]
+    fn a_refused_row_claims_nothing() {
+        let rows = read("a,1,5\nb,1,5\nb,1,6\n");
+        assert_eq!(
+            rows[1].1,
+            Err("hash key 5 appears twice in the file".into())
+        );
+        assert_eq!(rows[2].1, Ok("b".to_owned()));
     }
 
     #[test]
