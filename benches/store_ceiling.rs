@@ -1,6 +1,6 @@
 //! Raw insert ceilings of the database keyspread runs on, through the product's own
-//! connection code (`Store::connect`: the same pool and pragmas the server uses). One
-//! writer inserts rows shaped like `assignments` into a scratch table for a bounded time,
+//! connection code (`Store::connect`: the connection and pragmas the server writes with).
+//! One writer inserts rows shaped like `assignments` into a scratch table for a bounded time,
 //! first one row per transaction, then 256 rows per transaction in one multi-row INSERT.
 //!
 //! ```text
@@ -109,7 +109,7 @@ async fn run(store: &Store, rows: &mut Rows, rows_per_tx: usize, secs: f64) -> (
     }
     while start.elapsed() < deadline {
         match store {
-            Store::Sqlite(pool) => one_tx!(pool.begin_with("BEGIN IMMEDIATE").await),
+            Store::Sqlite(pools) => one_tx!(pools.writes.begin_with("BEGIN IMMEDIATE").await),
             Store::Postgres(pool) => one_tx!(pool.begin().await),
         }
         inserted += rows_per_tx as u64;
@@ -120,7 +120,7 @@ async fn run(store: &Store, rows: &mut Rows, rows_per_tx: usize, secs: f64) -> (
 
 async fn execute(store: &Store, sql: &str) {
     match store {
-        Store::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+        Store::Sqlite(pools) => sqlx::query(sql).execute(&pools.writes).await.map(drop),
         Store::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop),
     }
     .unwrap_or_else(|e| panic!("{sql}: {e}"));
@@ -177,7 +177,10 @@ async fn measure(url: &str, secs: f64) -> serde_json::Value {
     );
     execute(&store, &format!("DROP TABLE {TABLE}")).await;
     match &store {
-        Store::Sqlite(pool) => pool.close().await,
+        Store::Sqlite(pools) => {
+            pools.writes.close().await;
+            pools.reads.close().await;
+        }
         Store::Postgres(pool) => pool.close().await,
     }
     serde_json::json!({

@@ -11,7 +11,9 @@ mod queries;
 mod raw_sqlite;
 mod sqlite;
 
-use sqlx::{PgPool, SqlitePool};
+pub use sqlite::Pools as SqlitePools;
+
+use sqlx::PgPool;
 
 use crate::keyspace::{AccountId, HashKey, Move};
 
@@ -133,7 +135,7 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// The database behind keyspread.
 #[derive(Debug, Clone)]
 pub enum Store {
-    Sqlite(SqlitePool),
+    Sqlite(SqlitePools),
     Postgres(PgPool),
 }
 
@@ -153,8 +155,8 @@ pub enum Tx {
 macro_rules! on_backend {
     ($target:expr, $conn:ident => $call:ident($($arg:expr),*)) => {
         match $target {
-            Store::Sqlite(pool) => {
-                let mut $conn = pool.acquire().await?;
+            Store::Sqlite(pools) => {
+                let mut $conn = pools.reads.acquire().await?;
                 sqlite::$call(&mut $conn, $($arg),*).await
             }
             Store::Postgres(pool) => {
@@ -225,7 +227,7 @@ impl Store {
     /// Starts a write transaction; it waits for writers in other processes to finish.
     pub async fn begin(&self) -> Result<Tx> {
         Ok(match self {
-            Store::Sqlite(pool) => Tx::Sqlite(sqlite::begin(pool).await?),
+            Store::Sqlite(pools) => Tx::Sqlite(sqlite::begin(pools).await?),
             Store::Postgres(pool) => Tx::Postgres(postgres::begin(pool).await?),
         })
     }

@@ -10,6 +10,21 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 super::queries::queries!(Postgres);
 
+/// Runs a multi-row `INSERT INTO events` and answers the new ids in row order.
+async fn insert_events(
+    conn: &mut Conn,
+    mut events: sqlx::QueryBuilder<'_, Postgres>,
+) -> Result<Vec<i64>> {
+    let mut ids: Vec<i64> = events
+        .push(" RETURNING id")
+        .build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await?;
+    // Ids are handed out in row order under the write lock.
+    ids.sort_unstable();
+    Ok(ids)
+}
+
 /// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, paging
 /// by account so that no read holds more than one batch.
 pub async fn scan_assignments(

@@ -99,21 +99,15 @@ macro_rules! queries {
                     .build()
                     .execute(&mut *conn)
                     .await?;
-                let mut chunk_ids: Vec<i64> =
-                    sqlx::QueryBuilder::<$db>::new("INSERT INTO events (at, kind, account, key_after, weight) ")
-                        .push_values(chunk, |mut row, a| {
-                            row.push_bind(at)
-                                .push_bind("allocate")
-                                .push_bind(a.account.as_str())
-                                .push_bind(a.hash_key.to_be_bytes().to_vec())
-                                .push_bind(a.weight as i64);
-                        })
-                        .push(" RETURNING id")
-                        .build_query_scalar()
-                        .fetch_all(&mut *conn)
-                        .await?;
-                // Ids are handed out in row order under the write lock.
-                chunk_ids.sort_unstable();
+                let mut events = sqlx::QueryBuilder::<$db>::new("INSERT INTO events (at, kind, account, key_after, weight) ");
+                events.push_values(chunk, |mut row, a| {
+                        row.push_bind(at)
+                            .push_bind("allocate")
+                            .push_bind(a.account.as_str())
+                            .push_bind(a.hash_key.to_be_bytes().to_vec())
+                            .push_bind(a.weight as i64);
+                    });
+                let chunk_ids = insert_events(conn, events).await?;
                 ids.extend(chunk_ids);
             }
             Ok(ids)

@@ -8,6 +8,20 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 super::queries::queries!(Sqlite);
 
+/// Runs a multi-row `INSERT INTO events` and answers the new ids in row order.
+///
+/// Under the write lock a statement's rows take consecutive ids, so the last one tells
+/// them all; asking for `RETURNING id` would send each id from sqlx's connection thread
+/// on its own, one hand-off per row.
+async fn insert_events(
+    conn: &mut Conn,
+    mut events: sqlx::QueryBuilder<'_, Sqlite>,
+) -> Result<Vec<i64>> {
+    let done = events.build().execute(&mut *conn).await?;
+    let (last, rows) = (done.last_insert_rowid(), done.rows_affected() as i64);
+    Ok((last - rows + 1..=last).collect())
+}
+
 /// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, stepping
 /// one statement through SQLite's C API (see [`raw_sqlite`](super::raw_sqlite) for why).
 ///
@@ -41,8 +55,20 @@ pub async fn scan_assignments(
     Ok(())
 }
 
+/// The connections to one SQLite file.
+///
+/// Write transactions take turns on one connection of their own: SQLite drops a
+/// connection's page cache whenever another connection has committed, so writes spread
+/// over a pool would read their pages back from the file on every transaction (a quarter
+/// of allocation throughput). Everything else reads through a few more.
+#[derive(Debug, Clone)]
+pub struct Pools {
+    pub writes: SqlitePool,
+    pub reads: SqlitePool,
+}
+
 /// Opens (creating if missing) the database file and runs the SQLite migrations.
-pub async fn connect(url: &str) -> Result<SqlitePool> {
+pub async fn connect(url: &str) -> Result<Pools> {
     let options = SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
@@ -61,20 +87,23 @@ pub async fn connect(url: &str) -> Result<SqlitePool> {
     .await
     .expect("lock task")
     .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
-    let pool = SqlitePoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options)
-        .await?;
-    sqlx::migrate!("migrations/sqlite").run(&pool).await?;
+    let pool = |connections| {
+        SqlitePoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options.clone())
+    };
+    let writes = pool(1).await?;
+    sqlx::migrate!("migrations/sqlite").run(&writes).await?;
+    let reads = pool(3).await?;
     drop(lock);
-    Ok(pool)
+    Ok(Pools { writes, reads })
 }
 
 /// A write transaction. `BEGIN IMMEDIATE` takes the database's write lock up front, so
 /// writers in other processes on the same file wait rather than interleave.
-pub async fn begin(pool: &SqlitePool) -> Result<Transaction<'static, Sqlite>> {
-    Ok(pool.begin_with("BEGIN IMMEDIATE").await?)
+pub async fn begin(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {
+    Ok(pools.writes.begin_with("BEGIN IMMEDIATE").await?)
 }
 
 /// Commits `tx`.
