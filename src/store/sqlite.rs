@@ -59,8 +59,8 @@ pub async fn scan_assignments(
 ///
 /// Write transactions take turns on one connection of their own: SQLite drops a
 /// connection's page cache whenever another connection has committed, so writes spread
-/// over a pool would read their pages back from the file on every transaction (a quarter
-/// of allocation throughput). Everything else reads through a few more.
+/// over a pool would read their pages back from the file on most transactions. Everything
+/// else reads through a few more.
 #[derive(Debug, Clone)]
 pub struct Pools {
     pub writes: SqlitePool,
