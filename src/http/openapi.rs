@@ -46,27 +46,33 @@ impl Modify for BearerAuth {
 /// body means here is "may be left out": keep it not required and describe it as plain `T`,
 /// which generated clients turn into an optional argument.
 pub fn optional_bodies(doc: &mut OpenApi) {
-    for item in doc.paths.paths.values_mut() {
-        let operations = [
-            &mut item.post,
-            &mut item.put,
-            &mut item.patch,
-            &mut item.delete,
-        ];
-        for operation in operations.into_iter().flatten() {
-            let Some(body) = operation.request_body.as_mut() else {
-                continue;
-            };
-            for content in body.content.values_mut() {
-                if let Some(RefOr::T(Schema::OneOf(one))) = &content.schema {
-                    let mut others = one.items.iter().filter(|s| !is_null(s));
-                    if let (Some(only), None) = (others.next(), others.next()) {
-                        content.schema = Some(only.clone());
-                    }
+    for operation in mutations(doc) {
+        let Some(body) = operation.request_body.as_mut() else {
+            continue;
+        };
+        for content in body.content.values_mut() {
+            if let Some(RefOr::T(Schema::OneOf(one))) = &content.schema {
+                let mut others = one.items.iter().filter(|s| !is_null(s));
+                if let (Some(only), None) = (others.next(), others.next()) {
+                    content.schema = Some(only.clone());
                 }
             }
         }
     }
+}
+
+/// Every operation that may change something: POST, PUT, PATCH and DELETE.
+fn mutations(doc: &mut OpenApi) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    doc.paths.paths.values_mut().flat_map(|item| {
+        [
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+    })
 }
 
 fn is_null(schema: &RefOr<Schema>) -> bool {
@@ -92,18 +98,10 @@ pub fn rate_limited_mutations(doc: &mut OpenApi) {
                 .build(),
         )
         .build();
-    for item in doc.paths.paths.values_mut() {
-        let operations = [
-            &mut item.post,
-            &mut item.put,
-            &mut item.patch,
-            &mut item.delete,
-        ];
-        for operation in operations.into_iter().flatten() {
-            operation
-                .responses
-                .responses
-                .insert("429".to_owned(), RefOr::T(too_many.clone()));
-        }
+    for operation in mutations(doc) {
+        operation
+            .responses
+            .responses
+            .insert("429".to_owned(), RefOr::T(too_many.clone()));
     }
 }
