@@ -22,6 +22,9 @@ const UP_MS: std::ops::Range<u64> = 600..1800;
 /// Load after the last restart, before the clients stop.
 const TAIL: Duration = Duration::from_secs(1);
 
+/// Where clients are sent while the server is down: a port nothing listens on.
+const NOWHERE: &str = "http://127.0.0.1:1";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_changes_survive_sigkill() {
     let seed = std::env::var("KEYSPREAD_CRASH_SEED")
@@ -54,6 +57,9 @@ async fn acknowledged_changes_survive_sigkill() {
         let up = UP_MS.start + rng.below(UP_MS.end - UP_MS.start);
         tokio::time::sleep(Duration::from_millis(up)).await;
         server.kill();
+        // Nothing may answer for the killed server: its port is free now, and another
+        // test's server could take it. Clients meet a closed port until the restart.
+        target.point_at(NOWHERE);
         let killed = Instant::now();
         server = Server::spawn(&url, &log);
         server.wait_ready(&target.client).await;
