@@ -74,7 +74,10 @@ pub async fn connect(url: &str) -> Result<Pools> {
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(5))
-        .foreign_keys(true);
+        .foreign_keys(true)
+        // A multi-row INSERT keeps a statement journal to undo itself on a conflict; in
+        // memory it costs a copy, on a temporary file a write per page.
+        .pragma("temp_store", "memory");
     // Processes starting together on one file would race to switch it to WAL mode (which
     // SQLite refuses at once rather than waiting) and to apply the first migration (sqlx's
     // SQLite migrator takes no lock). A file lock beside the database makes them take turns.
