@@ -8,7 +8,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
- && echo 'fn main() {}' > benches/tree.rs && echo 'fn main() {}' > benches/memory.rs \
+ && for bench in $(grep -A1 '^\[\[bench\]\]' Cargo.toml | sed -n 's/^name = "\(.*\)"$/\1/p'); do \
+      echo 'fn main() {}' > "benches/$bench.rs"; done \
  && cargo build --release --locked \
  && rm -rf src benches
 COPY src ./src
