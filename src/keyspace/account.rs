@@ -2,11 +2,17 @@
 
 use std::fmt;
 
+use compact_str::CompactString;
+
 use super::Error;
 
 /// 1..=256 bytes of UTF-8 without control characters; parsed at the edge, trusted inside.
+///
+/// Ids of up to 24 bytes (AWS account ids, most names) are kept inline: the registry's
+/// map compares a looked-up id with the stored one without following a pointer, and a
+/// million accounts take no million small allocations.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct AccountId(String);
+pub struct AccountId(CompactString);
 
 impl AccountId {
     pub const MAX_BYTES: usize = 256;
@@ -26,7 +32,7 @@ impl AccountId {
         if text == Self::RESERVED {
             return Err(Error::AccountReserved);
         }
-        Ok(AccountId(text))
+        Ok(AccountId(CompactString::from(text)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -34,7 +40,7 @@ impl AccountId {
     }
 
     pub fn into_string(self) -> String {
-        self.0
+        self.0.into_string()
     }
 }
 
