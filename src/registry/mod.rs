@@ -17,6 +17,7 @@ mod metrics;
 mod rebalance;
 mod streams;
 
+pub use follow::POLL;
 use metrics::Committed;
 pub use rebalance::MapSpec;
 pub use streams::{Stream, StreamChange};

@@ -1,7 +1,7 @@
 //! Postgres backend: many keyspread replicas share one database.
 //!
-//! Writers serialize on a transaction-scoped advisory lock and announce each commit on a
-//! channel that every replica listens to.
+//! Writers serialize on a transaction-scoped advisory lock; a trigger announces each
+//! commit that logged events on a channel that every replica listens to.
 
 use std::time::Duration;
 
@@ -10,19 +10,47 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 super::queries::queries!(Postgres);
 
-/// Runs a multi-row `INSERT INTO events` and answers the new ids in row order.
-async fn insert_events(
-    conn: &mut Conn,
-    mut events: sqlx::QueryBuilder<'_, Postgres>,
-) -> Result<Vec<i64>> {
-    let mut ids: Vec<i64> = events
-        .push(" RETURNING id")
-        .build_query_scalar()
-        .fetch_all(&mut *conn)
-        .await?;
-    // Ids are handed out in row order under the write lock.
-    ids.sort_unstable();
-    Ok(ids)
+/// Inserts new assignments and an `allocate` event each in one statement; answers the
+/// event ids in the order of `new`.
+///
+/// The rows travel as arrays, so the statement's text is the same for any number of
+/// rows: prepared once per connection, one round trip per call.
+pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
+    let accounts: Vec<&str> = new.iter().map(|a| a.account.as_str()).collect();
+    let keys: Vec<Vec<u8>> = new
+        .iter()
+        .map(|a| a.hash_key.to_be_bytes().to_vec())
+        .collect();
+    let weights: Vec<i64> = new.iter().map(|a| a.weight as i64).collect();
+    let created: Vec<i64> = new.iter().map(|a| a.created_at).collect();
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "WITH new AS ( \
+             SELECT * FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bigint[]) \
+                 WITH ORDINALITY AS n (account, hash_key, weight, created_at, position)), \
+         assigned AS ( \
+             INSERT INTO assignments (account, hash_key, weight, created_at) \
+             SELECT account, hash_key, weight, created_at FROM new ORDER BY position) \
+         INSERT INTO events (at, kind, account, key_after, weight) \
+         SELECT $5::bigint, 'allocate', account, hash_key, weight FROM new ORDER BY position \
+         RETURNING account, id",
+    )
+    .bind(&accounts)
+    .bind(&keys)
+    .bind(&weights)
+    .bind(&created)
+    .bind(at)
+    .fetch_all(&mut *conn)
+    .await?;
+    // Accounts are unique (the primary key): each returned row names its own.
+    let ids: std::collections::HashMap<String, i64> = rows.into_iter().collect();
+    accounts
+        .iter()
+        .map(|account| {
+            ids.get(*account).copied().ok_or_else(|| {
+                StoreError::Corrupt(format!("no event id came back for {account:?}"))
+            })
+        })
+        .collect()
 }
 
 /// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, paging
@@ -55,7 +83,7 @@ pub async fn scan_assignments(
 /// The advisory lock every write holds until it commits ("keyspread" in ASCII, as a key).
 const WRITE_LOCK: i64 = 0x6b65_7973_7072_6561;
 
-/// The channel commits are announced on.
+/// The channel commits are announced on, by the trigger migration 0003 creates.
 pub const CHANNEL: &str = "keyspread_events";
 
 /// Connects and runs the Postgres migrations (concurrent replicas migrate one at a time:
@@ -72,22 +100,24 @@ pub async fn connect(url: &str) -> Result<PgPool> {
     Ok(pool)
 }
 
-/// A write transaction holding the cluster-wide write lock.
+/// A write transaction holding the cluster-wide write lock: `BEGIN` and the lock go to
+/// the server together, one round trip.
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(WRITE_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
+    let begin = format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})");
+    Ok(pool.begin_with(begin).await?)
 }
 
-/// Announces the change to the other replicas and commits (the notice is delivered on
-/// commit, and only then).
-pub async fn commit(mut tx: Transaction<'static, Postgres>) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(CHANNEL)
-        .execute(&mut *tx)
-        .await?;
+/// Commits `tx`. The other replicas hear of it from the `events` trigger (migration
+/// 0003), on commit and only then.
+pub async fn commit(tx: Transaction<'static, Postgres>) -> Result<()> {
     Ok(tx.commit().await?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_trigger_announces_on_the_channel_replicas_listen_to() {
+        let migration = include_str!("../../migrations/postgres/0003_announce.sql");
+        assert!(migration.contains(&format!("pg_notify('{}', '')", super::CHANNEL)));
+    }
 }

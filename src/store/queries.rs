@@ -4,6 +4,9 @@
 //! `ON CONFLICT`); only the sqlx types differ, so `queries!` stamps out one copy of these
 //! functions per backend module. Each takes a plain connection (a pooled one or a
 //! transaction's) so the caller decides what runs inside which transaction.
+//!
+//! The one exception is `insert_many`, the allocation path's bulk insert: Postgres sends
+//! its rows as arrays, SQLite as a multi-row `VALUES`; each backend module has its own.
 
 /// Expands to the query functions over `$db` (an sqlx database type).
 macro_rules! queries {
@@ -82,35 +85,6 @@ macro_rules! queries {
                     )
                 })
                 .collect()
-        }
-
-        /// Inserts new assignments and an `allocate` event each, a few hundred rows per
-        /// statement; answers the event ids in the order of `new`.
-        pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
-            let mut ids = Vec::with_capacity(new.len());
-            for chunk in new.chunks(500) {
-                sqlx::QueryBuilder::<$db>::new("INSERT INTO assignments (account, hash_key, weight, created_at) ")
-                    .push_values(chunk, |mut row, a| {
-                        row.push_bind(a.account.as_str())
-                            .push_bind(a.hash_key.to_be_bytes().to_vec())
-                            .push_bind(a.weight as i64)
-                            .push_bind(a.created_at);
-                    })
-                    .build()
-                    .execute(&mut *conn)
-                    .await?;
-                let mut events = sqlx::QueryBuilder::<$db>::new("INSERT INTO events (at, kind, account, key_after, weight) ");
-                events.push_values(chunk, |mut row, a| {
-                        row.push_bind(at)
-                            .push_bind("allocate")
-                            .push_bind(a.account.as_str())
-                            .push_bind(a.hash_key.to_be_bytes().to_vec())
-                            .push_bind(a.weight as i64);
-                    });
-                let chunk_ids = insert_events(conn, events).await?;
-                ids.extend(chunk_ids);
-            }
-            Ok(ids)
         }
 
         pub async fn delete(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {

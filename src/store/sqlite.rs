@@ -8,18 +8,44 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 super::queries::queries!(Sqlite);
 
-/// Runs a multi-row `INSERT INTO events` and answers the new ids in row order.
+/// Inserts new assignments and an `allocate` event each, a few hundred rows per
+/// statement; answers the event ids in the order of `new`.
 ///
 /// Under the write lock a statement's rows take consecutive ids, so the last one tells
 /// them all; asking for `RETURNING id` would send each id from sqlx's connection thread
 /// on its own, one hand-off per row.
-async fn insert_events(
-    conn: &mut Conn,
-    mut events: sqlx::QueryBuilder<'_, Sqlite>,
-) -> Result<Vec<i64>> {
-    let done = events.build().execute(&mut *conn).await?;
-    let (last, rows) = (done.last_insert_rowid(), done.rows_affected() as i64);
-    Ok((last - rows + 1..=last).collect())
+pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
+    let mut ids = Vec::with_capacity(new.len());
+    for chunk in new.chunks(500) {
+        sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO assignments (account, hash_key, weight, created_at) ",
+        )
+        .push_values(chunk, |mut row, a| {
+            row.push_bind(a.account.as_str())
+                .push_bind(a.hash_key.to_be_bytes().to_vec())
+                .push_bind(a.weight as i64)
+                .push_bind(a.created_at);
+        })
+        .build()
+        .execute(&mut *conn)
+        .await?;
+        let done = sqlx::QueryBuilder::<Sqlite>::new(
+            "INSERT INTO events (at, kind, account, key_after, weight) ",
+        )
+        .push_values(chunk, |mut row, a| {
+            row.push_bind(at)
+                .push_bind("allocate")
+                .push_bind(a.account.as_str())
+                .push_bind(a.hash_key.to_be_bytes().to_vec())
+                .push_bind(a.weight as i64);
+        })
+        .build()
+        .execute(&mut *conn)
+        .await?;
+        let (last, rows) = (done.last_insert_rowid(), done.rows_affected() as i64);
+        ids.extend(last - rows + 1..=last);
+    }
+    Ok(ids)
 }
 
 /// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, stepping
