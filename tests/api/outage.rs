@@ -98,7 +98,13 @@ async fn lookups_survive_a_database_outage_and_readiness_recovers() {
         .and_then(|r| r.split('/').next())
         .unwrap()
         .to_owned();
-    let proxy = Proxy::start(host_port.clone()).await;
+    // The URL may leave the port to its default.
+    let upstream = if host_port.contains(':') {
+        host_port.clone()
+    } else {
+        format!("{host_port}:5432")
+    };
+    let proxy = Proxy::start(upstream).await;
     let through_proxy = db.url.replace(&host_port, &proxy.addr.to_string());
     let app = spawn_app_with(|c| c.database_url = through_proxy).await;
     let key = app.allocate("before").await;
