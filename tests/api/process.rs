@@ -10,24 +10,27 @@ use std::time::{Duration, Instant};
 pub struct Server {
     child: Option<Child>,
     log: PathBuf,
-    /// `http://127.0.0.1:PORT`.
+    /// Where this process's lines start in `log`.
+    log_from: u64,
+    /// `http://127.0.0.1:PORT`, known once [`Server::wait_ready`] has returned.
     pub url: String,
 }
 
 impl Server {
-    /// Starts `keyspread serve` on a free loopback port over `database_url`, appending its
-    /// log to `log` (restarts share one file).
+    /// Starts `keyspread serve` on a port the system picks (so no other test can take it
+    /// between choosing and binding) over `database_url`, appending its log to `log`
+    /// (restarts share one file). [`Server::wait_ready`] learns the port from the log.
     pub fn spawn(database_url: &str, log: &Path) -> Server {
-        let port = free_port();
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("open the server log");
+        let log_from = stderr.metadata().expect("the server log's size").len();
         let child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
             .arg("serve")
             .env("DATABASE_URL", database_url)
-            .env("KEYSPREAD_LISTEN", format!("127.0.0.1:{port}"))
+            .env("KEYSPREAD_LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", "info,sqlx=warn,tower_http=warn")
             // Every client here is on loopback, one address: no per-client limit.
             .env("KEYSPREAD_MUTATION_RATE", "0")
@@ -42,29 +45,50 @@ impl Server {
         Server {
             child: Some(child),
             log: log.to_owned(),
-            url: format!("http://127.0.0.1:{port}"),
+            log_from,
+            url: String::new(),
         }
     }
 
-    /// Waits until `/readyz` answers 200; panics if the process exits first or after 30 s.
+    /// Waits until the server says where it listens and `/readyz` there answers 200;
+    /// panics if the process exits first or after 30 s.
     pub async fn wait_ready(&mut self, client: &reqwest::Client) {
         let started = Instant::now();
         loop {
-            let ready = client.get(format!("{}/readyz", self.url)).send().await;
-            if ready.is_ok_and(|r| r.status() == 200) {
-                return;
+            if self.url.is_empty()
+                && let Some(addr) = self.listening_on()
+            {
+                self.url = format!("http://{addr}");
+            }
+            if !self.url.is_empty() {
+                let ready = client.get(format!("{}/readyz", self.url)).send().await;
+                if ready.is_ok_and(|r| r.status() == 200) {
+                    return;
+                }
             }
             let child = self.child.as_mut().expect("a running server");
             if let Some(exit) = child.try_wait().unwrap() {
-                panic!("{} exited before it was ready: {exit}", self.url);
+                panic!("the server exited before it was ready: {exit}");
             }
             assert!(
                 started.elapsed() < Duration::from_secs(30),
-                "{} not ready after 30 s",
-                self.url
+                "the server was not ready after 30 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The address in this process's `listening addr=...` log line, once written.
+    fn listening_on(&self) -> Option<String> {
+        let text = std::fs::read(&self.log).ok()?;
+        let ours = String::from_utf8_lossy(text.get(self.log_from as usize..)?).into_owned();
+        let line = ours.lines().find(|l| l.contains(" listening addr="))?;
+        let addr = line
+            .split(" listening addr=")
+            .nth(1)?
+            .split_whitespace()
+            .next()?;
+        Some(addr.to_owned())
     }
 
     /// Kills the process with SIGKILL (no shutdown of any kind) and reaps it.
@@ -86,12 +110,6 @@ impl Drop for Server {
             tail.iter().rev().for_each(|line| eprintln!("{line}"));
         }
     }
-}
-
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// xorshift64*: cheap, seedable, and random enough to mix operations.

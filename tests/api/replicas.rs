@@ -66,16 +66,17 @@ async fn start(database_url: &str, dir: &Path) -> (Vec<Server>, Api) {
     let mut replicas: Vec<Server> = (0..REPLICAS)
         .map(|i| Server::spawn(database_url, &dir.join(format!("replica-{i}.log"))))
         .collect();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    for replica in &mut replicas {
+        replica.wait_ready(&client).await;
+    }
     let api = Api {
-        client: reqwest::Client::builder()
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap(),
+        client,
         urls: Arc::new(replicas.iter().map(|r| r.url.clone()).collect()),
     };
-    for replica in &mut replicas {
-        replica.wait_ready(&api.client).await;
-    }
     (replicas, api)
 }
 
