@@ -150,8 +150,6 @@ pub struct BatchAnswer {
     request_body = BatchRequest,
     responses(
         (status = 200, description = "Every account's assignment, committed together", body = BatchAnswer),
-        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 4 MiB", body = Problem, content_type = "application/problem+json"),
@@ -214,8 +212,6 @@ async fn allocate_batch(
         (status = 201, description = "New assignment, committed", body = Assignment),
         (status = 200, description = "The account already had this assignment", body = Assignment),
         (status = 400, description = "Invalid account id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
@@ -307,8 +303,6 @@ fn etag(a: &store::Assignment) -> HeaderValue {
     responses(
         (status = 200, description = "The updated assignment", body = Assignment),
         (status = 400, description = "Invalid account id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
@@ -333,8 +327,6 @@ async fn reweight(
     responses(
         (status = 204, description = "Released; the key may be handed out again"),
         (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))

@@ -59,7 +59,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(metrics::router().layer(small()))
         .merge(events::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
-    openapi::rate_limited_mutations(api.get_openapi_mut());
+    openapi::guarded_mutations(api.get_openapi_mut());
     api
 }
 

@@ -79,9 +79,22 @@ fn is_null(schema: &RefOr<Schema>) -> bool {
     matches!(schema, RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null))
 }
 
-/// Every mutation may be refused 429 by the per-client rate limit: said once, here, for all.
-pub fn rate_limited_mutations(doc: &mut OpenApi) {
+/// What every mutation may answer besides its own responses, said once, here, for all:
+/// 401 and 403 from the token check (`middleware::guard_mutations`), 429 from the
+/// per-client rate limit.
+pub fn guarded_mutations(doc: &mut OpenApi) {
     use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
+    let problem = || {
+        ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("Problem")))
+            .build()
+    };
+    let refused = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(PROBLEM_JSON, problem())
+            .build()
+    };
     let too_many = ResponseBuilder::new()
         .description("Too many mutations from this client; retry after the given seconds")
         .header(
@@ -91,17 +104,22 @@ pub fn rate_limited_mutations(doc: &mut OpenApi) {
                 .description(Some("Seconds to wait before trying again"))
                 .build(),
         )
-        .content(
-            PROBLEM_JSON,
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("Problem")))
-                .build(),
-        )
+        .content(PROBLEM_JSON, problem())
         .build();
+    let guards = [
+        ("401", refused("Token missing or wrong")),
+        (
+            "403",
+            refused("No token configured and the client is not local"),
+        ),
+        ("429", too_many),
+    ];
     for operation in mutations(doc) {
-        operation
-            .responses
-            .responses
-            .insert("429".to_owned(), RefOr::T(too_many.clone()));
+        for (status, response) in &guards {
+            operation
+                .responses
+                .responses
+                .insert((*status).to_owned(), RefOr::T(response.clone()));
+        }
     }
 }

@@ -101,8 +101,6 @@ async fn preview(
     request_body = ApplyRequest,
     responses(
         (status = 200, description = "The moves applied", body = RebalancePlan),
-        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The plan's stream is no longer registered", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Assignments or the map changed since the preview", body = Problem, content_type = "application/problem+json"),

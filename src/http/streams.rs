@@ -172,8 +172,6 @@ async fn list_streams(State(state): State<AppState>) -> Json<Vec<StreamBody>> {
         (status = 201, description = "Registered", body = StreamChange),
         (status = 200, description = "Replaced; `before` shows the old map's balance", body = StreamChange),
         (status = 400, description = "Invalid stream name, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not list-shards output, or the open shards do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
     ),
@@ -257,8 +255,6 @@ async fn get_stream(
     params(StreamPath),
     responses(
         (status = 204, description = "Forgotten; if it was primary, new keys use the plain walk"),
-        (status = 401, description = "Token missing or wrong", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "No token configured and the client is not local", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
