@@ -121,8 +121,9 @@ fn judge_account(
                 if kept {
                     v.found += 1;
                 } else {
-                    v.problems
-                        .push(format!("{account}: acknowledged key {k} is not in the log"));
+                    v.problems.push(format!(
+                        "{account}: acknowledged key {k} is not in the log: {logged:?}"
+                    ));
                 }
                 if deciding && !attempted_after(i, true) {
                     let expected = current_key(logged, k).map(|key| (key, weight));
