@@ -53,6 +53,27 @@ impl From<store::Assignment> for Assignment {
     }
 }
 
+/// [`Assignment`]'s JSON, borrowed from the registry's value rather than copied into
+/// strings: the lookup route answers one on every request.
+#[derive(Debug, Serialize)]
+struct AssignmentRef<'a> {
+    account: &'a str,
+    hash_key: HashKey,
+    weight: u64,
+    created_at: super::Timestamp,
+}
+
+impl<'a> From<&'a store::Assignment> for AssignmentRef<'a> {
+    fn from(a: &'a store::Assignment) -> Self {
+        AssignmentRef {
+            account: a.account.as_str(),
+            hash_key: a.hash_key,
+            weight: a.weight,
+            created_at: super::Timestamp(a.created_at),
+        }
+    }
+}
+
 /// Optional settings for a new assignment.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -271,7 +292,7 @@ async fn lookup(
     Ok(if fresh {
         (StatusCode::NOT_MODIFIED, validators).into_response()
     } else {
-        (validators, Json(Assignment::from(a))).into_response()
+        (validators, Json(AssignmentRef::from(&a))).into_response()
     })
 }
 
@@ -373,4 +394,29 @@ async fn list(
         items: rows.into_iter().map(Assignment::from).collect(),
         next,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn lookups_answer_the_same_json_as_the_assignment_type(
+            account in "\\PC{1,40}",
+            key: u128,
+            weight in 1u64..=1_000_000,
+            created_at in -100_000_000_000_000i64..300_000_000_000_000,
+        ) {
+            let Ok(account) = AccountId::parse(account) else {
+                return Ok(());
+            };
+            let a = store::Assignment { account, hash_key: HashKey(key), weight, created_at };
+            prop_assert_eq!(
+                serde_json::to_string(&AssignmentRef::from(&a)).unwrap(),
+                serde_json::to_string(&Assignment::from(a)).unwrap()
+            );
+        }
+    }
 }

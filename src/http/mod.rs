@@ -77,47 +77,66 @@ impl HttpMetrics {
 
 /// Unix milliseconds as RFC 3339 in UTC, such as `2026-11-21T22:42:19.12Z`: the fraction
 /// only when it is not zero, without trailing zeros (as the `time` crate writes it).
-/// Written by hand for years 1970 to 9999, since every lookup answer carries one.
 fn timestamp(ms: i64) -> String {
-    const YEAR_10000: i64 = 253_402_300_800_000;
-    if !(0..YEAR_10000).contains(&ms) {
-        use time::format_description::well_known::Rfc3339;
-        return time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
-            .format(&Rfc3339)
-            .unwrap_or_default();
-    }
-    let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
-    let (year, month, day) = civil_from_days(days);
-    let seconds = ms_of_day / 1000;
-    let mut text = String::with_capacity(24);
-    let mut push = |value: i64, width: u32, then: char| {
-        for place in (0..width).rev() {
-            let digit = (value / 10_i64.pow(place)) % 10;
-            text.push(char::from(b'0' + digit as u8));
+    Timestamp(ms).to_string()
+}
+
+/// Unix milliseconds, displayed as [`timestamp`] writes them. Written by hand for years
+/// 1970 to 9999 (into the formatter, no allocation), since every lookup answer carries
+/// one.
+#[derive(Debug, Clone, Copy)]
+struct Timestamp(i64);
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const YEAR_10000: i64 = 253_402_300_800_000;
+        let ms = self.0;
+        if !(0..YEAR_10000).contains(&ms) {
+            use time::format_description::well_known::Rfc3339;
+            let text = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+                .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+                .format(&Rfc3339)
+                .unwrap_or_default();
+            return f.write_str(&text);
         }
-        text.push(then);
-    };
-    push(year, 4, '-');
-    push(month, 2, '-');
-    push(day, 2, 'T');
-    push(seconds / 3600, 2, ':');
-    push(seconds / 60 % 60, 2, ':');
-    push(seconds % 60, 2, '.');
-    let mut fraction = ms_of_day % 1000;
-    if fraction == 0 {
-        text.pop();
-    } else {
-        let mut width = 3;
-        while fraction % 10 == 0 {
-            fraction /= 10;
-            width -= 1;
+        let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
+        let (year, month, day) = civil_from_days(days);
+        let seconds = ms_of_day / 1000;
+        let mut text = [0u8; 24];
+        let mut at = 0;
+        let mut push = |value: i64, width: u32, then: u8| {
+            for place in (0..width).rev() {
+                text[at] = b'0' + ((value / 10_i64.pow(place)) % 10) as u8;
+                at += 1;
+            }
+            text[at] = then;
+            at += 1;
+        };
+        push(year, 4, b'-');
+        push(month, 2, b'-');
+        push(day, 2, b'T');
+        push(seconds / 3600, 2, b':');
+        push(seconds / 60 % 60, 2, b':');
+        let mut fraction = ms_of_day % 1000;
+        if fraction == 0 {
+            push(seconds % 60, 2, b'Z');
+        } else {
+            push(seconds % 60, 2, b'.');
+            let mut width = 3;
+            while fraction % 10 == 0 {
+                fraction /= 10;
+                width -= 1;
+            }
+            push(fraction, width, b'Z');
         }
-        push(fraction, width, 'Z');
-        return text;
+        f.write_str(std::str::from_utf8(&text[..at]).expect("ASCII digits and separators"))
     }
-    text.push('Z');
-    text
+}
+
+impl serde::Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 /// Year, month and day of a count of days since 1970-01-01 (Howard Hinnant's algorithm).
