@@ -107,11 +107,12 @@ async fn acknowledged_changes_survive_sigkill() {
         sum(|r| r.stale_plans),
     );
     println!(
-        "{backend}: acknowledged allocations {}, found {}, lost {}, duplicates {}, \
+        "{backend}: acknowledged allocations {}, found {} ({} moved since), lost {}, duplicates {}, \
          acknowledged releases {}, moves {} ({} acknowledged), kills {KILLS}; \
          {} accounts held, {} events, {:.1?} in all",
         v.acked_allocations,
         v.found,
+        v.found_moved,
         v.lost,
         v.duplicates,
         v.acked_releases,

@@ -20,6 +20,9 @@ pub struct Verdict {
     pub acked_allocations: u64,
     /// Acknowledged allocations found in the log as the account's, with exactly that key.
     pub found: u64,
+    /// Of `found`: retried allocations answered with the key a rebalance had moved the
+    /// account to after the first attempt committed (its answer lost in a kill).
+    pub found_moved: u64,
     /// Acknowledged allocations missing from the log, or undone without a later release.
     pub lost: u64,
     /// Keys held twice, accounts holding two keys.
@@ -117,9 +120,16 @@ fn judge_account(
                 key: Some(k),
             } => {
                 v.acked_allocations += 1;
-                let mut kept = logged.contains(&Logged::Allocate(k));
+                // The key allocated, or, when a retry found the allocation already made
+                // (its first answer lost in a kill), the key a rebalance moved it to since.
+                let mut kept = logged
+                    .iter()
+                    .any(|e| matches!(*e, Logged::Allocate(x) | Logged::Move(_, x) if x == k));
                 if kept {
                     v.found += 1;
+                    if !logged.contains(&Logged::Allocate(k)) {
+                        v.found_moved += 1;
+                    }
                 } else {
                     v.problems.push(format!(
                         "{account}: acknowledged key {k} is not in the log: {logged:?}"
@@ -152,21 +162,82 @@ fn judge_account(
     }
 }
 
-/// The key an allocation of `k` holds now: `k` moved by the logged moves after the
-/// account's last allocation, which must be of `k` and never released.
+/// The key an allocation acknowledged as `k` holds now: the account's last allocation
+/// moved by the logged moves after it, never released, with `k` on that path (a retried
+/// allocation is answered the key it holds by then).
 fn current_key(logged: &[Logged], k: u128) -> Option<u128> {
     let start = logged
         .iter()
         .rposition(|e| matches!(e, Logged::Allocate(_)))?;
-    if logged[start] != Logged::Allocate(k) {
-        return None;
-    }
-    let mut current = k;
+    let Logged::Allocate(mut current) = logged[start] else {
+        unreachable!("found as an allocation")
+    };
+    let mut on_path = current == k;
     for entry in &logged[start + 1..] {
         match *entry {
             Logged::Move(from, to) if from == current => current = to,
             _ => return None,
         }
+        on_path |= current == k;
     }
-    Some(current)
+    on_path.then_some(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: u128 = 1 << 100;
+    const B: u128 = 2 << 100;
+    const MOVED: u128 = 3 << 100;
+
+    fn judged(ops: &[Op], logged: &[Logged], row: Option<(u128, i64)>) -> Verdict {
+        let mut v = Verdict::default();
+        judge_account(&mut v, "acct", ops, logged, row.as_ref());
+        v
+    }
+
+    /// A retried allocation found its first attempt committed and answered the key a
+    /// rebalance had moved it to since (seen in a run: allocate, release, allocate, move,
+    /// release).
+    #[test]
+    fn a_retry_may_be_answered_the_key_a_rebalance_moved_it_to() {
+        let ops = [
+            Op::Allocate {
+                weight: 1,
+                key: Some(MOVED),
+            },
+            Op::Release { acked: true },
+        ];
+        let logged = [
+            Logged::Allocate(A),
+            Logged::Release,
+            Logged::Allocate(B),
+            Logged::Move(B, MOVED),
+            Logged::Release,
+        ];
+        let v = judged(&ops, &logged, None);
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+        assert_eq!((v.found, v.found_moved, v.lost), (1, 1, 0));
+        // Still held: the table must have the moved key.
+        let ops = [Op::Allocate {
+            weight: 1,
+            key: Some(MOVED),
+        }];
+        let held = &logged[..4];
+        assert!(judged(&ops, held, Some((MOVED, 1))).problems.is_empty());
+        assert_eq!(judged(&ops, held, Some((B, 1))).lost, 1);
+    }
+
+    #[test]
+    fn an_acknowledged_key_nowhere_in_the_log_is_lost() {
+        let ops = [Op::Allocate {
+            weight: 1,
+            key: Some(MOVED),
+        }];
+        let logged = [Logged::Allocate(A), Logged::Move(A, B)];
+        let v = judged(&ops, &logged, Some((B, 1)));
+        assert_eq!(v.lost, 1);
+        assert_eq!(v.problems.len(), 2, "{:?}", v.problems);
+    }
 }
