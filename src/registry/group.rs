@@ -1,31 +1,65 @@
-//! Group commit: single allocations that arrive together share one transaction, so one
-//! disk sync acknowledges them all. Every answer still waits for its own commit.
+//! Group commit: single allocations that arrive together share one transaction, and so do
+//! single releases, so one disk sync acknowledges them all. Every answer still waits for
+//! its own commit.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Weak};
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Allocated, Error, NewAccount, Registry};
+use crate::keyspace::AccountId;
+use crate::store::Assignment;
 
-/// Most allocations one transaction takes.
+/// Most changes one transaction takes.
 const MAX_GROUP: usize = 256;
 
-/// An allocation waiting for the next group.
-pub(super) struct Pending {
-    request: NewAccount,
-    reply: oneshot::Sender<Result<Allocated, Error>>,
+/// A change waiting for the next group of its kind, and where its answer goes.
+pub(super) struct Pending<R, A> {
+    request: R,
+    reply: oneshot::Sender<Result<A, Error>>,
+}
+
+/// The queues single changes wait in.
+#[derive(Debug)]
+pub(super) struct Queues {
+    allocations: mpsc::Sender<Pending<NewAccount, Allocated>>,
+    releases: mpsc::Sender<Pending<AccountId, Assignment>>,
 }
 
 impl Registry {
-    /// Starts the task that commits queued allocations in groups.
-    pub(super) fn start_group_commit(self: &Arc<Self>) -> mpsc::Sender<Pending> {
-        let (queue, mut waiting) = mpsc::channel::<Pending>(4 * MAX_GROUP);
+    /// Starts the tasks that commit queued allocations and releases in groups.
+    pub(super) fn start_group_commit(self: &Arc<Self>) -> Queues {
+        Queues {
+            allocations: self.start_grouping("allocation", |registry, group| async move {
+                registry.commit_allocations(group).await
+            }),
+            releases: self.start_grouping("release", |registry, group| async move {
+                registry.commit_releases(group).await
+            }),
+        }
+    }
+
+    /// Starts a task that gathers what arrives on a queue into groups and hands each
+    /// group to `commit`, one group at a time.
+    fn start_grouping<R, A, F, Fut>(
+        self: &Arc<Self>,
+        kind: &'static str,
+        commit: F,
+    ) -> mpsc::Sender<Pending<R, A>>
+    where
+        R: Send + 'static,
+        A: Send + 'static,
+        F: Fn(Arc<Registry>, Vec<Pending<R, A>>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let (queue, mut waiting) = mpsc::channel::<Pending<R, A>>(4 * MAX_GROUP);
         let registry: Weak<Registry> = Arc::downgrade(self);
         tokio::spawn(async move {
             while let Some(first) = waiting.recv().await {
                 let mut group = vec![first];
-                // Allocations sent together reach this queue one request at a time, as the
+                // Changes sent together reach this queue one request at a time, as the
                 // server reads them: let the ones already read arrive before committing, or
                 // a busy server alternates between a group of one and a group of the rest.
                 // Each yield lets ready requests run; a round that brings none ends the wait.
@@ -46,11 +80,12 @@ impl Registry {
                     return;
                 };
                 let (size, started) = (group.len(), std::time::Instant::now());
-                registry.commit_group(group).await;
+                commit(registry, group).await;
                 tracing::debug!(
+                    kind,
                     size,
                     elapsed_us = started.elapsed().as_micros() as u64,
-                    "allocation group committed"
+                    "group committed"
                 );
             }
         });
@@ -59,30 +94,19 @@ impl Registry {
 
     /// Queues one allocation for the next group and waits for its commit.
     pub(super) async fn allocate_in_group(&self, request: NewAccount) -> Result<Allocated, Error> {
-        let (reply, answer) = oneshot::channel();
-        let queue = self.group.get().expect("group commit started in open");
-        queue
-            .send(Pending { request, reply })
-            .await
-            .map_err(|_| Error::Unavailable)?;
-        answer.await.map_err(|_| Error::Unavailable)?
+        let queues = self.group.get().expect("group commit started in open");
+        wait_in(&queues.allocations, request).await
     }
 
-    async fn commit_group(self: &Arc<Self>, group: Vec<Pending>) {
+    /// Queues one release for the next group and waits for its commit.
+    pub(super) async fn release_in_group(&self, account: AccountId) -> Result<Assignment, Error> {
+        let queues = self.group.get().expect("group commit started in open");
+        wait_in(&queues.releases, account).await
+    }
+
+    async fn commit_allocations(self: &Arc<Self>, group: Vec<Pending<NewAccount, Allocated>>) {
         // One request per account; a second ask for the same account shares the answer.
-        let mut requests: Vec<NewAccount> = Vec::with_capacity(group.len());
-        let mut replies: Vec<Vec<oneshot::Sender<Result<Allocated, Error>>>> = Vec::new();
-        let mut position: HashMap<_, usize> = HashMap::new();
-        for Pending { request, reply } in group {
-            match position.get(&request.account) {
-                Some(&i) => replies[i].push(reply),
-                None => {
-                    position.insert(request.account.clone(), requests.len());
-                    requests.push(request);
-                    replies.push(vec![reply]);
-                }
-            }
-        }
+        let (requests, replies) = by_account(group, |r| &r.account);
         let single = requests.len() == 1 && replies[0].len() == 1;
         match self.allocate_many(requests.clone()).await {
             Ok(answers) => {
@@ -102,13 +126,7 @@ impl Registry {
                     }
                 }
             }
-            Err(err) if single => {
-                let _ = replies
-                    .pop()
-                    .and_then(|mut s| s.pop())
-                    .expect("one sender")
-                    .send(Err(err));
-            }
+            Err(err) if single => send_only(replies, Err(err)),
             // One bad request (the keyspace full, say) must not fail the others: each
             // one again on its own, so every caller gets its own answer.
             Err(_) => {
@@ -124,6 +142,78 @@ impl Registry {
             }
         }
     }
+
+    async fn commit_releases(self: &Arc<Self>, group: Vec<Pending<AccountId, Assignment>>) {
+        // A second release of the same account in the group comes after the first, as
+        // if one by one: it finds nothing to release.
+        let (accounts, replies) = by_account(group, |account| account);
+        let single = accounts.len() == 1 && replies[0].len() == 1;
+        match self.release_many(accounts.clone()).await {
+            Ok(answers) => {
+                for ((answer, senders), account) in answers.into_iter().zip(replies).zip(accounts) {
+                    let mut senders = senders.into_iter();
+                    let _ = senders.next().expect("one sender at least").send(answer);
+                    for later in senders {
+                        let _ = later.send(Err(Error::NotFound(account.clone())));
+                    }
+                }
+            }
+            Err(err) if single => send_only(replies, Err(err)),
+            // The database failing one release (a row changed by another writer, say)
+            // must not fail the others: each one again on its own.
+            Err(_) => {
+                for (account, senders) in accounts.into_iter().zip(replies) {
+                    for reply in senders {
+                        let answer = match self.release_many(vec![account.clone()]).await {
+                            Ok(mut answers) => answers.pop().expect("one answer"),
+                            Err(err) => Err(err),
+                        };
+                        let _ = reply.send(answer);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends `request` down `queue` and waits for its answer.
+async fn wait_in<R, A>(queue: &mpsc::Sender<Pending<R, A>>, request: R) -> Result<A, Error> {
+    let (reply, answer) = oneshot::channel();
+    queue
+        .send(Pending { request, reply })
+        .await
+        .map_err(|_| Error::Unavailable)?;
+    answer.await.map_err(|_| Error::Unavailable)?
+}
+
+type Replies<A> = Vec<Vec<oneshot::Sender<Result<A, Error>>>>;
+
+/// The group's requests with one per account (the first), each with every reply that
+/// waits on that account, in arrival order.
+fn by_account<R, A>(
+    group: Vec<Pending<R, A>>,
+    account: impl Fn(&R) -> &AccountId,
+) -> (Vec<R>, Replies<A>) {
+    let mut requests: Vec<R> = Vec::with_capacity(group.len());
+    let mut replies: Replies<A> = Vec::new();
+    let mut position: HashMap<AccountId, usize> = HashMap::new();
+    for Pending { request, reply } in group {
+        match position.get(account(&request)) {
+            Some(&i) => replies[i].push(reply),
+            None => {
+                position.insert(account(&request).clone(), requests.len());
+                requests.push(request);
+                replies.push(vec![reply]);
+            }
+        }
+    }
+    (requests, replies)
+}
+
+/// Answers the group's only request.
+fn send_only<A>(mut replies: Replies<A>, answer: Result<A, Error>) {
+    let reply = replies.pop().and_then(|mut s| s.pop()).expect("one sender");
+    let _ = reply.send(answer);
 }
 
 #[cfg(test)]
@@ -132,19 +222,27 @@ mod tests {
     use crate::keyspace::{AccountId, Keyspace};
     use crate::store::Store;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_allocations_share_transactions() {
+    async fn open() -> (tempfile::TempDir, Store, Arc<Registry>) {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("k.db").display());
         let store = Store::connect(&url).await.unwrap();
         let registry = Registry::open(store.clone(), Keyspace::KINESIS, None)
             .await
             .unwrap();
+        (dir, store, registry)
+    }
+
+    fn account(i: usize) -> AccountId {
+        AccountId::parse(format!("acct-{i}")).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_allocations_share_transactions() {
+        let (_dir, store, registry) = open().await;
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..64 {
             let registry = Arc::clone(&registry);
-            let account = AccountId::parse(format!("acct-{i}")).unwrap();
-            tasks.spawn(async move { registry.allocate(account, 1).await });
+            tasks.spawn(async move { registry.allocate(account(i), 1).await });
         }
         while let Some(answer) = tasks.join_next().await {
             assert!(matches!(answer.unwrap(), Ok(Allocated::Created(_))));
@@ -152,7 +250,58 @@ mod tests {
         // 64 allocations queued at once take far fewer than 64 transactions.
         let events = store.events_after(0, 1000).await.unwrap();
         assert_eq!(events.len(), 64);
-        let groups = registry.allocation_groups();
-        assert!(groups < 16, "{groups} transactions for 64 allocations");
+        let transactions = registry.transactions();
+        assert!(
+            transactions < 16,
+            "{transactions} transactions for 64 allocations"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_releases_share_transactions_and_each_gets_its_answer() {
+        let (_dir, store, registry) = open().await;
+        let mut keys = HashMap::new();
+        for i in 0..64 {
+            let Allocated::Created(a) = registry.allocate(account(i), 1).await.unwrap() else {
+                panic!("acct-{i} existed");
+            };
+            keys.insert(a.account, a.hash_key);
+        }
+        let before = registry.transactions();
+        // Every account released once, acct-0 twice, and one that never had a key.
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in (0..64).chain([0, 1000]) {
+            let registry = Arc::clone(&registry);
+            tasks.spawn(async move { (i, registry.release(account(i)).await) });
+        }
+        let (mut released, mut not_found) = (Vec::new(), Vec::new());
+        while let Some(answer) = tasks.join_next().await {
+            match answer.unwrap() {
+                (_, Ok(a)) => {
+                    assert_eq!(Some(&a.hash_key), keys.get(&a.account), "{}", a.account);
+                    released.push(a.account);
+                }
+                (i, Err(Error::NotFound(a))) => {
+                    assert_eq!(a, account(i));
+                    not_found.push(i);
+                }
+                (i, Err(err)) => panic!("acct-{i}: {err}"),
+            }
+        }
+        released.sort();
+        released.dedup();
+        not_found.sort();
+        assert_eq!(released.len(), 64, "every account released once");
+        assert_eq!(not_found, [0, 1000], "the second release and the stranger");
+        let transactions = registry.transactions() - before;
+        assert!(
+            transactions < 16,
+            "{transactions} transactions for 64 releases"
+        );
+        // Committed, in the database and in memory.
+        assert!(store.list(None, 100).await.unwrap().is_empty());
+        assert!(registry.lookup("acct-5").is_none());
+        let events = store.events_after(0, 1000).await.unwrap();
+        assert_eq!(events.len(), 128);
     }
 }

@@ -26,7 +26,7 @@ pub struct Metrics {
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Committed {
     Allocations(usize),
-    Release,
+    Releases(usize),
     Reweight,
     Moves(usize),
     Stream,
@@ -51,12 +51,17 @@ impl Registry {
         let m = &self.metrics;
         match what {
             Committed::Allocations(n) => m.allocations.add(n as u64),
-            Committed::Release => m.releases.add(1),
+            Committed::Releases(n) => m.releases.add(n as u64),
             Committed::Reweight => m.reweights.add(1),
             Committed::Moves(n) => m.moves.add(n as u64),
             Committed::Stream => {}
         }
         Ok(())
+    }
+
+    /// Write transactions this process has committed, or tried to.
+    pub fn transactions(&self) -> u64 {
+        self.metrics.commits.count()
     }
 
     /// Records that event `id` is applied to memory.

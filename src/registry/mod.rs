@@ -104,10 +104,8 @@ pub struct Registry {
     accounts: RwLock<Accounts>,
     streams: RwLock<BTreeMap<String, Stream>>,
     writer: tokio::sync::Mutex<Writer>,
-    /// Transactions that allocated (each commits a group of one or more accounts).
-    allocation_groups: std::sync::atomic::AtomicU64,
-    /// Where single allocations queue for group commit.
-    group: std::sync::OnceLock<tokio::sync::mpsc::Sender<group::Pending>>,
+    /// Where single allocations and releases queue for group commit.
+    group: std::sync::OnceLock<group::Queues>,
     metrics: metrics::Metrics,
 }
 
@@ -184,15 +182,14 @@ impl Registry {
                 pending_primary: None,
                 tx_started: None,
             }),
-            allocation_groups: Default::default(),
             group: std::sync::OnceLock::new(),
             metrics: Default::default(),
         });
         let w = registry.writer.lock().await;
         registry.count_applied(&w, last_event);
         drop(w);
-        let queue = registry.start_group_commit();
-        registry.group.set(queue).expect("set once");
+        let queues = registry.start_group_commit();
+        registry.group.set(queues).expect("set once");
         registry.reload_streams(&mut *registry.writer.lock().await, streams)?;
         registry.choose_primary(primary).await?;
         Ok(registry)
@@ -227,12 +224,6 @@ impl Registry {
             }),
             None => Err(account),
         }
-    }
-
-    /// How many transactions have allocated keys since start-up.
-    pub fn allocation_groups(&self) -> u64 {
-        self.allocation_groups
-            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether some account holds `key`.
@@ -325,8 +316,6 @@ impl Registry {
             let ids = tx.insert_many(&new, now).await?;
             this.commit(&mut w, tx, Committed::Allocations(new.len()))
                 .await?;
-            this.allocation_groups
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             for (id, a) in ids.into_iter().zip(new) {
                 let change = Change::Allocate {
                     account: a.account,
@@ -348,23 +337,51 @@ impl Registry {
     }
 
     /// Frees `account`'s hash key.
+    ///
+    /// Whether it has one is decided in the write transaction, after catching up with the
+    /// other writers: an account another replica just allocated is found.
     pub async fn release(self: &Arc<Self>, account: AccountId) -> Result<Assignment, Error> {
+        self.release_in_group(account).await
+    }
+
+    /// Frees each account's hash key in one transaction; answers each account's released
+    /// assignment, or that it had none. Accounts must be distinct.
+    pub(super) async fn release_many(
+        self: &Arc<Self>,
+        accounts: Vec<AccountId>,
+    ) -> Result<Vec<Result<Assignment, Error>>, Error> {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
             let mut tx = this.begin(&mut w).await?;
-            let a = this
-                .lookup(account.as_str())
-                .ok_or(Error::NotFound(account))?;
             let at = now_ms();
-            let id = tx.delete(&a, at).await?;
-            this.commit(&mut w, tx, Committed::Release).await?;
-            let change = Change::Release {
-                account: a.account.clone(),
-                key: a.hash_key,
-            };
-            this.apply_event(&mut w, Event { id, at, change })?;
-            Ok(a)
+            let mut answers = Vec::with_capacity(accounts.len());
+            let mut gone = Vec::new();
+            for account in accounts {
+                match this.lookup(account.as_str()) {
+                    Some(a) => {
+                        answers.push(Ok(a.clone()));
+                        gone.push((0, a));
+                    }
+                    None => answers.push(Err(Error::NotFound(account))),
+                }
+            }
+            if gone.is_empty() {
+                return Ok(answers);
+            }
+            for (id, a) in &mut gone {
+                *id = tx.delete(a, at).await?;
+            }
+            this.commit(&mut w, tx, Committed::Releases(gone.len()))
+                .await?;
+            for (id, a) in gone {
+                let change = Change::Release {
+                    account: a.account,
+                    key: a.hash_key,
+                };
+                this.apply_event(&mut w, Event { id, at, change })?;
+            }
+            Ok(answers)
         })
         .await
     }
