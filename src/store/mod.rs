@@ -338,78 +338,80 @@ fn decode_assignment(
     })
 }
 
-#[allow(clippy::too_many_arguments)] // one argument per column
-fn decode_event(
+/// An `events` row as stored, before decoding.
+#[derive(Debug, sqlx::FromRow)]
+struct EventRow {
     id: i64,
     at: i64,
     kind: String,
     account: Option<String>,
-    before: Option<Vec<u8>>,
-    after: Option<Vec<u8>>,
-    weight: Option<i64>,
-    stream: Option<String>,
-) -> Result<Event> {
-    let corrupt = || StoreError::Corrupt(format!("event {id} ({kind}) lacks a column"));
-    let account = || account.clone().ok_or_else(corrupt).and_then(decode_account);
-    let key = |k: &Option<Vec<u8>>| k.as_deref().ok_or_else(corrupt).and_then(decode_key);
-    let weight = || weight.ok_or_else(corrupt).and_then(decode_weight);
-    let change = match kind.as_str() {
-        "allocate" => Change::Allocate {
-            account: account()?,
-            key: key(&after)?,
-            weight: weight()?,
-        },
-        "release" => Change::Release {
-            account: account()?,
-            key: key(&before)?,
-        },
-        "move" => Change::Move {
-            account: account()?,
-            from: key(&before)?,
-            to: key(&after)?,
-        },
-        "reweight" => Change::Reweight {
-            account: account()?,
-            weight: weight()?,
-        },
-        "stream_put" => Change::StreamPut {
-            stream: stream.clone().ok_or_else(corrupt)?,
-        },
-        "stream_delete" => Change::StreamDelete {
-            stream: stream.clone().ok_or_else(corrupt)?,
-        },
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "event {id} of unknown kind {other:?}"
-            )));
-        }
-    };
-    Ok(Event { id, at, change })
-}
-
-#[allow(clippy::too_many_arguments)] // one argument per column
-fn decode_logged(
-    id: i64,
-    at: i64,
-    kind: String,
-    account: Option<String>,
-    before: Option<Vec<u8>>,
-    after: Option<Vec<u8>>,
+    key_before: Option<Vec<u8>>,
+    key_after: Option<Vec<u8>>,
     weight: Option<i64>,
     stream: Option<String>,
     detail: Option<String>,
-) -> Result<LoggedEvent> {
-    let key = |k: &Option<Vec<u8>>| k.as_deref().map(decode_key).transpose();
-    let (key_before, key_after) = (key(&before)?, key(&after)?);
-    let weight_column = weight.map(decode_weight).transpose()?;
-    let event = decode_event(id, at, kind, account, before, after, weight, stream)?;
-    Ok(LoggedEvent {
-        event,
-        key_before,
-        key_after,
-        weight: weight_column,
-        detail,
-    })
+}
+
+impl EventRow {
+    /// The change the row records, with the columns it stores.
+    fn decode(self) -> Result<LoggedEvent> {
+        let EventRow {
+            id,
+            at,
+            kind,
+            account,
+            key_before,
+            key_after,
+            weight,
+            stream,
+            detail,
+        } = self;
+        let corrupt = || StoreError::Corrupt(format!("event {id} ({kind}) lacks a column"));
+        let some_key = |k: Option<HashKey>| k.ok_or_else(corrupt);
+        let key = |k: &Option<Vec<u8>>| k.as_deref().map(decode_key).transpose();
+        let (key_before, key_after) = (key(&key_before)?, key(&key_after)?);
+        let weight = weight.map(decode_weight).transpose()?;
+        let account = || account.clone().ok_or_else(corrupt).and_then(decode_account);
+        let some_weight = || weight.ok_or_else(corrupt);
+        let change = match kind.as_str() {
+            "allocate" => Change::Allocate {
+                account: account()?,
+                key: some_key(key_after)?,
+                weight: some_weight()?,
+            },
+            "release" => Change::Release {
+                account: account()?,
+                key: some_key(key_before)?,
+            },
+            "move" => Change::Move {
+                account: account()?,
+                from: some_key(key_before)?,
+                to: some_key(key_after)?,
+            },
+            "reweight" => Change::Reweight {
+                account: account()?,
+                weight: some_weight()?,
+            },
+            "stream_put" => Change::StreamPut {
+                stream: stream.clone().ok_or_else(corrupt)?,
+            },
+            "stream_delete" => Change::StreamDelete {
+                stream: stream.clone().ok_or_else(corrupt)?,
+            },
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "event {id} of unknown kind {other:?}"
+                )));
+            }
+        };
+        Ok(LoggedEvent {
+            event: Event { id, at, change },
+            key_before,
+            key_after,
+            weight,
+            detail,
+        })
+    }
 }
 
 /// The stored form of a shard map: `[[id, start, end], ...]` with keys as decimal strings.

@@ -15,7 +15,7 @@ macro_rules! queries {
 
         use crate::keyspace::Move;
         use crate::store::{
-            Assignment, LoggedEvent, Result, StoreError, StreamRow, decode_assignment, decode_logged,
+            Assignment, EventRow, LoggedEvent, Result, StoreError, StreamRow, decode_assignment,
             decode_shards, encode_shards,
         };
 
@@ -62,7 +62,7 @@ macro_rules! queries {
         }
 
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
-            let rows = sqlx::query(
+            let rows: Vec<EventRow> = sqlx::query_as(
                 "SELECT id, at, kind, account, key_before, key_after, weight, stream, detail \
                  FROM events WHERE id > $1 ORDER BY id LIMIT $2",
             )
@@ -70,21 +70,7 @@ macro_rules! queries {
             .bind(limit)
             .fetch_all(&mut *conn)
             .await?;
-            rows.iter()
-                .map(|r| {
-                    decode_logged(
-                        r.try_get(0)?,
-                        r.try_get(1)?,
-                        r.try_get(2)?,
-                        r.try_get(3)?,
-                        r.try_get(4)?,
-                        r.try_get(5)?,
-                        r.try_get(6)?,
-                        r.try_get(7)?,
-                        r.try_get(8)?,
-                    )
-                })
-                .collect()
+            rows.into_iter().map(EventRow::decode).collect()
         }
 
         pub async fn delete(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
