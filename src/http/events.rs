@@ -127,12 +127,7 @@ async fn events(
             "after must be 0 or more, got {after}"
         )));
     }
-    let limit = params.limit.unwrap_or(100);
-    if !(1..=MAX_EVENTS).contains(&limit) {
-        return Err(ApiError::bad_request(format!(
-            "limit must be between 1 and {MAX_EVENTS}, got {limit}"
-        )));
-    }
+    let limit = super::page_limit(params.limit, MAX_EVENTS)?;
     let logged = state.registry.log(after, limit).await?;
     let next = logged.last().map_or(after, |l| l.event.id);
     Ok(Json(EventPage {

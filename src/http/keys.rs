@@ -93,6 +93,9 @@ pub struct ReweightRequest {
     pub weight: u64,
 }
 
+/// Most assignments one page of `GET /keys` holds.
+const MAX_PAGE: u32 = 1000;
+
 /// Paging through assignments by account.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -373,12 +376,7 @@ async fn list(
     State(state): State<AppState>,
     Query(params): Query<ListParams>,
 ) -> Result<Json<AssignmentPage>, ApiError> {
-    let limit = params.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request(format!(
-            "limit must be between 1 and 1000, got {limit}"
-        )));
-    }
+    let limit = super::page_limit(params.limit, MAX_PAGE)?;
     // One extra row tells whether another page follows.
     let mut rows = state
         .registry

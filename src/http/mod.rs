@@ -75,6 +75,18 @@ impl HttpMetrics {
     }
 }
 
+/// A paged route's `limit`: 100 when left out, else 1 to `max`.
+fn page_limit(limit: Option<u32>, max: u32) -> Result<u32, ApiError> {
+    let limit = limit.unwrap_or(100);
+    if (1..=max).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {max}, got {limit}"
+        )))
+    }
+}
+
 /// Unix milliseconds as RFC 3339 in UTC, such as `2026-11-21T22:42:19.12Z`: the fraction
 /// only when it is not zero, without trailing zeros (as the `time` crate writes it).
 fn timestamp(ms: i64) -> String {
