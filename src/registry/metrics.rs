@@ -48,6 +48,20 @@ impl Registry {
             self.metrics.transactions.observe(started.elapsed());
         }
         done?;
+        self.count(what);
+        Ok(())
+    }
+
+    /// Counts a change committed in one round trip begun at `started`: its transaction and
+    /// its commit are the same wait.
+    pub(super) fn count_committed(&self, started: Instant, what: Committed) {
+        let elapsed = started.elapsed();
+        self.metrics.commits.observe(elapsed);
+        self.metrics.transactions.observe(elapsed);
+        self.count(what);
+    }
+
+    fn count(&self, what: Committed) {
         let m = &self.metrics;
         match what {
             Committed::Allocations(n) => m.allocations.add(n as u64),
@@ -56,7 +70,6 @@ impl Registry {
             Committed::Moves(n) => m.moves.add(n as u64),
             Committed::Stream => {}
         }
-        Ok(())
     }
 
     /// Write transactions this process has committed, or tried to.

@@ -46,7 +46,7 @@ pub enum Error {
 impl From<StoreError> for Error {
     fn from(err: StoreError) -> Self {
         match err {
-            StoreError::Conflict | StoreError::Stale => Error::Conflict,
+            StoreError::Conflict | StoreError::Stale | StoreError::LogMoved => Error::Conflict,
             StoreError::Unavailable(cause) => {
                 tracing::warn!(%cause, "database unreachable");
                 Error::Unavailable
@@ -266,56 +266,34 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let mut tx = this.begin(&mut w).await?;
             let now = now_ms();
-            let mut answers = Vec::with_capacity(requests.len());
-            let mut new: Vec<Assignment> = Vec::new();
-            let mut failed = None;
-            // Each new key steers the next pick, as if they came one by one. The tree is
-            // put back before the commit; the committed events then update it.
-            for NewAccount {
-                account,
-                weight,
-                key,
-            } in requests
-            {
-                if let Some(existing) = this.lookup(account.as_str()) {
-                    answers.push(Allocated::Existing(existing));
-                    continue;
-                }
-                let key = match key {
-                    Some(key) => Ok(key),
-                    None => w.alloc.next_key(),
-                };
-                match key.and_then(|key| w.alloc.insert(key, weight).map(|()| key)) {
-                    Ok(hash_key) => {
-                        let a = Assignment {
-                            account,
-                            hash_key,
-                            weight,
-                            created_at: now,
-                        };
-                        new.push(a.clone());
-                        answers.push(Allocated::Created(a));
-                    }
-                    Err(err) => {
-                        failed = Some(err);
-                        break;
-                    }
-                }
-            }
-            for a in &new {
-                w.alloc.remove(a.hash_key).expect("held a moment ago");
-            }
-            if let Some(err) = failed {
-                return Err(err.into());
-            }
+            // Mostly the log is where this process last saw it: pick from memory and write
+            // it all in one round trip. If another writer got in first, catch up and pick
+            // again inside a transaction that holds the write lock.
+            let (answers, new) = this.pick(&mut w, &requests, now)?;
             if new.is_empty() {
                 return Ok(answers);
             }
-            let ids = tx.insert_many(&new, now).await?;
-            this.commit(&mut w, tx, Committed::Allocations(new.len()))
-                .await?;
+            let started = Instant::now();
+            let (answers, new, ids) =
+                match this.store.insert_if_current(w.last_event, &new, now).await {
+                    Ok(ids) => {
+                        this.count_committed(started, Committed::Allocations(new.len()));
+                        (answers, new, ids)
+                    }
+                    Err(StoreError::LogMoved) => {
+                        let mut tx = this.begin(&mut w).await?;
+                        let (answers, new) = this.pick(&mut w, &requests, now)?;
+                        if new.is_empty() {
+                            return Ok(answers);
+                        }
+                        let ids = tx.insert_many(&new, now).await?;
+                        this.commit(&mut w, tx, Committed::Allocations(new.len()))
+                            .await?;
+                        (answers, new, ids)
+                    }
+                    Err(err) => return Err(err.into()),
+                };
             for (id, a) in ids.into_iter().zip(new) {
                 let change = Change::Allocate {
                     account: a.account,
@@ -334,6 +312,53 @@ impl Registry {
             Ok(answers)
         })
         .await
+    }
+
+    /// Picks keys for the accounts without one, as if they came one by one (each new key
+    /// steers the next pick), and answers what each request gets with the assignments to
+    /// write. The tree is left as it was: the committed events update it.
+    fn pick(
+        &self,
+        w: &mut Writer,
+        requests: &[NewAccount],
+        now: i64,
+    ) -> Result<(Vec<Allocated>, Vec<Assignment>), Error> {
+        let mut answers = Vec::with_capacity(requests.len());
+        let mut new: Vec<Assignment> = Vec::new();
+        let mut failed = None;
+        for request in requests {
+            if let Some(existing) = self.lookup(request.account.as_str()) {
+                answers.push(Allocated::Existing(existing));
+                continue;
+            }
+            let key = match request.key {
+                Some(key) => Ok(key),
+                None => w.alloc.next_key(),
+            };
+            match key.and_then(|key| w.alloc.insert(key, request.weight).map(|()| key)) {
+                Ok(hash_key) => {
+                    let a = Assignment {
+                        account: request.account.clone(),
+                        hash_key,
+                        weight: request.weight,
+                        created_at: now,
+                    };
+                    new.push(a.clone());
+                    answers.push(Allocated::Created(a));
+                }
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            }
+        }
+        for a in &new {
+            w.alloc.remove(a.hash_key).expect("held a moment ago");
+        }
+        match failed {
+            Some(err) => Err(err.into()),
+            None => Ok((answers, new)),
+        }
     }
 
     /// Frees `account`'s hash key.

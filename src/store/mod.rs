@@ -104,6 +104,8 @@ pub enum StoreError {
     Conflict,
     #[error("the row changed underneath this write")]
     Stale,
+    #[error("another writer logged events since this one last looked")]
+    LogMoved,
     #[error("database holds a {stored}-bit keyspace but {configured} bits are configured")]
     KeyspaceMismatch { stored: u32, configured: u32 },
     #[error("reading the database failed: {0}")]
@@ -222,6 +224,30 @@ impl Store {
     /// Round-trips the database.
     pub async fn ping(&self) -> Result<()> {
         on_backend!(self, c => ping())
+    }
+
+    /// Inserts new assignments and logs `allocate` for each, as [`Tx::insert_many`] does, in
+    /// a write transaction of its own, provided no event was logged after `seen`;
+    /// otherwise fails with [`StoreError::LogMoved`] and changes nothing. Answers the event
+    /// ids in the order of `new`. On Postgres this is one round trip.
+    pub async fn insert_if_current(
+        &self,
+        seen: i64,
+        new: &[Assignment],
+        at: i64,
+    ) -> Result<Vec<i64>> {
+        match self {
+            Store::Sqlite(pools) => {
+                let mut tx = sqlite::begin(pools).await?;
+                if sqlite::last_event_id(&mut tx).await? > seen {
+                    return Err(StoreError::LogMoved);
+                }
+                let ids = sqlite::insert_many(&mut tx, new, at).await?;
+                sqlite::commit(tx).await?;
+                Ok(ids)
+            }
+            Store::Postgres(pool) => postgres::insert_if_current(pool, seen, new, at).await,
+        }
     }
 
     /// Starts a write transaction; it waits for writers in other processes to finish.

@@ -16,13 +16,7 @@ super::queries::queries!(Postgres);
 /// The rows travel as arrays, so the statement's text is the same for any number of
 /// rows: prepared once per connection, one round trip per call.
 pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
-    let accounts: Vec<&str> = new.iter().map(|a| a.account.as_str()).collect();
-    let keys: Vec<Vec<u8>> = new
-        .iter()
-        .map(|a| a.hash_key.to_be_bytes().to_vec())
-        .collect();
-    let weights: Vec<i64> = new.iter().map(|a| a.weight as i64).collect();
-    let created: Vec<i64> = new.iter().map(|a| a.created_at).collect();
+    let columns = Columns::of(new);
     let rows: Vec<(String, i64)> = sqlx::query_as(
         "WITH new AS ( \
              SELECT * FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bigint[]) \
@@ -34,23 +28,85 @@ pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result
          SELECT $5::bigint, 'allocate', account, hash_key, weight FROM new ORDER BY position \
          RETURNING account, id",
     )
-    .bind(&accounts)
-    .bind(&keys)
-    .bind(&weights)
-    .bind(&created)
+    .bind(&columns.accounts)
+    .bind(&columns.keys)
+    .bind(&columns.weights)
+    .bind(&columns.created)
     .bind(at)
     .fetch_all(&mut *conn)
     .await?;
-    // Accounts are unique (the primary key): each returned row names its own.
-    let ids: std::collections::HashMap<String, i64> = rows.into_iter().collect();
-    accounts
-        .iter()
-        .map(|account| {
-            ids.get(*account).copied().ok_or_else(|| {
-                StoreError::Corrupt(format!("no event id came back for {account:?}"))
+    columns.ids_in_order(rows)
+}
+
+/// Inserts new assignments as [`insert_many`] does, in a transaction of its own that holds
+/// the write lock, provided no event was logged after `seen`; answers the event ids in the
+/// order of `new`. One round trip: migration 0004's `keyspread_allocate` does it all.
+pub async fn insert_if_current(
+    pool: &PgPool,
+    seen: i64,
+    new: &[Assignment],
+    at: i64,
+) -> Result<Vec<i64>> {
+    let columns = Columns::of(new);
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT account, id FROM keyspread_allocate($1, $2, $3, $4, $5, $6, $7)")
+            .bind(WRITE_LOCK)
+            .bind(seen)
+            .bind(&columns.accounts)
+            .bind(&columns.keys)
+            .bind(&columns.weights)
+            .bind(&columns.created)
+            .bind(at)
+            .fetch_all(pool)
+            .await
+            .map_err(|err| match &err {
+                sqlx::Error::Database(db)
+                    if db.code().as_deref() == Some(SERIALIZATION_FAILURE) =>
+                {
+                    StoreError::LogMoved
+                }
+                _ => err.into(),
+            })?;
+    columns.ids_in_order(rows)
+}
+
+/// The SQLSTATE `keyspread_allocate` fails with when the log moved on.
+const SERIALIZATION_FAILURE: &str = "40001";
+
+/// New assignments as the column arrays the statements take.
+struct Columns<'a> {
+    accounts: Vec<&'a str>,
+    keys: Vec<Vec<u8>>,
+    weights: Vec<i64>,
+    created: Vec<i64>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(new: &'a [Assignment]) -> Self {
+        Columns {
+            accounts: new.iter().map(|a| a.account.as_str()).collect(),
+            keys: new
+                .iter()
+                .map(|a| a.hash_key.to_be_bytes().to_vec())
+                .collect(),
+            weights: new.iter().map(|a| a.weight as i64).collect(),
+            created: new.iter().map(|a| a.created_at).collect(),
+        }
+    }
+
+    /// The event ids of `(account, id)` rows, in the order of the accounts.
+    fn ids_in_order(&self, rows: Vec<(String, i64)>) -> Result<Vec<i64>> {
+        // Accounts are unique (the primary key): each returned row names its own.
+        let ids: std::collections::HashMap<String, i64> = rows.into_iter().collect();
+        self.accounts
+            .iter()
+            .map(|account| {
+                ids.get(*account).copied().ok_or_else(|| {
+                    StoreError::Corrupt(format!("no event id came back for {account:?}"))
+                })
             })
-        })
-        .collect()
+            .collect()
+    }
 }
 
 /// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, paging

@@ -5,8 +5,9 @@
 //! functions per backend module. Each takes a plain connection (a pooled one or a
 //! transaction's) so the caller decides what runs inside which transaction.
 //!
-//! The one exception is `insert_many`, the allocation path's bulk insert: Postgres sends
-//! its rows as arrays, SQLite as a multi-row `VALUES`; each backend module has its own.
+//! The exceptions are the allocation path's bulk inserts, `insert_many` and Postgres'
+//! `insert_if_current`: Postgres sends the rows as arrays, SQLite as a multi-row
+//! `VALUES`; each backend module has its own.
 
 /// Expands to the query functions over `$db` (an sqlx database type).
 macro_rules! queries {

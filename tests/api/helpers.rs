@@ -253,6 +253,25 @@ impl Db {
         }
     }
 
+    /// Allocates `key` to `account` as another replica would: the row and its event.
+    pub async fn log_allocation(&mut self, account: &str, key: u128) {
+        self.insert_assignment(account, key).await;
+        on_db!(self, c => sqlx::query("INSERT INTO events (at, kind, account, key_after, weight) VALUES (0, 'allocate', $1, $2, 1)")
+            .bind(account)
+            .bind(key.to_be_bytes().to_vec())
+            .execute(c)
+            .await
+            .map(|done| done.rows_affected())
+            .unwrap());
+    }
+
+    /// Commits what was written since [`Db::hold_write_lock`], releasing the lock.
+    pub async fn commit(&mut self) {
+        on_db!(self, c => {
+            sqlx::raw_sql("COMMIT").execute(c).await.unwrap();
+        });
+    }
+
     pub async fn release_write_lock(&mut self) {
         on_db!(self, c => {
             sqlx::raw_sql("ROLLBACK").execute(c).await.unwrap();

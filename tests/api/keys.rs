@@ -504,3 +504,39 @@ async fn lookups_answer_while_an_allocation_waits() {
     db.release_write_lock().await;
     assert_eq!(allocation.await.status, 201);
 }
+
+/// Another writer (a second replica) may commit while an allocation waits for the write
+/// lock, and take the very key this server was about to pick. The allocation sees that the
+/// log moved, catches up and picks again: no key is handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocation_behind_another_writer_picks_after_it() {
+    let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
+    let mut db = app.db().await;
+    db.hold_write_lock().await;
+    let allocation = app.post("/keys/globex", None);
+    tokio::pin!(allocation);
+    let waited = tokio::time::timeout(Duration::from_millis(300), &mut allocation).await;
+    assert!(
+        waited.is_err(),
+        "allocated while another writer held the lock"
+    );
+    // 64, the middle of the 7-bit keyspace, is the first key an empty tree gives.
+    db.log_allocation("acme", 64).await;
+    db.commit().await;
+    let answer = allocation.await;
+    assert_eq!(answer.status, 201, "{:?}", answer.body);
+    // As if acme had come first: the next pick, the middle of the lower half.
+    assert_eq!(answer.body["hash_key"], "32");
+    assert_eq!(app.get("/keys/acme").await.body["hash_key"], "64");
+    let stored: Vec<_> = db
+        .assignments()
+        .await
+        .into_iter()
+        .map(|(a, k, _)| (a, k))
+        .collect();
+    let key = |k: u128| k.to_be_bytes().to_vec();
+    assert_eq!(
+        stored,
+        [("acme".to_owned(), key(64)), ("globex".to_owned(), key(32))]
+    );
+}
