@@ -208,7 +208,17 @@ macro_rules! on_db {
 impl Db {
     /// Inserts an assignment behind the server's back, as an import would.
     pub async fn insert_assignment(&mut self, account: &str, key: u128) {
-        on_db!(self, c => sqlx::query("INSERT INTO assignments (account, hash_key, weight, created_at) VALUES ($1, $2, 1, 0)")
+        self.execute_with_key(
+            "INSERT INTO assignments (account, hash_key, weight, created_at) VALUES ($1, $2, 1, 0)",
+            account,
+            key,
+        )
+        .await;
+    }
+
+    /// Runs `sql` with `account` as `$1` and `key`, big-endian, as `$2`.
+    async fn execute_with_key(&mut self, sql: &str, account: &str, key: u128) {
+        on_db!(self, c => sqlx::query(sql)
             .bind(account)
             .bind(key.to_be_bytes().to_vec())
             .execute(c)
@@ -256,13 +266,12 @@ impl Db {
     /// Allocates `key` to `account` as another replica would: the row and its event.
     pub async fn log_allocation(&mut self, account: &str, key: u128) {
         self.insert_assignment(account, key).await;
-        on_db!(self, c => sqlx::query("INSERT INTO events (at, kind, account, key_after, weight) VALUES (0, 'allocate', $1, $2, 1)")
-            .bind(account)
-            .bind(key.to_be_bytes().to_vec())
-            .execute(c)
-            .await
-            .map(|done| done.rows_affected())
-            .unwrap());
+        self.execute_with_key(
+            "INSERT INTO events (at, kind, account, key_after, weight) VALUES (0, 'allocate', $1, $2, 1)",
+            account,
+            key,
+        )
+        .await;
     }
 
     /// Commits what was written since [`Db::hold_write_lock`], releasing the lock.

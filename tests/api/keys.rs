@@ -1,11 +1,13 @@
 //! Allocate, look up, reweight, release and list.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::json;
 
-use crate::helpers::{assert_problem, spawn_app, spawn_app_with};
+use crate::helpers::{Answer, Db, TestApp, assert_problem, spawn_app, spawn_app_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_is_idempotent() {
@@ -483,14 +485,7 @@ async fn lookups_answer_while_an_allocation_waits() {
     let app = spawn_app().await;
     let key = app.allocate("acme").await;
     let mut db = app.db().await;
-    db.hold_write_lock().await;
-    let allocation = app.post("/keys/globex", None);
-    tokio::pin!(allocation);
-    let waited = tokio::time::timeout(Duration::from_millis(300), &mut allocation).await;
-    assert!(
-        waited.is_err(),
-        "allocated while another writer held the lock"
-    );
+    let mut allocation = allocation_behind_the_lock(&app, &mut db, "/keys/globex").await;
     for _ in 0..50 {
         let answer = app.get("/keys/acme").await;
         assert_eq!(answer.status, 200);
@@ -512,14 +507,7 @@ async fn lookups_answer_while_an_allocation_waits() {
 async fn an_allocation_behind_another_writer_picks_after_it() {
     let app = spawn_app_with(|c| c.keyspace_bits = 7).await;
     let mut db = app.db().await;
-    db.hold_write_lock().await;
-    let allocation = app.post("/keys/globex", None);
-    tokio::pin!(allocation);
-    let waited = tokio::time::timeout(Duration::from_millis(300), &mut allocation).await;
-    assert!(
-        waited.is_err(),
-        "allocated while another writer held the lock"
-    );
+    let allocation = allocation_behind_the_lock(&app, &mut db, "/keys/globex").await;
     // 64, the middle of the 7-bit keyspace, is the first key an empty tree gives.
     db.log_allocation("acme", 64).await;
     db.commit().await;
@@ -539,4 +527,21 @@ async fn an_allocation_behind_another_writer_picks_after_it() {
         stored,
         [("acme".to_owned(), key(64)), ("globex".to_owned(), key(32))]
     );
+}
+
+/// Takes the write lock on `db` as another writer, then posts to `path` (an allocation):
+/// the answer to come, still waiting for the lock.
+async fn allocation_behind_the_lock<'a>(
+    app: &'a TestApp,
+    db: &mut Db,
+    path: &'a str,
+) -> Pin<Box<dyn Future<Output = Answer> + 'a>> {
+    db.hold_write_lock().await;
+    let mut allocation = Box::pin(app.post(path, None));
+    let waited = tokio::time::timeout(Duration::from_millis(300), &mut allocation).await;
+    assert!(
+        waited.is_err(),
+        "allocated while another writer held the lock"
+    );
+    allocation
 }
