@@ -119,12 +119,8 @@ pub struct AssignmentPage {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct AccountPath {
-    /// Account id: 1..=256 bytes of UTF-8 without control characters; not `batch`.
-    #[param(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^(?!batch$)[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    /// The account.
+    #[param(value_type = AccountId)]
     pub account: String,
 }
 
@@ -145,12 +141,7 @@ pub struct BatchRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchItem {
-    /// 1..=256 bytes of UTF-8 without control characters; not `batch`.
-    #[schema(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^(?!batch$)[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[schema(value_type = AccountId)]
     pub account: String,
     /// 1..=1000000, default 1.
     #[schema(minimum = 1, maximum = 1000000)]

@@ -26,11 +26,7 @@ pub struct ShardOfParams {
     #[param(pattern = r"^[0-9]{1,39}$")]
     pub hash_key: Option<String>,
     /// An account: its assigned hash key.
-    #[param(
-        min_length = 1,
-        max_length = 256,
-        pattern = r"^(?!batch$)[^\u0000-\u001f\u007f-\u009f]+$"
-    )]
+    #[param(value_type = Option<AccountId>)]
     pub account: Option<String>,
     /// A partition key: its MD5 hash, as Kinesis computes it.
     pub partition_key: Option<String>,

@@ -44,6 +44,30 @@ impl AccountId {
     }
 }
 
+/// The OpenAPI schema of an account id, from the rules [`AccountId::parse`] applies.
+impl utoipa::PartialSchema for AccountId {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(Self::MAX_BYTES))
+            // No control characters (Unicode's Cc: what `char::is_control` matches).
+            .pattern(Some(format!(
+                r"^(?!{}$)[^\u0000-\u001f\u007f-\u009f]+$",
+                Self::RESERVED
+            )))
+            .description(Some(format!(
+                "Account id: 1..={} bytes of UTF-8 without control characters; not `{}`.",
+                Self::MAX_BYTES,
+                Self::RESERVED
+            )))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for AccountId {}
+
 impl fmt::Display for AccountId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
