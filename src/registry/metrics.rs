@@ -148,7 +148,7 @@ impl Registry {
             out,
             "keyspread_db_commit_seconds",
             "histogram",
-            "Commits of write transactions.",
+            "Commits of write transactions (for a one-round-trip allocation, the whole round trip).",
         );
         m.commits.render(out, "keyspread_db_commit_seconds", "");
         let applied = m.applied_event.get();
