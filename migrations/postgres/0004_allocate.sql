@@ -1,11 +1,37 @@
--- Allocation in one round trip: take the write lock, check that the log is where the
--- caller last saw it, insert the new assignments with an `allocate` event each, and answer
--- each account's event id. Called as a statement of its own, it is its own transaction,
--- committed before the answer is sent.
+-- Allocation in one round trip.
 --
--- `lock_key` is the store's write lock (src/store/postgres.rs), `seen` the last event the
--- caller applied. A log that moved on (another replica wrote) fails with
--- serialization_failure and changes nothing: the caller catches up and tries again.
+-- keyspread_insert_allocations inserts new assignments with an `allocate` event each and
+-- answers each account's event id; a writer that already holds the write lock calls it
+-- inside its transaction.
+--
+-- keyspread_allocate does the whole write: take the write lock, check that the log is
+-- where the caller last saw it, insert. Called as a statement of its own, it is its own
+-- transaction, committed before the answer is sent. `lock_key` is the store's write lock
+-- (src/store/postgres.rs), `seen` the last event the caller applied. A log that moved on
+-- (another replica wrote) fails with serialization_failure and changes nothing: the
+-- caller catches up and tries again.
+CREATE FUNCTION keyspread_insert_allocations(
+    accounts   TEXT[],
+    keys       BYTEA[],
+    weights    BIGINT[],
+    created    BIGINT[],
+    logged_at  BIGINT
+) RETURNS TABLE (account TEXT, id BIGINT) LANGUAGE plpgsql AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: it keeps the statement's plan for the session.
+    RETURN QUERY
+        WITH new AS (
+            SELECT * FROM UNNEST(accounts, keys, weights, created)
+                WITH ORDINALITY AS n (a, k, w, c, position)),
+        assigned AS (
+            INSERT INTO assignments (account, hash_key, weight, created_at)
+            SELECT n.a, n.k, n.w, n.c FROM new n ORDER BY n.position)
+        INSERT INTO events AS e (at, kind, account, key_after, weight)
+        SELECT logged_at, 'allocate', n.a, n.k, n.w FROM new n ORDER BY n.position
+        RETURNING e.account, e.id;
+END
+$$;
+
 CREATE FUNCTION keyspread_allocate(
     lock_key   BIGINT,
     seen       BIGINT,
@@ -23,13 +49,6 @@ BEGIN
     IF (SELECT coalesce(max(e.id), 0) FROM events e) > seen THEN
         RAISE EXCEPTION 'the event log moved past %', seen USING ERRCODE = 'serialization_failure';
     END IF;
-    INSERT INTO assignments (account, hash_key, weight, created_at)
-        SELECT * FROM UNNEST(accounts, keys, weights, created);
-    RETURN QUERY
-        INSERT INTO events AS e (at, kind, account, key_after, weight)
-            SELECT logged_at, 'allocate', n.a, n.k, n.w
-            FROM UNNEST(accounts, keys, weights) WITH ORDINALITY AS n (a, k, w, position)
-            ORDER BY n.position
-        RETURNING e.account, e.id;
+    RETURN QUERY SELECT * FROM keyspread_insert_allocations(accounts, keys, weights, created, logged_at);
 END
 $$;

@@ -237,13 +237,13 @@ impl Store {
         at: i64,
     ) -> Result<Vec<i64>> {
         match self {
-            Store::Sqlite(pools) => {
-                let mut tx = sqlite::begin(pools).await?;
-                if sqlite::last_event_id(&mut tx).await? > seen {
+            Store::Sqlite(_) => {
+                let mut tx = self.begin().await?;
+                if tx.last_event_id().await? > seen {
                     return Err(StoreError::LogMoved);
                 }
-                let ids = sqlite::insert_many(&mut tx, new, at).await?;
-                sqlite::commit(tx).await?;
+                let ids = tx.insert_many(new, at).await?;
+                tx.commit().await?;
                 Ok(ids)
             }
             Store::Postgres(pool) => postgres::insert_if_current(pool, seen, new, at).await,

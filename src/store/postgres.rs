@@ -10,31 +10,22 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 super::queries::queries!(Postgres);
 
-/// Inserts new assignments and an `allocate` event each in one statement; answers the
-/// event ids in the order of `new`.
+/// Inserts new assignments and an `allocate` event each in one statement (migration
+/// 0004's `keyspread_insert_allocations`); answers the event ids in the order of `new`.
 ///
 /// The rows travel as arrays, so the statement's text is the same for any number of
 /// rows: prepared once per connection, one round trip per call.
 pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
     let columns = Columns::of(new);
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "WITH new AS ( \
-             SELECT * FROM UNNEST($1::text[], $2::bytea[], $3::bigint[], $4::bigint[]) \
-                 WITH ORDINALITY AS n (account, hash_key, weight, created_at, position)), \
-         assigned AS ( \
-             INSERT INTO assignments (account, hash_key, weight, created_at) \
-             SELECT account, hash_key, weight, created_at FROM new ORDER BY position) \
-         INSERT INTO events (at, kind, account, key_after, weight) \
-         SELECT $5::bigint, 'allocate', account, hash_key, weight FROM new ORDER BY position \
-         RETURNING account, id",
-    )
-    .bind(&columns.accounts)
-    .bind(&columns.keys)
-    .bind(&columns.weights)
-    .bind(&columns.created)
-    .bind(at)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT account, id FROM keyspread_insert_allocations($1, $2, $3, $4, $5)")
+            .bind(&columns.accounts)
+            .bind(&columns.keys)
+            .bind(&columns.weights)
+            .bind(&columns.created)
+            .bind(at)
+            .fetch_all(&mut *conn)
+            .await?;
     columns.ids_in_order(rows)
 }
 
