@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::streams::Stream;
 use super::{Entry, Error, Registry, Writer};
 use crate::store::{CHANNEL, Change, Event, Store, StreamRow, Tx};
@@ -33,7 +35,23 @@ impl Registry {
 
     /// Applies what other replicas committed since the last look; answers how many events.
     pub async fn catch_up(&self) -> Result<usize, Error> {
+        self.catch_up_to(None).await
+    }
+
+    /// Applies what other replicas committed, unless a commit notice named event `logged`
+    /// and this process has applied that far: the notice of its own commit, or of one it
+    /// read already.
+    async fn catch_up_to(&self, logged: Option<i64>) -> Result<usize, Error> {
+        let applied_here = |applied: i64| logged.is_some_and(|id| id <= applied);
+        if applied_here(self.applied_event()) {
+            return Ok(0);
+        }
         let mut w = self.writer.lock().await;
+        // The notice may have overtaken the answer of the commit it announces.
+        if applied_here(w.last_event) {
+            return Ok(0);
+        }
+        self.count_follow_read();
         let mut applied = 0;
         loop {
             let events = self.store.events_after(w.last_event, 10_000).await?;
@@ -54,20 +72,31 @@ impl Registry {
         let this = Arc::clone(self);
         tokio::spawn(async move {
             let mut listener = None;
+            let mut poll_at = Instant::now() + POLL;
             loop {
                 if listener.is_none() {
                     listener = listen(&this.store).await;
                 }
-                match &mut listener {
-                    // A notice, or the poll interval, whichever comes first.
-                    Some(l) => {
-                        if let Ok(Err(_)) = tokio::time::timeout(POLL, l.try_recv()).await {
+                // A notice, or the next poll, whichever comes first. A notice names an event
+                // its transaction logged; the poll reads the log whatever notices said.
+                let logged = match &mut listener {
+                    Some(l) => match tokio::time::timeout_at(poll_at, l.try_recv()).await {
+                        Ok(Ok(Some(notice))) => newest_announced(notice, l),
+                        Ok(Ok(None)) | Err(_) => None,
+                        Ok(Err(_)) => {
                             listener = None; // reconnect next round
+                            None
                         }
+                    },
+                    None => {
+                        tokio::time::sleep_until(poll_at).await;
+                        None
                     }
-                    None => tokio::time::sleep(POLL).await,
+                };
+                if logged.is_none() {
+                    poll_at = Instant::now() + POLL;
                 }
-                if let Err(err) = this.catch_up().await {
+                if let Err(err) = this.catch_up_to(logged).await {
                     tracing::warn!(%err, "cannot follow the event log; retrying");
                 }
             }
@@ -153,6 +182,25 @@ impl Registry {
         }
         Ok(())
     }
+}
+
+/// The newest event id named by `first` and the notices already received after it, or
+/// `None` if one names none (then only reading the log tells).
+fn newest_announced(
+    first: sqlx::postgres::PgNotification,
+    listener: &mut sqlx::postgres::PgListener,
+) -> Option<i64> {
+    let mut newest = announced(&first);
+    while let Some(notice) = listener.next_buffered() {
+        newest = newest.zip(announced(&notice)).map(|(a, b)| a.max(b));
+    }
+    newest
+}
+
+/// The event id a commit notice names (migration 0005's trigger sends one per transaction,
+/// naming an event it logged).
+fn announced(notice: &sqlx::postgres::PgNotification) -> Option<i64> {
+    notice.payload().parse().ok()
 }
 
 /// Subscribes to commit notices (Postgres only).

@@ -20,6 +20,7 @@ pub struct Metrics {
     applied_event: Gauge,
     follow_delay: Histogram,
     last_follow_delay_ms: Gauge,
+    follow_reads: Counter,
 }
 
 /// A change this process committed, for the counters.
@@ -83,6 +84,16 @@ impl Registry {
         self.metrics.tree_nodes.set(w.alloc.tree_nodes() as i64);
     }
 
+    /// The id of the newest event applied to memory, without waiting for the writer.
+    pub(super) fn applied_event(&self) -> i64 {
+        self.metrics.applied_event.get()
+    }
+
+    /// Counts a read of the event log by the follower.
+    pub(super) fn count_follow_read(&self) {
+        self.metrics.follow_reads.add(1);
+    }
+
     /// Records how long after its commit (at `at`) an event of another writer got here.
     pub(super) fn count_followed(&self, at: i64) {
         // Clocks of different hosts may disagree a little: never below zero.
@@ -117,6 +128,12 @@ impl Registry {
                 "keyspread_rebalance_moves_total",
                 "Accounts moved to another key by rebalances this process applied.",
                 &m.moves,
+            ),
+            (
+                "keyspread_follow_reads_total",
+                "Reads of the event log between writes: at each poll, and at each commit \
+                 notice of another writer (a notice of this process's own commit needs none).",
+                &m.follow_reads,
             ),
         ];
         for (name, help, counter) in counters {

@@ -130,7 +130,8 @@ pub async fn scan_assignments(
 /// The advisory lock every write holds until it commits ("keyspread" in ASCII, as a key).
 const WRITE_LOCK: i64 = 0x6b65_7973_7072_6561;
 
-/// The channel commits are announced on, by the trigger migration 0003 creates.
+/// The channel commits are announced on, naming an event they logged, by the trigger of
+/// migrations 0003 and 0005.
 pub const CHANNEL: &str = "keyspread_events";
 
 /// Connects and runs the Postgres migrations (concurrent replicas migrate one at a time:
@@ -164,7 +165,7 @@ pub async fn commit(tx: Transaction<'static, Postgres>) -> Result<()> {
 mod tests {
     #[test]
     fn the_trigger_announces_on_the_channel_replicas_listen_to() {
-        let migration = include_str!("../../migrations/postgres/0003_announce.sql");
-        assert!(migration.contains(&format!("pg_notify('{}', '')", super::CHANNEL)));
+        let migration = include_str!("../../migrations/postgres/0005_announce_id.sql");
+        assert!(migration.contains(&format!("pg_notify('{}', newest::text)", super::CHANNEL)));
     }
 }

@@ -164,6 +164,44 @@ async fn metrics_show_what_a_replica_followed() {
     assert_eq!(value(&page, "keyspread_accounts"), 1.0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_reads_the_log_for_other_writers_changes_only() {
+    let first = spawn_app().await;
+    let url = first.config.database_url.clone();
+    let second = spawn_app_with(|c| c.database_url = url).await;
+    let reads = |page: &str| value(page, "keyspread_follow_reads_total");
+    let (first_before, second_before) =
+        (reads(&scrape(&first).await), reads(&scrape(&second).await));
+    const COMMITS: usize = 40;
+    for n in 0..COMMITS {
+        first.allocate(&format!("own-{n}")).await;
+    }
+    let started = Instant::now();
+    while second
+        .get(&format!("/keys/own-{}", COMMITS - 1))
+        .await
+        .status
+        != 200
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never followed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_reads = reads(&scrape(&first).await) - first_before;
+    let second_reads = reads(&scrape(&second).await) - second_before;
+    println!("{COMMITS} commits: {first_reads} reads by their writer, {second_reads} by the other");
+    // On Postgres every commit is announced with its newest event id: the writer, which
+    // applied its own commits already, reads nothing for them, and only the poll (every
+    // 250 ms without a notice) reads. Without notices (SQLite) both only poll.
+    assert!(
+        first_reads < 10.0,
+        "{first_reads} reads for its own {COMMITS} commits"
+    );
+    assert!(second_reads >= 1.0, "the other replica never read the log");
+}
+
 /// Every event, read through the feed `limit` at a time.
 async fn read_feed(app: &TestApp, limit: u32) -> Vec<Value> {
     let mut after = 0;

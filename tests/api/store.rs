@@ -1,6 +1,11 @@
 //! What lands in the database: the table, its key order, and the event log.
 
-use crate::helpers::{spawn_app, spawn_app_with};
+use std::time::Duration;
+
+use sqlx::Connection;
+use sqlx::postgres::{PgConnection, PgListener};
+
+use crate::helpers::{backend, spawn_app, spawn_app_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_key_order_is_numeric_order() {
@@ -102,5 +107,56 @@ async fn stream_changes_are_logged() {
     assert_eq!(
         (events[1].0.as_str(), events[1].2.as_deref()),
         ("stream_delete", Some("s"))
+    );
+}
+
+/// On Postgres a transaction that logs events announces itself once, naming one of them,
+/// however many statements logged: a group of releases (a statement per account) sends
+/// one notice, not one per account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_announced_once_naming_an_event_it_logged() {
+    let app = spawn_app().await;
+    let url = app.config.database_url.clone();
+    if backend(&url) != "postgres" {
+        return; // commits are announced on Postgres only
+    }
+    const ACCOUNTS: usize = 20;
+    for n in 0..ACCOUNTS {
+        app.allocate(&format!("gone-{n}")).await;
+    }
+    let mut listener = PgListener::connect(&url).await.unwrap();
+    listener.listen(keyspread::store::CHANNEL).await.unwrap();
+    // Releases queued behind another writer's lock commit together.
+    let mut db = app.db().await;
+    db.hold_write_lock().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..ACCOUNTS {
+        let (client, url) = (app.client.clone(), app.url(&format!("/keys/gone-{n}")));
+        tasks.spawn(async move { client.delete(url).send().await.unwrap().status() });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.release_write_lock().await;
+    while let Some(status) = tasks.join_next().await {
+        assert_eq!(status.unwrap(), 204);
+    }
+    let mut named = Vec::new();
+    while let Ok(notice) = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await {
+        let payload = notice.unwrap().payload().to_owned();
+        named.push(payload.parse::<i64>().expect("a notice names an event id"));
+    }
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let releases: Vec<i64> = sqlx::query_scalar("SELECT id FROM events WHERE kind = 'release'")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(releases.len(), ACCOUNTS);
+    assert!(
+        !named.is_empty() && named.len() < ACCOUNTS / 2,
+        "{} notices for {ACCOUNTS} releases in groups",
+        named.len()
+    );
+    assert!(
+        named.iter().all(|id| releases.contains(id)),
+        "notices {named:?} name events other than the releases {releases:?}"
     );
 }
