@@ -386,7 +386,7 @@ impl Registry {
                 match this.lookup(account.as_str()) {
                     Some(a) => {
                         answers.push(Ok(a.clone()));
-                        gone.push((0, a));
+                        gone.push(a);
                     }
                     None => answers.push(Err(Error::NotFound(account))),
                 }
@@ -394,12 +394,10 @@ impl Registry {
             if gone.is_empty() {
                 return Ok(answers);
             }
-            for (id, a) in &mut gone {
-                *id = tx.delete(a, at).await?;
-            }
+            let ids = tx.delete_many(&gone, at).await?;
             this.commit(&mut w, tx, Committed::Releases(gone.len()))
                 .await?;
-            for (id, a) in gone {
+            for (id, a) in ids.into_iter().zip(gone) {
                 let change = Change::Release {
                     account: a.account,
                     key: a.hash_key,

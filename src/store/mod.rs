@@ -295,9 +295,10 @@ impl Tx {
         in_tx!(self, insert_many(new, at))
     }
 
-    /// Deletes an assignment and logs `release`; answers the event id.
-    pub async fn delete(&mut self, assignment: &Assignment, at: i64) -> Result<i64> {
-        in_tx!(self, delete(assignment, at))
+    /// Deletes assignments, each stored as given, and logs `release` for each; answers
+    /// the event ids in order, or [`StoreError::Stale`] if a row had changed.
+    pub async fn delete_many(&mut self, gone: &[Assignment], at: i64) -> Result<Vec<i64>> {
+        in_tx!(self, delete_many(gone, at))
     }
 
     /// Changes an assignment's weight and logs `reweight`; answers the event id.

@@ -61,10 +61,29 @@ pub async fn insert_if_current(
     columns.ids_in_order(rows)
 }
 
+/// Deletes each assignment, which must be stored as given, and logs `release` for it, in
+/// one round trip (migration 0006's `keyspread_delete_assignments`); answers the event
+/// ids in the order of `gone`, or [`StoreError::Stale`] if a row had changed.
+pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Result<Vec<i64>> {
+    let columns = Columns::of(gone);
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT account, id FROM keyspread_delete_assignments($1, $2, $3, $4)")
+            .bind(&columns.accounts)
+            .bind(&columns.keys)
+            .bind(&columns.weights)
+            .bind(at)
+            .fetch_all(&mut *conn)
+            .await?;
+    if rows.len() != gone.len() {
+        return Err(StoreError::Stale);
+    }
+    columns.ids_in_order(rows)
+}
+
 /// The SQLSTATE `keyspread_allocate` fails with when the log moved on.
 const SERIALIZATION_FAILURE: &str = "40001";
 
-/// New assignments as the column arrays the statements take.
+/// Assignments as the column arrays the statements take.
 struct Columns<'a> {
     accounts: Vec<&'a str>,
     keys: Vec<Vec<u8>>,

@@ -5,9 +5,9 @@
 //! functions per backend module. Each takes a plain connection (a pooled one or a
 //! transaction's) so the caller decides what runs inside which transaction.
 //!
-//! The exceptions are the allocation path's bulk inserts, `insert_many` and Postgres'
-//! `insert_if_current`: Postgres sends the rows as arrays, SQLite as a multi-row
-//! `VALUES`; each backend module has its own.
+//! The exceptions are the group writes, `insert_many`, `delete_many` and Postgres'
+//! `insert_if_current`: Postgres sends the rows as arrays, one round trip, SQLite a
+//! multi-row `VALUES` or a statement per row; each backend module has its own.
 
 /// Expands to the query functions over `$db` (an sqlx database type).
 macro_rules! queries {
@@ -72,18 +72,6 @@ macro_rules! queries {
             .fetch_all(&mut *conn)
             .await?;
             rows.into_iter().map(EventRow::decode).collect()
-        }
-
-        pub async fn delete(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
-            let done = sqlx::query("DELETE FROM assignments WHERE account = $1 AND hash_key = $2")
-                .bind(a.account.as_str())
-                .bind(a.hash_key.to_be_bytes().to_vec())
-                .execute(&mut *conn)
-                .await?;
-            if done.rows_affected() != 1 {
-                return Err(StoreError::Stale);
-            }
-            log(conn, at, "release", a.account.as_str(), Some(a.hash_key.to_be_bytes()), None, a.weight).await
         }
 
         pub async fn reweight(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {

@@ -48,6 +48,37 @@ pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result
     Ok(ids)
 }
 
+/// Deletes each assignment, which must be stored as given, and logs `release` for it;
+/// answers the event ids in the order of `gone`, or [`StoreError::Stale`] if a row had
+/// changed. One statement per row: SQLite's statements cost no round trip.
+pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Result<Vec<i64>> {
+    let mut ids = Vec::with_capacity(gone.len());
+    for a in gone {
+        let key = a.hash_key.to_be_bytes();
+        let done = sqlx::query("DELETE FROM assignments WHERE account = $1 AND hash_key = $2")
+            .bind(a.account.as_str())
+            .bind(key.to_vec())
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::Stale);
+        }
+        ids.push(
+            log(
+                conn,
+                at,
+                "release",
+                a.account.as_str(),
+                Some(key),
+                None,
+                a.weight,
+            )
+            .await?,
+        );
+    }
+    Ok(ids)
+}
+
 /// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, stepping
 /// one statement through SQLite's C API (see [`raw_sqlite`](super::raw_sqlite) for why).
 ///

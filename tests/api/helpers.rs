@@ -216,6 +216,16 @@ impl Db {
         .await;
     }
 
+    /// Deletes `account`'s assignment behind the server's back, logging nothing.
+    pub async fn delete_assignment(&mut self, account: &str) {
+        on_db!(self, c => sqlx::query("DELETE FROM assignments WHERE account = $1")
+            .bind(account)
+            .execute(c)
+            .await
+            .map(|done| done.rows_affected())
+            .unwrap());
+    }
+
     /// Runs `sql` with `account` as `$1` and `key`, big-endian, as `$2`.
     async fn execute_with_key(&mut self, sql: &str, account: &str, key: u128) {
         on_db!(self, c => sqlx::query(sql)
