@@ -105,71 +105,68 @@ impl Registry {
     }
 
     async fn commit_allocations(self: &Arc<Self>, group: Vec<Pending<NewAccount, Allocated>>) {
-        // One request per account; a second ask for the same account shares the answer.
-        let (requests, replies) = by_account(group, |r| &r.account);
-        let single = requests.len() == 1 && replies[0].len() == 1;
-        match self.allocate_many(requests.clone()).await {
-            Ok(answers) => {
-                for (answer, senders) in answers.into_iter().zip(replies) {
-                    let existing = match &answer {
-                        Allocated::Created(a) | Allocated::Existing(a) => {
-                            Allocated::Existing(a.clone())
-                        }
-                    };
-                    let mut senders = senders.into_iter();
-                    let _ = senders
-                        .next()
-                        .expect("one sender at least")
-                        .send(Ok(answer));
-                    for later in senders {
-                        let _ = later.send(Ok(existing.clone()));
-                    }
-                }
+        let allocate = |requests| async move {
+            let answers = self.allocate_many(requests).await?;
+            Ok(answers.into_iter().map(Ok).collect())
+        };
+        // A second ask for the same account finds the key the first one got.
+        let again = |first: &Result<Allocated, Error>, request: &NewAccount| match first {
+            Ok(Allocated::Created(a) | Allocated::Existing(a)) => {
+                Ok(Allocated::Existing(a.clone()))
             }
-            Err(err) if single => send_only(replies, Err(err)),
-            // One bad request (the keyspace full, say) must not fail the others: each
-            // one again on its own, so every caller gets its own answer.
-            Err(_) => {
-                for (request, senders) in requests.into_iter().zip(replies) {
-                    for reply in senders {
-                        let answer = self
-                            .allocate_many(vec![request.clone()])
-                            .await
-                            .map(|mut a| a.pop().expect("one answer"));
-                        let _ = reply.send(answer);
-                    }
-                }
-            }
-        }
+            // Not reached: an allocation group answers every request or fails as a whole.
+            Err(_) => Err(Error::NotFound(request.account.clone())),
+        };
+        commit_group(group, |r| &r.account, allocate, again).await;
     }
 
     async fn commit_releases(self: &Arc<Self>, group: Vec<Pending<AccountId, Assignment>>) {
-        // A second release of the same account in the group comes after the first, as
-        // if one by one: it finds nothing to release.
-        let (accounts, replies) = by_account(group, |account| account);
-        let single = accounts.len() == 1 && replies[0].len() == 1;
-        match self.release_many(accounts.clone()).await {
-            Ok(answers) => {
-                for ((answer, senders), account) in answers.into_iter().zip(replies).zip(accounts) {
-                    let mut senders = senders.into_iter();
-                    let _ = senders.next().expect("one sender at least").send(answer);
-                    for later in senders {
-                        let _ = later.send(Err(Error::NotFound(account.clone())));
-                    }
+        let release = |accounts| self.release_many(accounts);
+        // A second release of the same account comes after the first, as if one by one:
+        // it finds nothing to release.
+        let again = |_: &Result<Assignment, Error>, account: &AccountId| {
+            Err(Error::NotFound(account.clone()))
+        };
+        commit_group(group, |account| account, release, again).await;
+    }
+}
+
+/// Commits `group` in one transaction through `commit`, which takes one request per
+/// account and answers each in order, or fails as a whole. A second ask for an account
+/// in the group gets `again(first answer, request)`. If the transaction fails, each
+/// request is committed again on its own: one bad request (the keyspace full, a row
+/// another writer changed) must not fail the others, and every caller gets its own answer.
+async fn commit_group<R, A, F, Fut>(
+    group: Vec<Pending<R, A>>,
+    account: impl Fn(&R) -> &AccountId,
+    commit: F,
+    again: impl Fn(&Result<A, Error>, &R) -> Result<A, Error>,
+) where
+    R: Clone,
+    F: Fn(Vec<R>) -> Fut,
+    Fut: Future<Output = Result<Vec<Result<A, Error>>, Error>>,
+{
+    let (requests, replies) = by_account(group, account);
+    let single = requests.len() == 1 && replies[0].len() == 1;
+    match commit(requests.clone()).await {
+        Ok(answers) => {
+            for ((answer, senders), request) in answers.into_iter().zip(replies).zip(&requests) {
+                let mut senders = senders.into_iter();
+                let first = senders.next().expect("one sender at least");
+                for later in senders {
+                    let _ = later.send(again(&answer, request));
                 }
+                let _ = first.send(answer);
             }
-            Err(err) if single => send_only(replies, Err(err)),
-            // The database failing one release (a row changed by another writer, say)
-            // must not fail the others: each one again on its own.
-            Err(_) => {
-                for (account, senders) in accounts.into_iter().zip(replies) {
-                    for reply in senders {
-                        let answer = match self.release_many(vec![account.clone()]).await {
-                            Ok(mut answers) => answers.pop().expect("one answer"),
-                            Err(err) => Err(err),
-                        };
-                        let _ = reply.send(answer);
-                    }
+        }
+        Err(err) if single => send_only(replies, Err(err)),
+        Err(_) => {
+            for (request, senders) in requests.into_iter().zip(replies) {
+                for reply in senders {
+                    let answer = commit(vec![request.clone()])
+                        .await
+                        .and_then(|mut answers| answers.pop().expect("one answer"));
+                    let _ = reply.send(answer);
                 }
             }
         }
