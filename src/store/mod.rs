@@ -19,6 +19,17 @@ use crate::keyspace::{AccountId, HashKey, Move};
 
 pub use postgres::CHANNEL;
 
+/// `migrations` (a backend's `sqlx::migrate!`), ready to run on a database that a newer
+/// keyspread may have migrated further.
+///
+/// Migrations only add (tables, functions, triggers, columns with defaults), so a binary
+/// runs correctly on a newer schema: replicas upgrade one at a time, and an old one that
+/// restarts after a new one migrated the database must start. sqlx refuses by default.
+fn additive(mut migrations: sqlx::migrate::Migrator) -> sqlx::migrate::Migrator {
+    migrations.set_ignore_missing(true);
+    migrations
+}
+
 /// One account's hash key, as committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {

@@ -163,7 +163,9 @@ pub async fn connect(url: &str) -> Result<PgPool> {
         .acquire_timeout(Duration::from_secs(3))
         .connect_with(options)
         .await?;
-    sqlx::migrate!("migrations/postgres").run(&pool).await?;
+    super::additive(sqlx::migrate!("migrations/postgres"))
+        .run(&pool)
+        .await?;
     Ok(pool)
 }
 

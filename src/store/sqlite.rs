@@ -160,7 +160,9 @@ pub async fn connect(url: &str) -> Result<Pools> {
             .connect_with(options.clone())
     };
     let writes = pool(1).await?;
-    sqlx::migrate!("migrations/sqlite").run(&writes).await?;
+    super::additive(sqlx::migrate!("migrations/sqlite"))
+        .run(&writes)
+        .await?;
     let reads = pool(3).await?;
     drop(lock);
     Ok(Pools { writes, reads })

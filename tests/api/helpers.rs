@@ -226,6 +226,20 @@ impl Db {
             .unwrap());
     }
 
+    /// Records a migration this keyspread does not know, as a newer version migrating the
+    /// database would.
+    pub async fn record_newer_migration(&mut self) {
+        on_db!(self, c => sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (99990101000000, 'a migration of a newer keyspread', TRUE, $1, 0)",
+        )
+        .bind(vec![0u8; 48])
+        .execute(c)
+        .await
+        .map(|done| done.rows_affected())
+        .unwrap());
+    }
+
     /// Runs `sql` with `account` as `$1` and `key`, big-endian, as `$2`.
     async fn execute_with_key(&mut self, sql: &str, account: &str, key: u128) {
         on_db!(self, c => sqlx::query(sql)

@@ -23,6 +23,18 @@ async fn restart_rebuilds_the_tree_from_the_database() {
     assert_eq!(app.get("/healthz").await.body["accounts"], 6);
 }
 
+/// Replicas upgrade one at a time: a keyspread restarting on a database that a newer
+/// version migrated further (migrations only add) starts and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_migrated_by_a_newer_version_still_serves() {
+    let app = spawn_app().await;
+    let key = app.allocate("acme").await;
+    app.db().await.record_newer_migration().await;
+    let app = app.restart().await;
+    assert_eq!(app.get("/keys/acme").await.body["hash_key"], key.as_str());
+    assert_eq!(app.post("/keys/globex", None).await.status, 201);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_keeps_its_keyspace_width() {
     let mut app = spawn_app_with(|c| c.keyspace_bits = 7).await;
