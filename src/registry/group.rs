@@ -15,6 +15,10 @@ use crate::store::Assignment;
 /// Most changes one transaction takes.
 const MAX_GROUP: usize = 256;
 
+/// Longest a group waits for the callers of the last one to come back (the timer's
+/// resolution is a millisecond, so it may be up to twice that).
+const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A change waiting for the next group of its kind, and where its answer goes.
 pub(super) struct Pending<R, A> {
     request: R,
@@ -57,6 +61,8 @@ impl Registry {
         let (queue, mut waiting) = mpsc::channel::<Pending<R, A>>(4 * MAX_GROUP);
         let registry: Weak<Registry> = Arc::downgrade(self);
         tokio::spawn(async move {
+            // The size of the last group: under load, about as many callers come back.
+            let mut expected = 1;
             while let Some(first) = waiting.recv().await {
                 let mut group = vec![first];
                 // Changes sent together reach this queue one request at a time, as the
@@ -66,16 +72,25 @@ impl Registry {
                 loop {
                     tokio::task::yield_now().await;
                     let before = group.len();
-                    while group.len() < MAX_GROUP {
-                        match waiting.try_recv() {
-                            Ok(next) => group.push(next),
-                            Err(_) => break,
-                        }
-                    }
+                    take_queued(&mut waiting, &mut group);
                     if group.len() == before || group.len() == MAX_GROUP {
                         break;
                     }
                 }
+                // The callers the last group answered may still be sending their next
+                // changes: wait a little for as many as that group held, rather than commit
+                // a few now and the rest one commit later.
+                let until = tokio::time::Instant::now() + LINGER;
+                while group.len() < expected.min(MAX_GROUP) {
+                    match tokio::time::timeout_at(until, waiting.recv()).await {
+                        Ok(Some(next)) => {
+                            group.push(next);
+                            take_queued(&mut waiting, &mut group);
+                        }
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                expected = group.len();
                 let Some(registry) = registry.upgrade() else {
                     return;
                 };
@@ -173,6 +188,16 @@ async fn commit_group<R, A, F, Fut>(
     }
 }
 
+/// Moves what is already queued into `group`, up to [`MAX_GROUP`].
+fn take_queued<T>(waiting: &mut mpsc::Receiver<T>, group: &mut Vec<T>) {
+    while group.len() < MAX_GROUP {
+        match waiting.try_recv() {
+            Ok(next) => group.push(next),
+            Err(_) => break,
+        }
+    }
+}
+
 /// Sends `request` down `queue` and waits for its answer.
 async fn wait_in<R, A>(queue: &mpsc::Sender<Pending<R, A>>, request: R) -> Result<A, Error> {
     let (reply, answer) = oneshot::channel();
@@ -231,6 +256,42 @@ mod tests {
 
     fn account(i: usize) -> AccountId {
         AccountId::parse(format!("acct-{i}")).unwrap()
+    }
+
+    /// Under load, the callers a group answered come back one by one, as the server reads
+    /// their next requests: the first one back is not committed alone while the others
+    /// are on their way.
+    #[tokio::test]
+    async fn a_group_waits_for_the_callers_of_the_last_one() {
+        let (_dir, _store, registry) = open().await;
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&sizes);
+        let queue = registry.start_grouping("test", move |_, group: Vec<Pending<u32, u32>>| {
+            recorded.lock().unwrap().push(group.len());
+            for Pending { request, reply } in group {
+                let _ = reply.send(Ok(request));
+            }
+            async {}
+        });
+        // Four callers, three changes each; after each answer, caller 0 sends its next
+        // change at once and the others a few scheduler rounds later.
+        let callers: Vec<_> = (0..4u32)
+            .map(|caller| {
+                let queue = queue.clone();
+                tokio::spawn(async move {
+                    for _ in 0..3 {
+                        assert_eq!(wait_in(&queue, caller).await.unwrap(), caller);
+                        for _ in 0..10 * caller {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for caller in callers {
+            caller.await.unwrap();
+        }
+        assert_eq!(*sizes.lock().unwrap(), [4, 4, 4]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
