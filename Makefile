@@ -54,7 +54,7 @@ lint:
 openapi:
 	$(CARGO) run --quiet -- openapi > openapi/openapi.json
 
-## Every benchmark, one table at the end (~4 minutes after the build; the first run builds a
+## Every benchmark, one table at the end (~6 minutes after the build; the first run builds a
 ## 1M-account SQLite database, ~1 minute, cached in the target directory): the criterion
 ## benches of the allocation tree, then the load scripts (start-up, lookup, allocation
 ## against the database's own ceilings). KEYSPREAD_BENCH_POSTGRES=postgres://... adds
@@ -69,7 +69,7 @@ bench:
 	$(PYTHON) benches/load.py all --criterion $(BENCH_OUT)/criterion \
 		--memory-log $(BENCH_OUT)/bench-memory.log --output $(BENCH_OUT)/bench-table.md
 
-## The load scripts alone (~3 minutes): start-up, lookup, allocation and the ceilings.
+## The load scripts alone (~5 minutes): start-up, lookup, allocation and the ceilings.
 bench-load:
 	$(CARGO) build --release
 	$(PYTHON) benches/load.py all --output $(BENCH_OUT)/bench-table.md

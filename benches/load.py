@@ -374,6 +374,46 @@ def allocate_once(args, backend, database_url, workdir):
     return r
 
 
+def allocate_round(args, backend, server_url, workdir, round_no):
+    """One round: allocations on a fresh database and the ceilings, in alternating order
+    from round to round so that a drift of the machine's speed does not favour either."""
+    def allocate():
+        if backend == "sqlite":
+            db = os.path.join(workdir, f"allocate-{round_no}.db")
+            r = allocate_once(args, backend, f"sqlite://{db}", workdir)
+            with sqlite3.connect(db) as conn:
+                r["rows"] = conn.execute("SELECT count(*) FROM assignments").fetchone()[0]
+            return r
+        name = f"keyspread_bench_{os.getpid()}_{round_no}"
+        psql(server_url, f"DROP DATABASE IF EXISTS {name}")
+        psql(server_url, f"CREATE DATABASE {name}")
+        try:
+            return allocate_once(args, backend, pg_database_url(server_url, name), workdir)
+        finally:
+            psql(server_url, f"DROP DATABASE IF EXISTS {name}")
+
+    def ceiling():
+        if backend == "sqlite":
+            return run_ceiling(args, f"sqlite://{os.path.join(workdir, f'ceiling-{round_no}.db')}")
+        return run_ceiling(args, server_url)
+
+    if round_no % 2 == 0:
+        r, c = allocate(), ceiling()
+    else:
+        c = ceiling()
+        r = allocate()
+    r["ceiling_one"] = c["one_per_tx_rows_per_s"]
+    r["ceiling_batched"] = c["batched_rows_per_s"]
+    r["over_one"] = r["allocs_per_s"] / r["ceiling_one"]
+    r["over_batched"] = r["allocs_per_s"] / r["ceiling_batched"]
+    log(f"{backend} round {round_no + 1}: {r['allocs_per_s']:.0f} allocations/s (201: "
+        f"{r.get('created')}, other: {r.get('other')}, socket errors {r['socket_errors']}), "
+        f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms; ceilings {r['ceiling_one']:.0f} rows/s "
+        f"one per transaction ({r['over_one']:.1f}×), {r['ceiling_batched']:.0f} rows/s "
+        f"batched ({r['over_batched']:.2f}×)")
+    return r
+
+
 def measure_allocate(args, results):
     workdir = tempdir()
     backends = [("sqlite", None)]
@@ -383,28 +423,17 @@ def measure_allocate(args, results):
         else:
             backends.append(("postgres", args.postgres))
     for backend, server_url in backends:
-        if backend == "sqlite":
-            db = os.path.join(workdir, "allocate.db")
-            r = allocate_once(args, backend, f"sqlite://{db}", workdir)
-            with sqlite3.connect(db) as conn:
-                r["rows"] = conn.execute("SELECT count(*) FROM assignments").fetchone()[0]
-            ceiling = run_ceiling(args, f"sqlite://{os.path.join(workdir, 'ceiling.db')}")
-        else:
-            name = f"keyspread_bench_{os.getpid()}"
-            psql(server_url, f"DROP DATABASE IF EXISTS {name}")
-            psql(server_url, f"CREATE DATABASE {name}")
-            try:
-                r = allocate_once(args, backend, pg_database_url(server_url, name), workdir)
-            finally:
-                psql(server_url, f"DROP DATABASE IF EXISTS {name}")
-            ceiling = run_ceiling(args, server_url)
-        r["ceiling_one"] = ceiling["one_per_tx_rows_per_s"]
-        r["ceiling_batched"] = ceiling["batched_rows_per_s"]
-        log(f"{backend}: {r['allocs_per_s']:.0f} allocations/s (201: {r.get('created')}, other: "
-            f"{r.get('other')}, socket errors {r['socket_errors']}), p50 {r['p50_ms']} ms, "
-            f"p99 {r['p99_ms']} ms; ceilings {r['ceiling_one']:.0f} rows/s one per transaction, "
-            f"{r['ceiling_batched']:.0f} rows/s batched")
-        results.setdefault("allocate", {})[backend] = r
+        rounds = [allocate_round(args, backend, server_url, workdir, n)
+                  for n in range(args.alloc_rounds)]
+        # Each round's ratios compare runs minutes apart at most; the medians are the figures.
+        med = lambda key: statistics.median(r[key] for r in rounds)
+        summary = {key: med(key) for key in ("allocs_per_s", "p50_ms", "p99_ms", "ceiling_one",
+                                             "ceiling_batched", "over_one", "over_batched")}
+        for key in ("created", "other", "rows"):
+            if all(key in r for r in rounds):
+                summary[key] = sum(r[key] for r in rounds)
+        summary["rounds"] = rounds
+        results.setdefault("allocate", {})[backend] = summary
 
 
 # ---------------------------------------------------------------- criterion and memory bench
@@ -472,12 +501,13 @@ def table(results, args):
                      "—", ""))
         rows.append((f"{name}: ceiling, {BATCH_ROWS} rows per transaction",
                      f"{r['ceiling_batched']:,.0f} rows/s", "—", ""))
-        one = r["allocs_per_s"] / r["ceiling_one"]
-        batched = r["allocs_per_s"] / r["ceiling_batched"]
-        rows.append((f"{name}: allocations ÷ one-per-transaction ceiling", f"{one:.1f}×",
-                     *verdict("alloc_over_one", one)))
-        rows.append((f"{name}: allocations ÷ batched ceiling", f"{batched:.2f}×",
-                     *verdict("alloc_over_batched", batched)))
+        one = ", ".join(f"{x['over_one']:.1f}" for x in r["rounds"])
+        batched = ", ".join(f"{x['over_batched']:.2f}" for x in r["rounds"])
+        rows.append((f"{name}: allocations ÷ one-per-transaction ceiling",
+                     f"{r['over_one']:.1f}× (rounds: {one})", *verdict("alloc_over_one", r["over_one"])))
+        rows.append((f"{name}: allocations ÷ batched ceiling",
+                     f"{r['over_batched']:.2f}× (rounds: {batched})",
+                     *verdict("alloc_over_batched", r["over_batched"])))
     if "startup" in results:
         st = results["startup"]
         runs = ", ".join(f"{r[0]:.2f}" for r in st["runs"])
@@ -521,10 +551,12 @@ def configuration(args, commands):
                      f"{args.rounds} rounds × {args.duration} s per route, alternating; the ratio "
                      "is the median of the rounds' ratios, rates and latencies medians; 2 s warm-up")
     if "allocate" in commands:
-        lines.append(f"- allocation: fresh database per backend, {args.alloc_duration} s, every "
-                     f"request a new account; ceilings: `benches/store_ceiling.rs`, one writer, "
-                     f"{args.ceiling_secs} s per mode, same database and settings "
-                     "(SQLite WAL, synchronous=FULL)")
+        lines.append(f"- allocation: {args.alloc_rounds} rounds per backend, each {args.alloc_duration} s "
+                     f"of allocations on a fresh database, every request a new account, and the "
+                     f"ceilings (`benches/store_ceiling.rs`, one writer, {args.ceiling_secs} s per "
+                     "mode, same database server and settings: SQLite WAL, synchronous=FULL), in "
+                     "alternating order; ratios are medians of the rounds' ratios, rates and "
+                     "latencies medians, answers summed")
     if "startup" in commands:
         lines.append(f"- start-up: {args.accounts:,} accounts in SQLite, page cache warm (one "
                      f"untimed start first), /readyz polled every 5 ms, median of "
@@ -544,7 +576,9 @@ def main():
     parser.add_argument("--accounts", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5, help="lookup rounds per route")
     parser.add_argument("--duration", type=int, default=6, help="seconds per lookup round")
-    parser.add_argument("--alloc-duration", type=int, default=10, help="seconds per backend")
+    parser.add_argument("--alloc-rounds", type=int, default=3,
+                        help="allocation rounds per backend (allocations and ceilings each)")
+    parser.add_argument("--alloc-duration", type=int, default=8, help="seconds per allocation round")
     parser.add_argument("--ceiling-secs", type=float, default=5.0, help="seconds per ceiling mode")
     parser.add_argument("--startup-runs", type=int, default=3)
     parser.add_argument("--ceiling-binary", help="a built benches/store_ceiling.rs (default: "
