@@ -33,15 +33,10 @@ impl Registry {
         Ok(tx)
     }
 
-    /// Applies what other replicas committed since the last look; answers how many events.
-    pub async fn catch_up(&self) -> Result<usize, Error> {
-        self.catch_up_to(None).await
-    }
-
-    /// Applies what other replicas committed, unless a commit notice named event `logged`
-    /// and this process has applied that far: the notice of its own commit, or of one it
-    /// read already.
-    async fn catch_up_to(&self, logged: Option<i64>) -> Result<usize, Error> {
+    /// Applies what other replicas committed since the last look, unless a commit notice
+    /// named event `logged` and this process has applied that far: the notice of its own
+    /// commit, or of one it read already. Answers how many events it applied.
+    async fn catch_up(&self, logged: Option<i64>) -> Result<usize, Error> {
         let applied_here = |applied: i64| logged.is_some_and(|id| id <= applied);
         if applied_here(self.applied_event()) {
             return Ok(0);
@@ -96,7 +91,7 @@ impl Registry {
                 if logged.is_none() {
                     poll_at = Instant::now() + POLL;
                 }
-                if let Err(err) = this.catch_up_to(logged).await {
+                if let Err(err) = this.catch_up(logged).await {
                     tracing::warn!(%err, "cannot follow the event log; retrying");
                 }
             }

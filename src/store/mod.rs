@@ -129,6 +129,15 @@ pub enum StoreError {
     Database(sqlx::Error),
 }
 
+/// Whether a statement that changes one given row found it: [`StoreError::Stale`] if not.
+fn changed_one(rows_affected: u64) -> Result<()> {
+    if rows_affected == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Stale)
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match &err {

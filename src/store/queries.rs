@@ -82,9 +82,7 @@ macro_rules! queries {
                 .bind(key.to_vec())
                 .execute(&mut *conn)
                 .await?;
-            if done.rows_affected() != 1 {
-                return Err(StoreError::Stale);
-            }
+            crate::store::changed_one(done.rows_affected())?;
             log(conn, at, "reweight", a.account.as_str(), Some(key), Some(key), a.weight).await
         }
 
@@ -97,9 +95,7 @@ macro_rules! queries {
                     .bind(m.from.to_be_bytes().to_vec())
                     .execute(&mut *conn)
                     .await?;
-                if done.rows_affected() != 1 {
-                    return Err(StoreError::Stale);
-                }
+                crate::store::changed_one(done.rows_affected())?;
                 id = log(conn, at, "move", &m.account, Some(m.from.to_be_bytes()), Some(m.to.to_be_bytes()), m.weight).await?;
             }
             Ok(id)
@@ -149,9 +145,7 @@ macro_rules! queries {
 
         pub async fn delete_stream(conn: &mut Conn, name: &str, at: i64) -> Result<i64> {
             let done = sqlx::query("DELETE FROM streams WHERE name = $1").bind(name).execute(&mut *conn).await?;
-            if done.rows_affected() != 1 {
-                return Err(StoreError::Stale);
-            }
+            crate::store::changed_one(done.rows_affected())?;
             log_stream(conn, at, "stream_delete", name, None).await
         }
 

@@ -60,9 +60,7 @@ pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Resul
             .bind(key.to_vec())
             .execute(&mut *conn)
             .await?;
-        if done.rows_affected() != 1 {
-            return Err(StoreError::Stale);
-        }
+        super::changed_one(done.rows_affected())?;
         ids.push(
             log(
                 conn,
