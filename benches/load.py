@@ -404,6 +404,10 @@ def allocate_round(args, backend, server_url, workdir, round_no):
         r = allocate()
     r["ceiling_one"] = c["one_per_tx_rows_per_s"]
     r["ceiling_batched"] = c["batched_rows_per_s"]
+    # Absent from a store_ceiling built from an older tree.
+    r["group_write"] = c.get("group_write_rows_per_s")
+    if r["group_write"]:
+        r["group_over_batched"] = r["group_write"] / r["ceiling_batched"]
     r["over_one"] = r["allocs_per_s"] / r["ceiling_one"]
     r["over_batched"] = r["allocs_per_s"] / r["ceiling_batched"]
     log(f"{backend} round {round_no + 1}: {r['allocs_per_s']:.0f} allocations/s (201: "
@@ -429,6 +433,9 @@ def measure_allocate(args, results):
         med = lambda key: statistics.median(r[key] for r in rounds)
         summary = {key: med(key) for key in ("allocs_per_s", "p50_ms", "p99_ms", "ceiling_one",
                                              "ceiling_batched", "over_one", "over_batched")}
+        if all(r["group_write"] for r in rounds):
+            summary["group_write"] = med("group_write")
+            summary["group_over_batched"] = med("group_over_batched")
         for key in ("created", "other", "rows"):
             if all(key in r for r in rounds):
                 summary[key] = sum(r[key] for r in rounds)
@@ -501,6 +508,11 @@ def table(results, args):
                      "—", ""))
         rows.append((f"{name}: ceiling, {BATCH_ROWS} rows per transaction",
                      f"{r['ceiling_batched']:,.0f} rows/s", "—", ""))
+        if r.get("group_write"):
+            rows.append((f"{name}: the server's group write alone, {CONNECTIONS} accounts per "
+                         "transaction, no HTTP",
+                         f"{r['group_write']:,.0f} accounts/s "
+                         f"({r['group_over_batched']:.2f}× batched)", "—", ""))
         one = ", ".join(f"{x['over_one']:.1f}" for x in r["rounds"])
         batched = ", ".join(f"{x['over_batched']:.2f}" for x in r["rounds"])
         rows.append((f"{name}: allocations ÷ one-per-transaction ceiling",

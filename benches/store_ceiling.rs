@@ -2,6 +2,9 @@
 //! connection code (`Store::connect`: the connection and pragmas the server writes with).
 //! One writer inserts rows shaped like `assignments` into a scratch table for a bounded time,
 //! first one row per transaction, then 256 rows per transaction in one multi-row INSERT.
+//! Then, for comparison, the server's own write of a group of allocations
+//! (`Store::insert_if_current`: the log check, the rows and their `allocate` events) with
+//! 64 accounts per transaction, the most a group holds under the load script's 64 clients.
 //!
 //! ```text
 //! cargo bench --bench store_ceiling                          # a temporary SQLite file
@@ -9,8 +12,9 @@
 //! cargo bench --bench store_ceiling -- postgres://postgres:postgres@127.0.0.1/postgres
 //! ```
 //!
-//! On Postgres the URL names a server: the bench creates a scratch database beside the
-//! named one and drops it afterwards. The last line printed is one JSON object, for
+//! A SQLite URL must name a file that does not exist yet. On Postgres the URL names a
+//! server: the bench creates a scratch database beside the named one and drops it
+//! afterwards. The last line printed is one JSON object, for
 //! `benches/load.py`.
 
 mod common;
@@ -18,11 +22,15 @@ use common::SplitMix64;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use keyspread::store::Store;
+use keyspread::keyspace::{AccountId, HashKey};
+use keyspread::store::{Assignment, Store};
 use sqlx::Connection;
 
 /// Rows per transaction in the batched mode (one multi-row INSERT).
 const BATCH: usize = 256;
+/// Accounts per transaction in the server's own write: one group of the load script's
+/// 64 clients.
+const GROUP: usize = 64;
 const TABLE: &str = "ceiling_assignments";
 
 struct Args {
@@ -118,6 +126,36 @@ async fn run(store: &Store, rows: &mut Rows, rows_per_tx: usize, secs: f64) -> (
     (inserted, inserted as f64 / elapsed)
 }
 
+/// Commits groups of `GROUP` new accounts the way the server does until `secs` have
+/// passed; answers accounts/s.
+async fn run_groups(store: &Store, rows: &mut Rows, secs: f64) -> (u64, f64) {
+    let deadline = Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut seen = 0;
+    let mut inserted = 0u64;
+    while start.elapsed() < deadline {
+        let group: Vec<Assignment> = (0..GROUP)
+            .map(|_| {
+                let (account, key, weight, created_at) = rows.row();
+                Assignment {
+                    account: AccountId::parse(account).expect("account"),
+                    hash_key: HashKey::from_be_bytes(key.try_into().expect("16 bytes")),
+                    weight: weight as u64,
+                    created_at,
+                }
+            })
+            .collect();
+        let ids = store
+            .insert_if_current(seen, &group, group[0].created_at)
+            .await
+            .expect("insert_if_current");
+        seen = ids.into_iter().max().unwrap_or(seen);
+        inserted += GROUP as u64;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    (inserted, inserted as f64 / elapsed)
+}
+
 async fn execute(store: &Store, sql: &str) {
     match store {
         Store::Sqlite(pools) => sqlx::query(sql).execute(&pools.writes).await.map(drop),
@@ -176,6 +214,10 @@ async fn measure(url: &str, secs: f64) -> serde_json::Value {
         "{BATCH} rows per transaction: {batch_rate:>9.0} rows/s ({batch_rows} rows in {secs} s)"
     );
     execute(&store, &format!("DROP TABLE {TABLE}")).await;
+    let (group_rows, group_rate) = run_groups(&store, &mut rows, secs).await;
+    println!(
+        "server's write, {GROUP}/tx:  {group_rate:>9.0} accounts/s ({group_rows} in {secs} s)"
+    );
     match &store {
         Store::Sqlite(pools) => {
             pools.writes.close().await;
@@ -190,6 +232,8 @@ async fn measure(url: &str, secs: f64) -> serde_json::Value {
             "batch_rows": BATCH,
             "one_per_tx_rows_per_s": one_rate.round(),
             "batched_rows_per_s": batch_rate.round(),
+            "group_rows": GROUP,
+            "group_write_rows_per_s": group_rate.round(),
         }
     })
 }
@@ -212,6 +256,16 @@ fn main() {
             pg_admin(&url, &format!("DROP DATABASE {name}")).await;
             result
         } else {
+            // The bench writes accounts into the file's tables: never into an existing one.
+            let path = url
+                .trim_start_matches("sqlite://")
+                .split('?')
+                .next()
+                .unwrap_or("");
+            assert!(
+                !std::path::Path::new(path).exists(),
+                "{path} exists: give the path of a new SQLite file, the bench writes into it"
+            );
             measure(&url, args.secs).await
         }
     });
