@@ -258,7 +258,9 @@ fn main() {
         } else {
             // The bench writes accounts into the file's tables: never into an existing one.
             let path = url
-                .trim_start_matches("sqlite://")
+                .strip_prefix("sqlite://")
+                .or_else(|| url.strip_prefix("sqlite:"))
+                .unwrap_or(&url)
                 .split('?')
                 .next()
                 .unwrap_or("");
