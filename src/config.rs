@@ -65,6 +65,14 @@ pub struct ServeConfig {
     /// Mutations a client may make at once before the per-second rate applies.
     #[arg(long, env = "KEYSPREAD_MUTATION_BURST", default_value_t = 2000)]
     pub mutation_burst: u32,
+
+    /// Proxies or load balancers in front of the service, as addresses or networks
+    /// (`10.0.0.0/8,127.0.0.1`). A request from one of them is taken to come from the client
+    /// its `X-Forwarded-For` names: the rate limit and the loopback rule apply to that client.
+    /// None by default: the header is ignored.
+    #[arg(long, env = "KEYSPREAD_TRUSTED_PROXIES", value_delimiter = ',',
+          value_parser = crate::http::parse_network)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl ServeConfig {
@@ -82,6 +90,7 @@ impl ServeConfig {
             max_connections: 10_000,
             mutation_rate: 0,
             mutation_burst: 2000,
+            trusted_proxies: Vec::new(),
         }
     }
 

@@ -36,6 +36,9 @@ pub struct AppState {
     pub http_metrics: Arc<http::HttpMetrics>,
     /// Per-client rate limit of mutations, if any.
     pub mutation_limit: Option<Arc<http::MutationLimiter>>,
+    /// Proxies whose `X-Forwarded-For` names the client that the limit and the loopback
+    /// rule apply to.
+    pub trusted_proxies: Arc<http::TrustedProxies>,
     /// Limits on connections, applied by [`serve`].
     pub connections: ConnectionLimits,
 }
@@ -64,6 +67,7 @@ impl AppState {
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),
             mutation_limit: http::MutationLimiter::new(config.mutation_rate, config.mutation_burst)
                 .map(Arc::new),
+            trusted_proxies: Arc::new(http::TrustedProxies::new(config.trusted_proxies.clone())),
             connections: ConnectionLimits {
                 header_timeout: config.header_timeout(),
                 max_connections: config.max_connections as usize,

@@ -13,7 +13,8 @@ use super::error::{PROBLEM_JSON, problem};
 use crate::AppState;
 
 /// Mutations are rate-limited per client, then need the bearer token when one is
-/// configured, else a loopback client. Reads pass untouched.
+/// configured, else a loopback client. Reads pass untouched. Behind a trusted proxy, the
+/// client is the one its `X-Forwarded-For` names.
 pub async fn guard_mutations(
     State(state): State<AppState>,
     request: Request,
@@ -25,9 +26,11 @@ pub async fn guard_mutations(
     ) {
         return next.run(request).await;
     }
+    let client =
+        peer(&request).map(|addr| state.trusted_proxies.client(addr.ip(), request.headers()));
     // Before authentication, so that guessing tokens is limited too.
-    if let (Some(limiter), Some(addr)) = (&state.mutation_limit, peer(&request))
-        && let Err(wait) = limiter.check(addr.ip())
+    if let (Some(limiter), Some(client)) = (&state.mutation_limit, client)
+        && let Err(wait) = limiter.check(client)
     {
         return too_many(wait);
     }
@@ -48,7 +51,7 @@ pub async fn guard_mutations(
             denied
         }
         None => {
-            if peer(&request).is_some_and(|addr| addr.ip().to_canonical().is_loopback()) {
+            if client.is_some_and(|ip| ip.is_loopback()) {
                 next.run(request).await
             } else {
                 problem(
@@ -76,7 +79,7 @@ fn too_many(wait: std::time::Duration) -> Response<Body> {
     refused
 }
 
-/// The client's address, as the server saw it (or as a test mocks it).
+/// The connection's peer, as the server saw it (or as a test mocks it).
 fn peer(request: &Request) -> Option<SocketAddr> {
     let extensions = request.extensions();
     extensions

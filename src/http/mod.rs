@@ -1,5 +1,6 @@
 //! HTTP: routes, middleware, errors and the OpenAPI document.
 
+mod client;
 mod error;
 mod events;
 mod extract;
@@ -28,6 +29,7 @@ use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
+pub use client::{TrustedProxies, parse_network};
 pub use error::{ApiError, PROBLEM_JSON, Problem};
 pub use events::{EventBody, EventPage};
 pub use keys::{Assignment, AssignmentPage};

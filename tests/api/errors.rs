@@ -120,18 +120,82 @@ async fn a_token_guards_every_mutation() {
 
 /// Sends one request through the in-process router as if from `peer`.
 async fn from_peer(peer: SocketAddr, method: &str, path: &str) -> StatusCode {
+    via_proxy(&[], peer, None, method, path).await
+}
+
+/// Sends one request through the in-process router of a server that trusts `proxies`,
+/// as if from `peer`, with `X-Forwarded-For: forwarded` if given.
+async fn via_proxy(
+    proxies: &[&str],
+    peer: SocketAddr,
+    forwarded: Option<&str>,
+    method: &str,
+    path: &str,
+) -> StatusCode {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("k.db").display());
-    let state = keyspread::AppState::open(&keyspread::config::ServeConfig::for_tests(url))
-        .await
-        .unwrap();
+    let mut config = keyspread::config::ServeConfig::for_tests(url);
+    config.trusted_proxies = proxies
+        .iter()
+        .map(|p| keyspread::http::parse_network(p).unwrap())
+        .collect();
+    let state = keyspread::AppState::open(&config).await.unwrap();
     let app = keyspread::app(state).layer(MockConnectInfo(peer));
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .body(Body::empty())
-        .unwrap();
+    let mut request = Request::builder().method(method).uri(path);
+    if let Some(forwarded) = forwarded {
+        request = request.header("x-forwarded-for", forwarded);
+    }
+    let request = request.body(Body::empty()).unwrap();
     app.oneshot(request).await.unwrap().status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_without_a_token_the_forwarded_client_must_be_local() {
+    let local_proxy: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+    let remote: SocketAddr = "203.0.113.9:5000".parse().unwrap();
+    let trusted = ["127.0.0.1"];
+    // A remote client relayed by a proxy on this host is still remote.
+    assert_eq!(
+        via_proxy(
+            &trusted,
+            local_proxy,
+            Some("203.0.113.9"),
+            "POST",
+            "/keys/a"
+        )
+        .await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        via_proxy(
+            &trusted,
+            local_proxy,
+            Some("203.0.113.9"),
+            "DELETE",
+            "/keys/a"
+        )
+        .await,
+        StatusCode::FORBIDDEN
+    );
+    // A local client through it, or the proxy's own request, is local.
+    assert_eq!(
+        via_proxy(&trusted, local_proxy, Some("127.0.0.1"), "POST", "/keys/a").await,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        via_proxy(&trusted, local_proxy, None, "POST", "/keys/a").await,
+        StatusCode::CREATED
+    );
+    // An untrusted peer cannot claim to be local.
+    assert_eq!(
+        via_proxy(&trusted, remote, Some("127.0.0.1"), "POST", "/keys/a").await,
+        StatusCode::FORBIDDEN
+    );
+    // Without trusted proxies the header is ignored.
+    assert_eq!(
+        via_proxy(&[], local_proxy, Some("203.0.113.9"), "POST", "/keys/a").await,
+        StatusCode::CREATED
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

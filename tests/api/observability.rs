@@ -306,6 +306,41 @@ async fn the_event_feed_refuses_bad_paging() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_rate() {
+    for trusted in [true, false] {
+        // Forwarded clients are not local: they need the token.
+        let token = "proxied-token-0123456789";
+        let app = spawn_app_with(|c| {
+            c.mutation_rate = 1;
+            c.mutation_burst = 2;
+            c.token = Some(token.parse().unwrap());
+            if trusted {
+                c.trusted_proxies = vec![keyspread::http::parse_network("127.0.0.1").unwrap()];
+            }
+        })
+        .await;
+        let post = |client: &'static str, n: usize| {
+            let request = app
+                .client
+                .post(app.url(&format!("/keys/{client}-{n}")))
+                .bearer_auth(token)
+                .header("x-forwarded-for", client);
+            async move { request.send().await.unwrap().status() }
+        };
+        // The first client spends its burst (a slow commit may let one more token in).
+        let mut n = 0;
+        while post("198.51.100.1", n).await == 201 {
+            n += 1;
+            assert!(n <= 5, "no 429 after {n} mutations");
+        }
+        assert!(n >= 2, "refused within the burst, after {n}");
+        // Another client behind the same proxy: its own budget only if the proxy is trusted.
+        let other = post("198.51.100.2", 0).await;
+        assert_eq!(other, if trusted { 201 } else { 429 }, "trusted: {trusted}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutations_past_the_rate_are_refused_429_then_allowed_again() {
     let app = spawn_app_with(|c| {
         c.mutation_rate = 1;

@@ -1,0 +1,168 @@
+//! Which client sent a request: the peer of the connection, or, when that peer is a proxy
+//! the operator trusts, the client its `X-Forwarded-For` names.
+//!
+//! Each proxy appends the address it received the request from, so the header reads
+//! `client, proxy1, proxy2` and the peer is the last proxy. Only entries added by trusted
+//! proxies can be believed: walking from the right, the first address that is not a trusted
+//! proxy is the client. Anything left of it was written by that client and may be forged.
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::http::HeaderMap;
+use ipnet::IpNet;
+
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+
+/// The proxies and load balancers allowed to name the client in `X-Forwarded-For`.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies {
+    networks: Vec<IpNet>,
+}
+
+impl TrustedProxies {
+    pub fn new(networks: Vec<IpNet>) -> TrustedProxies {
+        TrustedProxies { networks }
+    }
+
+    fn trusts(&self, address: IpAddr) -> bool {
+        self.networks.iter().any(|net| net.contains(&address))
+    }
+
+    /// The client of a request that arrived from `peer` with `headers`.
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let mut client = peer.to_canonical();
+        if !self.trusts(client) {
+            return client;
+        }
+        // Every `X-Forwarded-For` line, in order, is one list.
+        let hops = headers
+            .get_all(X_FORWARDED_FOR)
+            .iter()
+            .flat_map(|line| line.to_str().unwrap_or("?").split(','))
+            .collect::<Vec<_>>();
+        for hop in hops.iter().rev() {
+            // An entry that is not an address: nothing left of it can be traced.
+            let Some(address) = parse_hop(hop.trim()) else {
+                break;
+            };
+            client = address;
+            if !self.trusts(address) {
+                break;
+            }
+        }
+        client
+    }
+}
+
+/// An `X-Forwarded-For` entry: an address, with a port as some proxies write it.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    hop.parse::<IpAddr>()
+        .or_else(|_| hop.parse::<SocketAddr>().map(|s| s.ip()))
+        .ok()
+        .map(|ip| ip.to_canonical())
+}
+
+/// A `--trusted-proxies` entry: a network (`10.0.0.0/8`) or one address (`127.0.0.1`).
+pub fn parse_network(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{text:?} is neither an IP address nor a network such as 10.0.0.0/8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxies(list: &[&str]) -> TrustedProxies {
+        TrustedProxies::new(list.iter().map(|s| parse_network(s).unwrap()).collect())
+    }
+
+    fn forwarded(lines: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for line in lines {
+            headers.append(X_FORWARDED_FOR, line.parse().unwrap());
+        }
+        headers
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_forwards() {
+        let trusted = proxies(&["10.0.0.0/8"]);
+        let headers = forwarded(&["127.0.0.1"]);
+        assert_eq!(
+            trusted.client(ip("203.0.113.9"), &headers),
+            ip("203.0.113.9")
+        );
+        let nobody = TrustedProxies::default();
+        assert_eq!(nobody.client(ip("10.0.0.1"), &headers), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn a_trusted_peer_names_the_first_untrusted_hop_from_the_right() {
+        let trusted = proxies(&["10.0.0.0/8", "127.0.0.1"]);
+        // The client forged the leftmost entry; the load balancer appended the real one.
+        let headers = forwarded(&["192.0.2.1, 198.51.100.7, 10.1.2.3"]);
+        assert_eq!(
+            trusted.client(ip("127.0.0.1"), &headers),
+            ip("198.51.100.7")
+        );
+        // The same list over several header lines.
+        let lines = forwarded(&["192.0.2.1", "198.51.100.7", "10.1.2.3"]);
+        assert_eq!(trusted.client(ip("127.0.0.1"), &lines), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn when_every_hop_is_trusted_the_leftmost_is_the_client() {
+        let trusted = proxies(&["10.0.0.0/8"]);
+        let headers = forwarded(&["10.9.9.9, 10.1.1.1"]);
+        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), ip("10.9.9.9"));
+        // No header: the proxy itself.
+        assert_eq!(
+            trusted.client(ip("10.0.0.1"), &HeaderMap::new()),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn garbage_stops_the_walk_at_the_last_address_vouched_for() {
+        let trusted = proxies(&["10.0.0.0/8"]);
+        let headers = forwarded(&["198.51.100.7, unknown, 10.1.1.1"]);
+        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), ip("10.1.1.1"));
+        let headers = forwarded(&["198.51.100.7, not-an-address"]);
+        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn ports_and_ipv6_are_understood() {
+        let trusted = proxies(&["::1", "fd00::/8"]);
+        let headers = forwarded(&["[2001:db8::5]:4711, 198.51.100.7:80, fd00::2"]);
+        assert_eq!(trusted.client(ip("::1"), &headers), ip("198.51.100.7"));
+        // An IPv4 peer seen through an IPv6 socket is the same address.
+        let v4 = proxies(&["127.0.0.1"]);
+        let mapped = ip("::ffff:127.0.0.1");
+        assert_eq!(
+            v4.client(mapped, &forwarded(&["192.0.2.8"])),
+            ip("192.0.2.8")
+        );
+    }
+
+    #[test]
+    fn networks_parse_with_or_without_a_prefix() {
+        assert_eq!(
+            parse_network("10.0.0.0/8").unwrap().to_string(),
+            "10.0.0.0/8"
+        );
+        assert_eq!(
+            parse_network(" 127.0.0.1 ").unwrap().to_string(),
+            "127.0.0.1/32"
+        );
+        assert_eq!(parse_network("::1").unwrap().to_string(), "::1/128");
+        assert!(parse_network("10.0.0.0/33").is_err());
+        assert!(parse_network("localhost").is_err());
+    }
+}
