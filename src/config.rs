@@ -25,6 +25,11 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true)]
     pub token: Option<Token>,
 
+    /// Bearer token `GET /metrics` needs; without one, metrics are open to every client
+    /// (they hold counts and latencies, never accounts or keys).
+    #[arg(long, env = "KEYSPREAD_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<Token>,
+
     /// Width of the keyspace in bits; 128 is Kinesis', fewer only for experiments.
     #[arg(long, env = "KEYSPREAD_KEYSPACE_BITS", default_value_t = 128,
           value_parser = clap::value_parser!(u32).range(1..=128))]
@@ -82,6 +87,7 @@ impl ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             database_url,
             token: None,
+            metrics_token: None,
             keyspace_bits: 128,
             primary_stream: None,
             lookup_cache_control: axum::http::HeaderValue::from_static("max-age=60"),

@@ -29,6 +29,8 @@ pub use http::router as app;
 pub struct AppState {
     pub registry: Arc<Registry>,
     pub token: Option<Arc<Token>>,
+    /// Bearer token `GET /metrics` needs, if any.
+    pub metrics_token: Option<Arc<Token>>,
     pub request_timeout: Duration,
     /// `Cache-Control` of lookup answers.
     pub lookup_cache_control: axum::http::HeaderValue,
@@ -62,6 +64,7 @@ impl AppState {
         Ok(AppState {
             registry,
             token: config.token.clone().map(Arc::new),
+            metrics_token: config.metrics_token.clone().map(Arc::new),
             request_timeout: config.request_timeout(),
             lookup_cache_control: config.lookup_cache_control.clone(),
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),

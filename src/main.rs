@@ -217,6 +217,7 @@ async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
         database = %redact_url(&config.database_url),
         keyspace_bits = config.keyspace_bits,
         token = config.token.is_some(),
+        metrics_token = config.metrics_token.is_some(),
         trusted_proxies = ?config.trusted_proxies,
         "starting keyspread"
     );

@@ -9,13 +9,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{Method, Response, header};
+use axum::http::{HeaderMap, Method, Response, header};
 use axum::response::IntoResponse;
 use tower::{Layer, Service};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::Problem;
+use super::middleware::{carries, unauthorized};
 use crate::AppState;
 use crate::metrics::{Counter, Histogram, escape, header as help_header};
 
@@ -26,15 +29,23 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(metrics))
 }
 
-/// Prometheus metrics: requests, changes, the database, replica lag.
+/// Prometheus metrics: requests, changes, the database, replica lag. When the server has a
+/// metrics token, only requests that carry it.
 #[utoipa::path(get, path = "/metrics", tag = "observability",
     responses((status = 200, description = "Metrics in the Prometheus text format 0.0.4", body = String,
-               content_type = "text/plain; version=0.0.4")))]
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+               content_type = "text/plain; version=0.0.4"),
+              (status = 401, description = "The server has a metrics token and the request did not carry it",
+               body = Problem, content_type = "application/problem+json")))]
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response<Body> {
+    if let Some(token) = &state.metrics_token
+        && !carries(&headers, token)
+    {
+        return unauthorized("metrics need Authorization: Bearer <metrics token>");
+    }
     let mut out = String::with_capacity(32 * 1024);
     state.http_metrics.render(&mut out);
     state.registry.render_metrics(&mut out).await;
-    ([(header::CONTENT_TYPE, TEXT_FORMAT)], out)
+    ([(header::CONTENT_TYPE, TEXT_FORMAT)], out).into_response()
 }
 
 const METHODS: [&str; 8] = [

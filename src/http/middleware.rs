@@ -11,6 +11,7 @@ use axum::middleware::Next;
 
 use super::error::{PROBLEM_JSON, problem};
 use crate::AppState;
+use crate::config::Token;
 
 /// Mutations are rate-limited per client, then need the bearer token when one is
 /// configured, else a loopback client. Reads pass untouched. Behind a trusted proxy, the
@@ -36,19 +37,10 @@ pub async fn guard_mutations(
     }
     match &state.token {
         Some(token) => {
-            if bearer(request.headers()).is_some_and(|given| same_secret(given, token.expose())) {
+            if carries(request.headers(), token) {
                 return next.run(request).await;
             }
-            let mut denied = problem(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "this request changes assignments: send Authorization: Bearer <token>",
-            );
-            denied.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                "Bearer".parse().expect("static header"),
-            );
-            denied
+            unauthorized("this request changes assignments: send Authorization: Bearer <token>")
         }
         None => {
             if client.is_some_and(|ip| ip.is_loopback()) {
@@ -90,6 +82,21 @@ fn peer(request: &Request) -> Option<SocketAddr> {
                 .get::<MockConnectInfo<SocketAddr>>()
                 .map(|MockConnectInfo(addr)| *addr)
         })
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>`.
+pub(super) fn carries(headers: &HeaderMap, token: &Token) -> bool {
+    bearer(headers).is_some_and(|given| same_secret(given, token.expose()))
+}
+
+/// 401, asking for a bearer token.
+pub(super) fn unauthorized(detail: &str) -> Response<Body> {
+    let mut denied = problem(StatusCode::UNAUTHORIZED, "unauthorized", detail);
+    denied.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        "Bearer".parse().expect("static header"),
+    );
+    denied
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {

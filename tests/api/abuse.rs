@@ -256,6 +256,7 @@ async fn past_the_connection_cap_clients_wait_until_idle_ones_time_out() {
 
 const TOKEN: &str = "s3cr3t-t0ken-that-must-never-be-logged";
 const WRONG: &str = "wrong-t0ken-that-must-never-be-logged-either";
+const METRICS_TOKEN: &str = "scrape-t0ken-that-must-never-be-logged";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_never_reach_the_logs_even_at_trace_level() {
@@ -279,6 +280,7 @@ async fn tokens_never_reach_the_logs_even_at_trace_level() {
         .env("DATABASE_URL", &database_url)
         .env("KEYSPREAD_LISTEN", format!("127.0.0.1:{port}"))
         .env("KEYSPREAD_TOKEN", TOKEN)
+        .env("KEYSPREAD_METRICS_TOKEN", METRICS_TOKEN)
         .env("RUST_LOG", "trace")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -335,6 +337,13 @@ async fn tokens_never_reach_the_logs_even_at_trace_level() {
             Some(bearer(TOKEN)),
             204,
         ),
+        (
+            reqwest::Method::GET,
+            "/metrics",
+            Some(bearer(METRICS_TOKEN)),
+            200,
+        ),
+        (reqwest::Method::GET, "/metrics", Some(bearer(WRONG)), 401),
     ];
     for (method, path, authorization, status) in calls {
         let mut request = client.request(method.clone(), format!("{base}{path}"));
@@ -355,7 +364,7 @@ async fn tokens_never_reach_the_logs_even_at_trace_level() {
         text.contains("path=/keys/logged"),
         "requests not logged:\n{text}"
     );
-    for secret in [TOKEN, WRONG] {
+    for secret in [TOKEN, WRONG, METRICS_TOKEN] {
         assert!(!text.contains(secret), "{secret} appears in the log");
     }
 }

@@ -306,6 +306,37 @@ async fn the_event_feed_refuses_bad_paging() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_token_closes_metrics_to_everyone_else() {
+    let (admin, scraper) = ("admin-token-0123456789", "scrape-token-0123456789");
+    let app = spawn_app_with(|c| {
+        c.token = Some(admin.parse().unwrap());
+        c.metrics_token = Some(scraper.parse().unwrap());
+    })
+    .await;
+    let get = |token: Option<&'static str>| {
+        let mut request = app.client.get(app.url("/metrics"));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap() }
+    };
+    for refused in [None, Some("wrong-token-0123456789"), Some(admin)] {
+        let response = get(refused).await;
+        assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        assert_problem(
+            &crate::helpers::answer(response).await,
+            401,
+            "metrics token",
+        );
+    }
+    let page = get(Some(scraper)).await;
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("keyspread_accounts"));
+    // Lookups and health stay open.
+    assert_eq!(app.get("/healthz").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_rate() {
     for trusted in [true, false] {
         // Forwarded clients are not local: they need the token.
