@@ -2,7 +2,8 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -149,18 +150,47 @@ fn stream_name(name: String) -> Result<String, ApiError> {
     }
 }
 
-/// List registered streams.
+/// Most streams one page of `GET /streams` holds: each carries its whole shard map.
+const MAX_STREAM_PAGE: u32 = 1000;
+
+/// Paging through streams by name.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StreamListParams {
+    /// Start after this name (the last of the previous page): names sort bytewise.
+    pub after: Option<String>,
+    /// Page size, 1..=1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// List registered streams, paged by name.
 #[utoipa::path(get, path = "/streams", tag = "streams",
-    responses((status = 200, description = "Every registered stream, by name", body = Vec<StreamBody>)))]
-async fn list_streams(State(state): State<AppState>) -> Json<Vec<StreamBody>> {
-    Json(
-        state
-            .registry
-            .streams()
-            .iter()
-            .map(StreamBody::from)
-            .collect(),
-    )
+    params(StreamListParams),
+    responses(
+        (status = 200, description = "One page of registered streams, by name", body = Vec<StreamBody>,
+         headers(("Link" = String, description = "`</streams?after=NAME&limit=N>; rel=\"next\"` when more streams follow"))),
+        (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn list_streams(
+    State(state): State<AppState>,
+    Query(params): Query<StreamListParams>,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = super::page_limit(params.limit, MAX_STREAM_PAGE)?;
+    // One extra stream tells whether another page follows.
+    let mut streams = state
+        .registry
+        .streams(params.after.as_deref(), limit as usize + 1);
+    let mut headers = HeaderMap::new();
+    if streams.len() > limit as usize {
+        streams.truncate(limit as usize);
+        let last = &streams.last().expect("a full page").name;
+        // Stream names need no escaping in a URL.
+        let link = format!("</streams?after={last}&limit={limit}>; rel=\"next\"");
+        headers.insert(header::LINK, link.parse().expect("a valid header value"));
+    }
+    let page: Vec<StreamBody> = streams.iter().map(StreamBody::from).collect();
+    Ok((headers, Json(page)))
 }
 
 /// Register or replace a stream's shard map.

@@ -55,13 +55,16 @@ impl Stream {
 }
 
 impl Registry {
-    /// Every registered stream, by name.
-    pub fn streams(&self) -> Vec<Stream> {
+    /// Up to `limit` registered streams named after `after`, by name.
+    pub fn streams(&self, after: Option<&str>, limit: usize) -> Vec<Stream> {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         self.streams
             .read()
             .expect("streams lock poisoned")
-            .values()
-            .cloned()
+            .range::<str, _>((from, Bound::Unbounded))
+            .map(|(_, stream)| stream.clone())
+            .take(limit)
             .collect()
     }
 

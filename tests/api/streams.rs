@@ -51,6 +51,48 @@ async fn register_list_show_and_forget() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_listed_a_page_at_a_time_by_name() {
+    let app = spawn_app().await;
+    for name in ["e", "b", "d", "a", "c"] {
+        assert_eq!(put(&app, name, json!({"shard_count": 2})).await.status, 201);
+    }
+    // Follow the Link header from the first page to the last.
+    let mut path = "/streams?limit=2".to_owned();
+    let mut pages = Vec::new();
+    loop {
+        let response = app.client.get(app.url(&path)).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let link = response
+            .headers()
+            .get("link")
+            .map(|l| l.to_str().unwrap().to_owned());
+        let page: Value = response.json().await.unwrap();
+        let names: Vec<String> = page
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_owned())
+            .collect();
+        pages.push(names);
+        let Some(link) = link else { break };
+        let (target, rel) = link.split_once("; ").unwrap();
+        assert_eq!(rel, r#"rel="next""#);
+        path = target.trim_matches(|c| c == '<' || c == '>').to_owned();
+        assert!(pages.len() < 5, "pages never end: {pages:?}");
+    }
+    assert_eq!(pages, [vec!["a", "b"], vec!["c", "d"], vec!["e"]]);
+    // The default page holds them all; a page may start after a name never registered.
+    assert_eq!(app.get("/streams").await.body.as_array().unwrap().len(), 5);
+    let rest = app.get("/streams?after=bb").await.body;
+    assert_eq!(rest[0]["name"], "c");
+    assert_eq!(rest.as_array().unwrap().len(), 3);
+    assert_problem(&app.get("/streams?limit=0").await, 400, "limit");
+    assert_problem(&app.get("/streams?limit=1001").await, 400, "limit");
+    // Any text marks a place in the order, a valid name or not.
+    assert_eq!(app.get("/streams?after=c%20d").await.body[0]["name"], "d");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_maps_and_names_are_rejected() {
     let app = spawn_app().await;
     assert_problem(
