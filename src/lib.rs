@@ -28,21 +28,30 @@ pub use http::router as app;
 #[derive(Clone)]
 pub struct AppState {
     pub registry: Arc<Registry>,
-    pub token: Option<Arc<Token>>,
-    /// Bearer token `GET /metrics` needs, if any.
-    pub metrics_token: Option<Arc<Token>>,
+    /// Who may change assignments and read metrics.
+    pub access: Arc<Access>,
     pub request_timeout: Duration,
     /// `Cache-Control` of lookup answers.
     pub lookup_cache_control: axum::http::HeaderValue,
     /// Requests counted by route.
     pub http_metrics: Arc<http::HttpMetrics>,
-    /// Per-client rate limit of mutations, if any.
-    pub mutation_limit: Option<Arc<http::MutationLimiter>>,
-    /// Proxies whose `X-Forwarded-For` names the client that the limit and the loopback
-    /// rule apply to.
-    pub trusted_proxies: Arc<http::TrustedProxies>,
     /// Limits on connections, applied by [`serve`].
     pub connections: ConnectionLimits,
+}
+
+/// Who may change assignments and read metrics (one `Arc` in [`AppState`], which every
+/// request clones).
+#[derive(Debug)]
+pub struct Access {
+    /// Bearer token of mutations; without one, only loopback clients may mutate.
+    pub token: Option<Token>,
+    /// Bearer token `GET /metrics` needs, if any.
+    pub metrics_token: Option<Token>,
+    /// Per-client rate limit of mutations, if any.
+    pub mutation_limit: Option<http::MutationLimiter>,
+    /// Proxies whose `X-Forwarded-For` names the client that the limit and the loopback
+    /// rule apply to.
+    pub trusted_proxies: http::TrustedProxies,
 }
 
 /// How long connections may dawdle, and how many are served at once.
@@ -63,14 +72,18 @@ impl AppState {
         registry.follow();
         Ok(AppState {
             registry,
-            token: config.token.clone().map(Arc::new),
-            metrics_token: config.metrics_token.clone().map(Arc::new),
+            access: Arc::new(Access {
+                token: config.token.clone(),
+                metrics_token: config.metrics_token.clone(),
+                mutation_limit: http::MutationLimiter::new(
+                    config.mutation_rate,
+                    config.mutation_burst,
+                ),
+                trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
+            }),
             request_timeout: config.request_timeout(),
             lookup_cache_control: config.lookup_cache_control.clone(),
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),
-            mutation_limit: http::MutationLimiter::new(config.mutation_rate, config.mutation_burst)
-                .map(Arc::new),
-            trusted_proxies: Arc::new(http::TrustedProxies::new(config.trusted_proxies.clone())),
             connections: ConnectionLimits {
                 header_timeout: config.header_timeout(),
                 max_connections: config.max_connections as usize,

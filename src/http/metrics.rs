@@ -37,7 +37,7 @@ pub fn router() -> OpenApiRouter<AppState> {
               (status = 401, description = "The server has a metrics token and the request did not carry it",
                body = Problem, content_type = "application/problem+json")))]
 async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response<Body> {
-    if let Some(token) = &state.metrics_token
+    if let Some(token) = &state.access.metrics_token
         && !carries(&headers, token)
     {
         return unauthorized("metrics need Authorization: Bearer <metrics token>");

@@ -27,15 +27,16 @@ pub async fn guard_mutations(
     ) {
         return next.run(request).await;
     }
+    let access = &state.access;
     let client =
-        peer(&request).map(|addr| state.trusted_proxies.client(addr.ip(), request.headers()));
+        peer(&request).map(|addr| access.trusted_proxies.client(addr.ip(), request.headers()));
     // Before authentication, so that guessing tokens is limited too.
-    if let (Some(limiter), Some(client)) = (&state.mutation_limit, client)
+    if let (Some(limiter), Some(client)) = (&access.mutation_limit, client)
         && let Err(wait) = limiter.check(client)
     {
         return too_many(wait);
     }
-    match &state.token {
+    match &access.token {
         Some(token) => {
             if carries(request.headers(), token) {
                 return next.run(request).await;

@@ -177,13 +177,11 @@ async fn list_streams(
     Query(params): Query<StreamListParams>,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = super::page_limit(params.limit, MAX_STREAM_PAGE)?;
-    // One extra stream tells whether another page follows.
-    let mut streams = state
+    let (streams, more) = state
         .registry
-        .streams(params.after.as_deref(), limit as usize + 1);
+        .streams(params.after.as_deref(), limit as usize);
     let mut headers = HeaderMap::new();
-    if streams.len() > limit as usize {
-        streams.truncate(limit as usize);
+    if more {
         let last = &streams.last().expect("a full page").name;
         // Stream names need no escaping in a URL.
         let link = format!("</streams?after={last}&limit={limit}>; rel=\"next\"");

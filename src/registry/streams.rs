@@ -55,17 +55,15 @@ impl Stream {
 }
 
 impl Registry {
-    /// Up to `limit` registered streams named after `after`, by name.
-    pub fn streams(&self, after: Option<&str>, limit: usize) -> Vec<Stream> {
+    /// Up to `limit` registered streams named after `after`, by name, and whether more
+    /// follow.
+    pub fn streams(&self, after: Option<&str>, limit: usize) -> (Vec<Stream>, bool) {
         use std::ops::Bound;
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.streams
-            .read()
-            .expect("streams lock poisoned")
-            .range::<str, _>((from, Bound::Unbounded))
-            .map(|(_, stream)| stream.clone())
-            .take(limit)
-            .collect()
+        let streams = self.streams.read().expect("streams lock poisoned");
+        let mut named = streams.range::<str, _>((from, Bound::Unbounded));
+        let page = named.by_ref().take(limit).map(|(_, s)| s.clone()).collect();
+        (page, named.next().is_some())
     }
 
     pub fn stream(&self, name: &str) -> Option<Stream> {
