@@ -241,14 +241,14 @@ impl Registry {
     }
 
     /// Gives `account` a hash key, or answers the one it has.
+    ///
+    /// Decided against the database like every change, never from memory alone: another
+    /// replica may have released the account a moment ago.
     pub async fn allocate(
         self: &Arc<Self>,
         account: AccountId,
         weight: u64,
     ) -> Result<Allocated, Error> {
-        if let Some(existing) = self.lookup(account.as_str()) {
-            return Ok(Allocated::Existing(existing));
-        }
         let request = NewAccount {
             account,
             weight,
@@ -268,32 +268,35 @@ impl Registry {
             let mut w = this.writer.lock().await;
             let now = now_ms();
             // Mostly the log is where this process last saw it: pick from memory and write
-            // it all in one round trip. If another writer got in first, catch up and pick
-            // again inside a transaction that holds the write lock.
+            // it all in one round trip (or, when every account had a key, check in one
+            // round trip that the log has not moved). If another writer got in first,
+            // catch up and pick again inside a transaction that holds the write lock.
             let (answers, new) = this.pick(&mut w, &requests, now)?;
-            if new.is_empty() {
-                return Ok(answers);
-            }
             let started = Instant::now();
-            let (answers, new, ids) =
-                match this.store.insert_if_current(w.last_event, &new, now).await {
-                    Ok(ids) => {
-                        this.count_committed(started, Committed::Allocations(new.len()));
-                        (answers, new, ids)
+            let written = if new.is_empty() {
+                this.unmoved_since(w.last_event).await.map(|()| Vec::new())
+            } else {
+                this.store.insert_if_current(w.last_event, &new, now).await
+            };
+            let (answers, new, ids) = match written {
+                Ok(_) if new.is_empty() => return Ok(answers),
+                Ok(ids) => {
+                    this.count_committed(started, Committed::Allocations(new.len()));
+                    (answers, new, ids)
+                }
+                Err(StoreError::LogMoved) => {
+                    let mut tx = this.begin(&mut w).await?;
+                    let (answers, new) = this.pick(&mut w, &requests, now)?;
+                    if new.is_empty() {
+                        return Ok(answers);
                     }
-                    Err(StoreError::LogMoved) => {
-                        let mut tx = this.begin(&mut w).await?;
-                        let (answers, new) = this.pick(&mut w, &requests, now)?;
-                        if new.is_empty() {
-                            return Ok(answers);
-                        }
-                        let ids = tx.insert_many(&new, now).await?;
-                        this.commit(&mut w, tx, Committed::Allocations(new.len()))
-                            .await?;
-                        (answers, new, ids)
-                    }
-                    Err(err) => return Err(err.into()),
-                };
+                    let ids = tx.insert_many(&new, now).await?;
+                    this.commit(&mut w, tx, Committed::Allocations(new.len()))
+                        .await?;
+                    (answers, new, ids)
+                }
+                Err(err) => return Err(err.into()),
+            };
             for (id, a) in ids.into_iter().zip(new) {
                 let change = Change::Allocate {
                     account: a.account,
@@ -312,6 +315,16 @@ impl Registry {
             Ok(answers)
         })
         .await
+    }
+
+    /// Whether the log still ends at event `seen`: then memory, which applied it that far,
+    /// is the database's current state. [`StoreError::LogMoved`] otherwise.
+    async fn unmoved_since(&self, seen: i64) -> Result<(), StoreError> {
+        if self.store.last_event_id().await? == seen {
+            Ok(())
+        } else {
+            Err(StoreError::LogMoved)
+        }
     }
 
     /// Picks keys for the accounts without one, as if they came one by one (each new key

@@ -195,6 +195,16 @@ pub type EventRow = (
     Option<String>,
 );
 
+/// An `events` row about an account: id, kind, account, key before, key after, weight.
+pub type AccountEvent = (
+    i64,
+    String,
+    String,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<i64>,
+);
+
 /// The same query on either connection.
 macro_rules! on_db {
     ($db:expr, $conn:ident => $body:expr) => {
@@ -268,6 +278,26 @@ impl Db {
             .fetch_all(c)
             .await
             .unwrap())
+    }
+
+    /// The id of the newest event (0 when the log is empty).
+    pub async fn last_event_id(&mut self) -> i64 {
+        on_db!(self, c => sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events")
+            .fetch_one(c)
+            .await
+            .unwrap())
+    }
+
+    /// Every event about an account, oldest first: id, kind, account, key before, key
+    /// after, weight.
+    pub async fn account_events(&mut self) -> Vec<AccountEvent> {
+        on_db!(self, c => sqlx::query_as(
+            "SELECT id, kind, account, key_before, key_after, weight FROM events \
+             WHERE account IS NOT NULL ORDER BY id",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap())
     }
 
     /// Takes the database's write lock as another writer would, until

@@ -22,3 +22,4 @@ mod schemathesis;
 mod shards;
 mod store;
 mod streams;
+mod truth;

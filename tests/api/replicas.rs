@@ -28,14 +28,14 @@ type Counts = BTreeMap<(&'static str, u16), u64>;
 
 /// HTTP access to the replicas; cheap to clone into client tasks.
 #[derive(Clone)]
-struct Api {
+pub struct Api {
     client: reqwest::Client,
     urls: Arc<Vec<String>>,
 }
 
 impl Api {
     /// Sends a request to replica `i`: status and JSON body (a string if not JSON).
-    async fn call(
+    pub async fn call(
         &self,
         i: usize,
         method: Method,
@@ -56,13 +56,13 @@ impl Api {
         (status, body)
     }
 
-    async fn get(&self, i: usize, path: &str) -> (u16, Value) {
+    pub async fn get(&self, i: usize, path: &str) -> (u16, Value) {
         self.call(i, Method::GET, path, None).await
     }
 }
 
 /// Starts the replicas on `database_url` and waits until each is ready.
-async fn start(database_url: &str, dir: &Path) -> (Vec<Server>, Api) {
+pub async fn start(database_url: &str, dir: &Path) -> (Vec<Server>, Api) {
     let mut replicas: Vec<Server> = (0..REPLICAS)
         .map(|i| Server::spawn(database_url, &dir.join(format!("replica-{i}.log"))))
         .collect();
