@@ -5,6 +5,7 @@
 //! never decide on a stale tree); a background task catches up between writes, woken by
 //! Postgres notifications or a short poll.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,13 +24,12 @@ impl Registry {
         w.tx_started = Some(std::time::Instant::now());
         let mut tx = self.store.begin().await?;
         let events = tx.events_after(w.last_event).await?;
-        if !events.is_empty() {
-            let streams_changed = self.apply_all(w, events)?;
-            if streams_changed {
-                let rows = tx.load_streams().await?;
-                self.reload_streams(w, rows)?;
-            }
-        }
+        let streams = if changes_streams(&events) {
+            Some(self.parse_streams(tx.load_streams().await?)?)
+        } else {
+            None
+        };
+        self.apply_all(w, events, streams)?;
         Ok(tx)
     }
 
@@ -53,11 +53,13 @@ impl Registry {
             if events.is_empty() {
                 return Ok(applied);
             }
+            let streams = if changes_streams(&events) {
+                Some(self.parse_streams(self.store.load_streams().await?)?)
+            } else {
+                None
+            };
             applied += events.len();
-            if self.apply_all(&mut w, events)? {
-                let rows = self.store.load_streams().await?;
-                self.reload_streams(&mut w, rows)?;
-            }
+            self.apply_all(&mut w, events, streams)?;
         }
     }
 
@@ -98,19 +100,27 @@ impl Registry {
         })
     }
 
-    /// Applies events in order; answers whether any changed a stream.
-    fn apply_all(&self, w: &mut Writer, events: Vec<Event>) -> Result<bool, Error> {
-        let mut streams_changed = false;
+    /// Applies events in order, then `streams`: the streams table as read with them, when
+    /// any of them changed a stream.
+    ///
+    /// Callers read everything before applying anything, so a read that fails leaves the
+    /// position before these events, and the next round reads them again rather than
+    /// passing them with a stale map.
+    fn apply_all(
+        &self,
+        w: &mut Writer,
+        events: Vec<Event>,
+        streams: Option<Streams>,
+    ) -> Result<(), Error> {
         for event in events {
-            streams_changed |= matches!(
-                event.change,
-                Change::StreamPut { .. } | Change::StreamDelete { .. }
-            );
             let at = event.at;
             self.apply_event(w, event)?;
             self.count_followed(at);
         }
-        Ok(streams_changed)
+        if let Some(streams) = streams {
+            self.install_streams(w, streams);
+        }
+        Ok(())
     }
 
     /// Applies one committed change to memory. Stream changes are applied by reloading
@@ -157,10 +167,20 @@ impl Registry {
 
     /// Replaces the in-memory streams with `rows` and balances on the primary one.
     pub(super) fn reload_streams(&self, w: &mut Writer, rows: Vec<StreamRow>) -> Result<(), Error> {
-        let streams = rows
-            .into_iter()
+        let streams = self.parse_streams(rows)?;
+        self.install_streams(w, streams);
+        Ok(())
+    }
+
+    /// The streams of the table's `rows`, by name.
+    fn parse_streams(&self, rows: Vec<StreamRow>) -> Result<Streams, Error> {
+        rows.into_iter()
             .map(|row| Stream::from_row(row, self.keyspace).map(|s| (s.name.clone(), s)))
-            .collect::<Result<_, _>>()?;
+            .collect()
+    }
+
+    /// Replaces the in-memory streams and balances on the primary one.
+    fn install_streams(&self, w: &mut Writer, streams: Streams) {
         let mut current = self.streams.write().expect("streams lock poisoned");
         *current = streams;
         let primary = current
@@ -175,8 +195,20 @@ impl Registry {
         if !unchanged {
             w.alloc.balance_on(primary);
         }
-        Ok(())
     }
+}
+
+/// Registered streams by name, as memory holds them.
+type Streams = BTreeMap<String, Stream>;
+
+/// Whether any of `events` changed a stream (so the streams table must be read again).
+fn changes_streams(events: &[Event]) -> bool {
+    events.iter().any(|event| {
+        matches!(
+            event.change,
+            Change::StreamPut { .. } | Change::StreamDelete { .. }
+        )
+    })
 }
 
 /// The newest event id named by `first` and the notices already received after it, or

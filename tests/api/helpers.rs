@@ -280,6 +280,13 @@ impl Db {
             .unwrap())
     }
 
+    /// Runs statements that answer nothing.
+    pub async fn execute(&mut self, sql: &str) {
+        on_db!(self, c => {
+            sqlx::raw_sql(sql).execute(c).await.unwrap();
+        });
+    }
+
     /// The id of the newest event (0 when the log is empty).
     pub async fn last_event_id(&mut self) -> i64 {
         on_db!(self, c => sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events")
