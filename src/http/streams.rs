@@ -9,11 +9,14 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::aws_cli;
 use super::error::{ApiError, Problem};
 use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
-use crate::keyspace::{HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew};
+use crate::keyspace::{
+    HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew, is_kinesis_name,
+};
 use crate::registry::Stream;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -137,11 +140,7 @@ pub struct StreamPath {
 
 /// Kinesis stream names: 1 to 128 of `a-z A-Z 0-9 _ . -`.
 fn stream_name(name: String) -> Result<String, ApiError> {
-    let ok = (1..=128).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-    if ok {
+    if is_kinesis_name(&name) {
         Ok(name)
     } else {
         Err(ApiError::bad_request(format!(
@@ -380,10 +379,20 @@ async fn split_plan(
         .into_iter()
         .map(|op| {
             let call = match op {
-                Reshard::Split { shard, new_starting_hash_key, children } => {
-                    commands.push(format!(
-                        "aws kinesis split-shard --stream-name {name} --shard-to-split {shard} --new-starting-hash-key {new_starting_hash_key}"
-                    ));
+                Reshard::Split {
+                    shard,
+                    new_starting_hash_key,
+                    children,
+                } => {
+                    commands.push(aws_cli::kinesis(&[
+                        "split-shard",
+                        "--stream-name",
+                        &name,
+                        "--shard-to-split",
+                        &shard,
+                        "--new-starting-hash-key",
+                        &new_starting_hash_key.to_string(),
+                    ]));
                     ReshardCall {
                         action: "split".into(),
                         shard_to_split: Some(shard),
@@ -393,10 +402,20 @@ async fn split_plan(
                         resulting_shards: children.to_vec(),
                     }
                 }
-                Reshard::Merge { shard, adjacent, merged } => {
-                    commands.push(format!(
-                        "aws kinesis merge-shards --stream-name {name} --shard-to-merge {shard} --adjacent-shard-to-merge {adjacent}"
-                    ));
+                Reshard::Merge {
+                    shard,
+                    adjacent,
+                    merged,
+                } => {
+                    commands.push(aws_cli::kinesis(&[
+                        "merge-shards",
+                        "--stream-name",
+                        &name,
+                        "--shard-to-merge",
+                        &shard,
+                        "--adjacent-shard-to-merge",
+                        &adjacent,
+                    ]));
                     ReshardCall {
                         action: "merge".into(),
                         shard_to_split: None,
@@ -407,7 +426,12 @@ async fn split_plan(
                     }
                 }
             };
-            commands.push(format!("aws kinesis wait stream-exists --stream-name {name}"));
+            commands.push(aws_cli::kinesis(&[
+                "wait",
+                "stream-exists",
+                "--stream-name",
+                &name,
+            ]));
             call
         })
         .collect();

@@ -12,6 +12,7 @@ mod keys;
 mod kinesalite;
 mod kinesis;
 mod lifecycle;
+mod names;
 mod observability;
 mod outage;
 mod python_client;
