@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::shards::ShardMap;
+use super::shards::{MAX_SHARDS, ShardMap};
 use super::{Error, HashKey, Keyspace};
 
 /// Whether `name` is a valid Kinesis stream name or shard id: 1 to 128 characters of
@@ -71,7 +71,8 @@ impl ListShards {
         serde_json::from_slice(json).map_err(|e| Error::ListShards(e.to_string()))
     }
 
-    /// The map of the open shards, checked to tile the keyspace, with ids Kinesis allows.
+    /// The map of the open shards, checked to tile the keyspace, with ids Kinesis allows
+    /// and at most [`MAX_SHARDS`] of them.
     pub fn open_map(&self, keyspace: Keyspace) -> Result<ShardMap, Error> {
         self.check_ids()?;
         let open = self
@@ -92,6 +93,12 @@ impl ListShards {
                 ))
             })
             .collect::<Result<Vec<_>, Error>>()?;
+        if open.len() > MAX_SHARDS as usize {
+            return Err(Error::ShardCount {
+                got: open.len() as u64,
+                max: u64::from(MAX_SHARDS),
+            });
+        }
         ShardMap::explicit(keyspace, open)
     }
 
@@ -201,6 +208,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn at_most_max_shards_are_open() {
+        let max = u128::from(MAX_SHARDS);
+        let shards: Vec<String> = (0..=max)
+            .map(|i| {
+                let end = if i == max { u128::MAX } else { i };
+                format!(
+                    r#"{{"ShardId": "shardId-{i:012}", "HashKeyRange": {{"StartingHashKey": "{i}", "EndingHashKey": "{end}"}}, "SequenceNumberRange": {{}}}}"#
+                )
+            })
+            .collect();
+        let json = format!(r#"{{"Shards": [{}]}}"#, shards.join(","));
+        let err = ListShards::parse(json.as_bytes())
+            .unwrap()
+            .open_map(Keyspace::KINESIS)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            Error::ShardCount {
+                got: 10_001,
+                max: 10_000
+            }
+        );
     }
 
     #[test]

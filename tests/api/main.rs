@@ -5,6 +5,7 @@ mod process;
 mod replay;
 
 mod abuse;
+mod bounds;
 mod crash;
 mod errors;
 mod import;
