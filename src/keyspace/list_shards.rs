@@ -25,8 +25,11 @@ pub struct ListShards {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "PascalCase")]
 pub struct ListedShard {
+    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
     pub shard_id: String,
+    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
     pub parent_shard_id: Option<String>,
+    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
     pub adjacent_parent_shard_id: Option<String>,
     pub hash_key_range: HashKeyRange,
     pub sequence_number_range: SequenceNumberRange,
