@@ -1,5 +1,6 @@
-//! `aws kinesis list-shards` JSON into a shard map. The map is accepted exactly when the
-//! open shards have valid keys, unique ids and tile the keyspace (checked here by a
+//! `aws kinesis list-shards` JSON into a shard map. The map is accepted exactly when every
+//! shard id (parents' included) is one Kinesis allows, the open shards have valid keys,
+//! unique ids, are at most `MAX_SHARDS` and tile the keyspace (checked here by a
 //! separate sort-and-walk); an accepted map tiles it (no gap, no overlap, in key order) and
 //! its bisecting `index_of` agrees with a linear scan. Never panics.
 #![no_main]
@@ -11,6 +12,16 @@ use libfuzzer_sys::fuzz_target;
 
 /// The open shards as `(id, start, end)` when they tile `[0, max]`; `None` otherwise.
 fn reference(listed: &ListShards, max: u128) -> Option<Vec<(String, u128, u128)>> {
+    let kinesis_id = |id: &str| {
+        (1..=128).contains(&id.len())
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    };
+    let ids = listed.shards.iter().flat_map(|s| {
+        [Some(&s.shard_id), s.parent_shard_id.as_ref(), s.adjacent_parent_shard_id.as_ref()]
+    });
+    if !ids.flatten().all(|id| kinesis_id(id)) {
+        return None;
+    }
     let mut open = Vec::new();
     for s in listed.shards.iter().filter(|s| s.is_open()) {
         let range = &s.hash_key_range;
@@ -18,7 +29,7 @@ fn reference(listed: &ListShards, max: u128) -> Option<Vec<(String, u128, u128)>
         let end = range.ending_hash_key.parse::<HashKey>().ok()?.0;
         open.push((s.shard_id.clone(), start, end));
     }
-    if open.is_empty() || open.len() > 100_000 {
+    if open.is_empty() || open.len() > 10_000 {
         return None;
     }
     let ids: HashSet<&str> = open.iter().map(|(id, _, _)| id.as_str()).collect();

@@ -16,7 +16,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
 }
 
-/// Largest page of events.
+/// Largest page of events. An event names at most an account (256 bytes) or a stream (128)
+/// and a few numbers, never a map, so a full page stays well under a megabyte.
 pub const MAX_EVENTS: u32 = 1000;
 
 /// Paging through the event log by id.
@@ -68,10 +69,10 @@ pub struct EventBody {
     /// release and move.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<u64>,
-    /// For `stream_put`: the stream's open shards as JSON,
-    /// `[[shard_id, starting_hash_key, ending_hash_key], ...]`.
+    /// For `stream_put`: how many open shards the new map has. The map itself is not in
+    /// the log: `GET /streams/{stream}` answers it while its `version` equals this `id`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+    pub shard_count: Option<u64>,
 }
 
 impl From<LoggedEvent> for EventBody {
@@ -93,7 +94,7 @@ impl From<LoggedEvent> for EventBody {
             key_before: logged.key_before,
             key_after: logged.key_after,
             weight: logged.weight,
-            detail: logged.detail,
+            shard_count: logged.shard_count,
         }
     }
 }

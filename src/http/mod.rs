@@ -1,5 +1,6 @@
 //! HTTP: routes, middleware, errors and the OpenAPI document.
 
+mod aws_cli;
 mod client;
 mod error;
 mod events;

@@ -30,8 +30,8 @@ pub struct ShardOfParams {
     pub account: Option<String>,
     /// A partition key: its MD5 hash, as Kinesis computes it.
     pub partition_key: Option<String>,
-    /// Number of shards of a uniform map, 1..=100000 (or give `stream`).
-    #[param(minimum = 1, maximum = 100000)]
+    /// Number of shards of a uniform map, 1..=10000 (or give `stream`).
+    #[param(minimum = 1, maximum = 10000)]
     pub shards: Option<u64>,
     /// A registered stream whose map to use (or give `shards`).
     pub stream: Option<String>,
@@ -51,8 +51,8 @@ pub struct ShardOf {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct MapParams {
-    /// Number of shards of a uniform map, 1..=100000.
-    #[param(minimum = 1, maximum = 100000)]
+    /// Number of shards of a uniform map, 1..=10000.
+    #[param(minimum = 1, maximum = 10000)]
     pub shards: Option<u64>,
     /// A registered stream whose map to use.
     pub stream: Option<String>,

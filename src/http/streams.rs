@@ -9,11 +9,14 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::aws_cli;
 use super::error::{ApiError, Problem};
 use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
-use crate::keyspace::{HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew};
+use crate::keyspace::{
+    HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew, is_kinesis_name,
+};
 use crate::registry::Stream;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -30,8 +33,9 @@ pub struct PutStream {
     /// the open ones must tile [0, 2^128).
     #[serde(rename = "Shards")]
     pub shards: Option<Vec<ListedShard>>,
-    /// Instead of `Shards`: a uniform map of this many shards, as CreateStream makes.
-    #[schema(minimum = 1, maximum = 100000)]
+    /// Instead of `Shards`: a uniform map of this many shards, as CreateStream makes;
+    /// at most 10000 (Kinesis' default limit per stream), as for `Shards`.
+    #[schema(minimum = 1, maximum = 10000)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub shard_count: Option<u64>,
     /// Whether new keys balance on this stream's shards; left out, the stream keeps its role.
@@ -46,13 +50,61 @@ pub struct ShardRange {
     pub ending_hash_key: HashKey,
 }
 
-/// A registered stream.
+/// How a stream's open shards divide the keyspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MapKind {
+    /// Equal ranges, as CreateStream and UNIFORM_SCALING make (whatever the shard ids).
+    Uniform,
+    /// Any other tiling, as SplitShard and MergeShards leave it.
+    Explicit,
+}
+
+/// A registered stream without its shards: an entry of `GET /streams`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamSummary {
+    pub name: String,
+    /// New keys balance on this stream's shards.
+    pub primary: bool,
+    pub shard_count: usize,
+    pub kind: MapKind,
+    /// The id of the `stream_put` event that registered this map.
+    pub version: i64,
+    /// The number Kinesis will give the next new shard.
+    pub next_shard_number: u64,
+    /// When the map was last registered (RFC 3339).
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+}
+
+impl From<&Stream> for StreamSummary {
+    fn from(s: &Stream) -> Self {
+        StreamSummary {
+            name: s.name.clone(),
+            primary: s.primary,
+            shard_count: s.map.len(),
+            kind: if s.uniform {
+                MapKind::Uniform
+            } else {
+                MapKind::Explicit
+            },
+            version: s.version,
+            next_shard_number: s.next_shard,
+            updated_at: super::timestamp(s.updated_at),
+        }
+    }
+}
+
+/// A registered stream with its open shards.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StreamBody {
     pub name: String,
     /// New keys balance on this stream's shards.
     pub primary: bool,
     pub shard_count: usize,
+    pub kind: MapKind,
+    /// The id of the `stream_put` event that registered this map.
+    pub version: i64,
     pub shards: Vec<ShardRange>,
     /// The number Kinesis will give the next new shard.
     pub next_shard_number: u64,
@@ -63,10 +115,21 @@ pub struct StreamBody {
 
 impl From<&Stream> for StreamBody {
     fn from(s: &Stream) -> Self {
+        let StreamSummary {
+            name,
+            primary,
+            shard_count,
+            kind,
+            version,
+            next_shard_number,
+            updated_at,
+        } = StreamSummary::from(s);
         StreamBody {
-            name: s.name.clone(),
-            primary: s.primary,
-            shard_count: s.map.len(),
+            name,
+            primary,
+            shard_count,
+            kind,
+            version,
             shards: s
                 .map
                 .iter()
@@ -76,8 +139,8 @@ impl From<&Stream> for StreamBody {
                     ending_hash_key: sh.end,
                 })
                 .collect(),
-            next_shard_number: s.next_shard,
-            updated_at: super::timestamp(s.updated_at),
+            next_shard_number,
+            updated_at,
         }
     }
 }
@@ -137,11 +200,7 @@ pub struct StreamPath {
 
 /// Kinesis stream names: 1 to 128 of `a-z A-Z 0-9 _ . -`.
 fn stream_name(name: String) -> Result<String, ApiError> {
-    let ok = (1..=128).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-    if ok {
+    if is_kinesis_name(&name) {
         Ok(name)
     } else {
         Err(ApiError::bad_request(format!(
@@ -150,7 +209,8 @@ fn stream_name(name: String) -> Result<String, ApiError> {
     }
 }
 
-/// Most streams one page of `GET /streams` holds: each carries its whole shard map.
+/// Most streams one page of `GET /streams` holds: each a summary of a few hundred bytes,
+/// never its shards.
 const MAX_STREAM_PAGE: u32 = 1000;
 
 /// Paging through streams by name.
@@ -168,7 +228,7 @@ pub struct StreamListParams {
 #[utoipa::path(get, path = "/streams", tag = "streams",
     params(StreamListParams),
     responses(
-        (status = 200, description = "One page of registered streams, by name", body = Vec<StreamBody>,
+        (status = 200, description = "One page of registered streams, by name, without their shards (`GET /streams/{name}` has them)", body = Vec<StreamSummary>,
          headers(("Link" = String, description = "`</streams?after=NAME&limit=N>; rel=\"next\"` when more streams follow"))),
         (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -187,7 +247,7 @@ async fn list_streams(
         let link = format!("</streams?after={last}&limit={limit}>; rel=\"next\"");
         headers.insert(header::LINK, link.parse().expect("a valid header value"));
     }
-    let page: Vec<StreamBody> = streams.iter().map(StreamBody::from).collect();
+    let page: Vec<StreamSummary> = streams.iter().map(StreamSummary::from).collect();
     Ok((headers, Json(page)))
 }
 
@@ -201,7 +261,7 @@ async fn list_streams(
         (status = 200, description = "Replaced; `before` shows the old map's balance", body = StreamChange),
         (status = 400, description = "Invalid stream name, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not list-shards output, or the open shards do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not list-shards output, a shard id Kinesis would not give, more than 10000 open shards, or open shards that do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -299,8 +359,8 @@ async fn delete_stream(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SplitParams {
-    /// Open shards wanted, 1..=100000.
-    #[param(minimum = 1, maximum = 100000)]
+    /// Open shards wanted, 1..=10000.
+    #[param(minimum = 1, maximum = 10000)]
     pub target: u64,
 }
 
@@ -380,10 +440,20 @@ async fn split_plan(
         .into_iter()
         .map(|op| {
             let call = match op {
-                Reshard::Split { shard, new_starting_hash_key, children } => {
-                    commands.push(format!(
-                        "aws kinesis split-shard --stream-name {name} --shard-to-split {shard} --new-starting-hash-key {new_starting_hash_key}"
-                    ));
+                Reshard::Split {
+                    shard,
+                    new_starting_hash_key,
+                    children,
+                } => {
+                    commands.push(aws_cli::kinesis(&[
+                        "split-shard",
+                        "--stream-name",
+                        &name,
+                        "--shard-to-split",
+                        &shard,
+                        "--new-starting-hash-key",
+                        &new_starting_hash_key.to_string(),
+                    ]));
                     ReshardCall {
                         action: "split".into(),
                         shard_to_split: Some(shard),
@@ -393,10 +463,20 @@ async fn split_plan(
                         resulting_shards: children.to_vec(),
                     }
                 }
-                Reshard::Merge { shard, adjacent, merged } => {
-                    commands.push(format!(
-                        "aws kinesis merge-shards --stream-name {name} --shard-to-merge {shard} --adjacent-shard-to-merge {adjacent}"
-                    ));
+                Reshard::Merge {
+                    shard,
+                    adjacent,
+                    merged,
+                } => {
+                    commands.push(aws_cli::kinesis(&[
+                        "merge-shards",
+                        "--stream-name",
+                        &name,
+                        "--shard-to-merge",
+                        &shard,
+                        "--adjacent-shard-to-merge",
+                        &adjacent,
+                    ]));
                     ReshardCall {
                         action: "merge".into(),
                         shard_to_split: None,
@@ -407,7 +487,12 @@ async fn split_plan(
                     }
                 }
             };
-            commands.push(format!("aws kinesis wait stream-exists --stream-name {name}"));
+            commands.push(aws_cli::kinesis(&[
+                "wait",
+                "stream-exists",
+                "--stream-name",
+                &name,
+            ]));
             call
         })
         .collect();

@@ -388,8 +388,14 @@ mod tests {
     fn unit_allocations_stay_even_on_every_power_of_two_map() {
         use crate::keyspace::ShardMap;
         let mut alloc = Allocator::new(Keyspace::KINESIS);
+        // Up to 65,536 shards, past what a stream may register: built from their ranges.
         let maps: Vec<ShardMap> = (0..=16)
-            .map(|p| ShardMap::uniform(Keyspace::KINESIS, 1 << p).unwrap())
+            .map(|p| {
+                let step = u128::MAX >> p;
+                let starts: Vec<u128> = (0..1u128 << p).map(|i| i * step + i).collect();
+                let tiling = crate::keyspace::shards::tiling(&starts);
+                ShardMap::explicit(Keyspace::KINESIS, tiling).unwrap()
+            })
             .collect();
         // Per map: count per shard, the minimum count and how many shards sit at it.
         let mut counts: Vec<Vec<u32>> = maps.iter().map(|m| vec![0; m.len()]).collect();

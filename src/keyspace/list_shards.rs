@@ -2,8 +2,17 @@
 
 use serde::Deserialize;
 
-use super::shards::ShardMap;
+use super::shards::{MAX_SHARDS, ShardMap};
 use super::{Error, HashKey, Keyspace};
+
+/// Whether `name` is a valid Kinesis stream name or shard id: 1 to 128 characters of
+/// `a-z A-Z 0-9 _ . -` (the API reference's pattern for both).
+pub fn is_kinesis_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
 
 /// `aws kinesis list-shards --stream-name X` output, as-is.
 #[derive(Debug, Clone, Deserialize)]
@@ -16,8 +25,11 @@ pub struct ListShards {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "PascalCase")]
 pub struct ListedShard {
+    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
     pub shard_id: String,
+    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
     pub parent_shard_id: Option<String>,
+    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
     pub adjacent_parent_shard_id: Option<String>,
     pub hash_key_range: HashKeyRange,
     pub sequence_number_range: SequenceNumberRange,
@@ -62,8 +74,10 @@ impl ListShards {
         serde_json::from_slice(json).map_err(|e| Error::ListShards(e.to_string()))
     }
 
-    /// The map of the open shards, checked to tile the keyspace.
+    /// The map of the open shards, checked to tile the keyspace, with ids Kinesis allows
+    /// and at most [`MAX_SHARDS`] of them.
     pub fn open_map(&self, keyspace: Keyspace) -> Result<ShardMap, Error> {
+        self.check_ids()?;
         let open = self
             .shards
             .iter()
@@ -82,7 +96,34 @@ impl ListShards {
                 ))
             })
             .collect::<Result<Vec<_>, Error>>()?;
+        if open.len() > MAX_SHARDS as usize {
+            return Err(Error::ShardCount {
+                got: open.len() as u64,
+                max: u64::from(MAX_SHARDS),
+            });
+        }
         ShardMap::explicit(keyspace, open)
+    }
+
+    /// Every shard id, parents' included, is one Kinesis could have given.
+    fn check_ids(&self) -> Result<(), Error> {
+        for s in &self.shards {
+            let parents = [
+                ("ParentShardId", &s.parent_shard_id),
+                ("AdjacentParentShardId", &s.adjacent_parent_shard_id),
+            ];
+            let named = parents
+                .into_iter()
+                .filter_map(|(field, id)| Some((field, id.as_deref()?)));
+            for (field, id) in std::iter::once(("ShardId", s.shard_id.as_str())).chain(named) {
+                if !is_kinesis_name(id) {
+                    return Err(Error::ListShards(format!(
+                        "{field} {id:?} must be 1 to 128 characters of a-z, A-Z, 0-9, '_', '.', '-'"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// One past the highest shard number ever used: Kinesis numbers new shards upwards.
@@ -139,6 +180,62 @@ mod tests {
             "{err}"
         );
         assert!(ListShards::parse(b"{\"Streams\": []}").is_err());
+    }
+
+    #[test]
+    fn shard_ids_are_what_kinesis_allows() {
+        let listed = ListShards::parse(AFTER_SPLIT.as_bytes()).unwrap();
+        let widest = format!("{}_.-", "aZ9".repeat(41));
+        let long = "s".repeat(129);
+        for (id, ok) in [
+            (widest.as_str(), true),
+            ("a$(touch x)", false),
+            ("a b", false),
+            ("", false),
+            ("shard\nId", false),
+            ("ü", false),
+            ("a'b", false),
+            (long.as_str(), false),
+        ] {
+            let mut own = listed.clone();
+            own.shards[2].shard_id = id.to_owned();
+            let mut parent = listed.clone();
+            parent.shards[2].adjacent_parent_shard_id = Some(id.to_owned());
+            for (field, listed) in [("ShardId", own), ("AdjacentParentShardId", parent)] {
+                match listed.open_map(Keyspace::KINESIS) {
+                    Ok(_) => assert!(ok, "{field} {id:?} accepted"),
+                    Err(e) => {
+                        assert!(!ok, "{field} {id:?}: {e}");
+                        assert!(e.to_string().contains(&format!("{field} {id:?}")), "{e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn at_most_max_shards_are_open() {
+        let max = u128::from(MAX_SHARDS);
+        let shards: Vec<String> = (0..=max)
+            .map(|i| {
+                let end = if i == max { u128::MAX } else { i };
+                format!(
+                    r#"{{"ShardId": "shardId-{i:012}", "HashKeyRange": {{"StartingHashKey": "{i}", "EndingHashKey": "{end}"}}, "SequenceNumberRange": {{}}}}"#
+                )
+            })
+            .collect();
+        let json = format!(r#"{{"Shards": [{}]}}"#, shards.join(","));
+        let err = ListShards::parse(json.as_bytes())
+            .unwrap()
+            .open_map(Keyspace::KINESIS)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            Error::ShardCount {
+                got: 10_001,
+                max: 10_000
+            }
+        );
     }
 
     #[test]

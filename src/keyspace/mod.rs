@@ -15,7 +15,9 @@ mod tree;
 pub use account::AccountId;
 pub use alloc::Allocator;
 pub use key::{HashKey, Keyspace};
-pub use list_shards::{HashKeyRange, ListShards, ListedShard, SequenceNumberRange};
+pub use list_shards::{
+    HashKeyRange, ListShards, ListedShard, SequenceNumberRange, is_kinesis_name,
+};
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use shards::{Shard, ShardMap, Skew, md5_hash};
 pub use split::{Reshard, SplitPlan, split_plan};

@@ -6,8 +6,9 @@ use serde::Serialize;
 use super::tree::Load;
 use super::{Error, HashKey, Keyspace};
 
-/// The most shards a Kinesis stream may have.
-pub const MAX_SHARDS: u32 = 100_000;
+/// The most open shards a stream may have: Kinesis' default limit per stream (raising it
+/// takes a request to AWS). It also bounds every answer that lists a map's shards.
+pub const MAX_SHARDS: u32 = 10_000;
 
 /// One open shard: an inclusive range of hash keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +35,8 @@ enum Repr {
 }
 
 impl ShardMap {
-    /// A uniform map of `count` shards, 1..=100,000 and no more than the keyspace has keys.
+    /// A uniform map of `count` shards, 1..=[`MAX_SHARDS`] and no more than the keyspace has
+    /// keys.
     pub fn uniform(keyspace: Keyspace, count: u64) -> Result<Self, Error> {
         let max = keyspace.max().0;
         let limit =
@@ -45,28 +47,46 @@ impl ShardMap {
                 max: limit,
             });
         }
-        let n = u128::from(count);
-        // floor((max + 1) / n) without overflowing when max + 1 = 2^128.
-        let step = (max / n).saturating_add(u128::from(max % n == n - 1));
         Ok(ShardMap {
             repr: Repr::Uniform {
                 count: count as u32,
-                step,
+                step: uniform_step(max, count),
                 max,
             },
         })
     }
 
+    /// Whether the ranges are those of a uniform map of as many shards (what CreateStream
+    /// and UNIFORM_SCALING make), whatever the shard ids.
+    pub fn is_uniform(&self) -> bool {
+        match &self.repr {
+            Repr::Uniform { .. } => true,
+            Repr::Explicit { shards } => {
+                let max = shards.last().expect("at least one shard").end.0;
+                let step = uniform_step(max, shards.len() as u64);
+                shards.iter().all(|s| {
+                    let start = step * s.index as u128;
+                    let end = if s.index + 1 == shards.len() {
+                        max
+                    } else {
+                        start + step - 1
+                    };
+                    (s.start.0, s.end.0) == (start, end)
+                })
+            }
+        }
+    }
+
     /// A map of the given open shards `(id, start, end)`, which must tile the keyspace
-    /// exactly: no gap, no overlap, ids unique.
+    /// exactly: no gap, no overlap, ids unique. Registration checks the count against
+    /// [`MAX_SHARDS`]; maps stored under an earlier, higher limit still load.
     pub fn explicit(
         keyspace: Keyspace,
         open: Vec<(String, HashKey, HashKey)>,
     ) -> Result<Self, Error> {
-        let count = open.len() as u64;
-        if count == 0 || count > u64::from(MAX_SHARDS) {
+        if open.is_empty() {
             return Err(Error::ShardCount {
-                got: count,
+                got: 0,
                 max: u64::from(MAX_SHARDS),
             });
         }
@@ -205,6 +225,13 @@ pub(crate) fn tiling(starts: &[u128]) -> Vec<(String, HashKey, HashKey)> {
         .collect()
 }
 
+/// `floor((max + 1) / count)`, the width of a uniform map's shards, without overflowing
+/// when `max + 1 = 2^128`.
+fn uniform_step(max: u128, count: u64) -> u128 {
+    let n = u128::from(count);
+    (max / n).saturating_add(u128::from(max % n == n - 1))
+}
+
 /// Kinesis' shard id for a shard index: `shardId-` and 12 digits.
 pub fn shard_id(index: usize) -> String {
     format!("shardId-{index:012}")
@@ -296,8 +323,8 @@ mod tests {
     #[test]
     fn rejects_bad_counts() {
         assert!(ShardMap::uniform(Keyspace::KINESIS, 0).is_err());
-        assert!(ShardMap::uniform(Keyspace::KINESIS, 100_001).is_err());
-        assert!(ShardMap::uniform(Keyspace::KINESIS, 100_000).is_ok());
+        assert!(ShardMap::uniform(Keyspace::KINESIS, 10_001).is_err());
+        assert!(ShardMap::uniform(Keyspace::KINESIS, 10_000).is_ok());
         let small = Keyspace::new(3).unwrap();
         assert!(ShardMap::uniform(small, 8).is_ok());
         assert_eq!(
@@ -389,6 +416,28 @@ mod tests {
                 .contains("StartingHashKey 200 is above EndingHashKey 100")
         );
         assert!(ShardMap::explicit(ks, Vec::new()).is_err());
+    }
+
+    #[test]
+    fn uniform_ranges_are_uniform_whatever_their_ids() {
+        for bits in [3, 128] {
+            let ks = Keyspace::new(bits).unwrap();
+            for count in [1, 3, 7, 8] {
+                let uniform = ShardMap::uniform(ks, count).unwrap();
+                let renamed = uniform
+                    .iter()
+                    .map(|s| (format!("shardId-{:012}", s.index + 40), s.start, s.end))
+                    .collect();
+                let explicit = ShardMap::explicit(ks, renamed).unwrap();
+                assert!(explicit.is_uniform(), "{count} shards of {bits} bits");
+                assert!(uniform.is_uniform());
+            }
+        }
+        let ks = Keyspace::new(8).unwrap();
+        let uneven = ShardMap::explicit(ks, open(&[("a", 0, 99), ("b", 100, 255)])).unwrap();
+        assert!(!uneven.is_uniform());
+        let whole = ShardMap::explicit(ks, open(&[("a", 0, 255)])).unwrap();
+        assert!(whole.is_uniform());
     }
 
     proptest! {

@@ -17,6 +17,11 @@ pub struct Stream {
     pub primary: bool,
     /// Unix milliseconds.
     pub updated_at: i64,
+    /// Id of the `stream_put` event that registered this map.
+    pub version: i64,
+    /// Whether the ranges are a uniform map's (known once here: listing many streams must
+    /// not walk every map).
+    pub uniform: bool,
 }
 
 /// What registering a stream's map did to balance.
@@ -36,10 +41,12 @@ impl Stream {
         let map = ShardMap::explicit(keyspace, row.shards)?;
         Ok(Stream {
             name: row.name,
+            uniform: map.is_uniform(),
             map: Arc::new(map),
             next_shard: row.next_shard,
             primary: row.primary,
             updated_at: row.updated_at,
+            version: row.version,
         })
     }
 
@@ -50,6 +57,7 @@ impl Stream {
             next_shard: self.next_shard,
             primary: self.primary,
             updated_at: self.updated_at,
+            version: self.version,
         }
     }
 }
@@ -97,6 +105,7 @@ impl Registry {
                 next_shard,
                 primary,
                 updated_at: at,
+                version: 0,
             };
             let id = tx.put_stream(&row).await?;
             this.commit_stream_change(

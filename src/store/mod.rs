@@ -52,6 +52,9 @@ pub struct StreamRow {
     pub primary: bool,
     /// Unix milliseconds.
     pub updated_at: i64,
+    /// Id of the `stream_put` event that last wrote the row: set by the database (see
+    /// migration `stream_map_references`), ignored when writing.
+    pub version: i64,
 }
 
 /// One entry of the event log.
@@ -71,8 +74,9 @@ pub struct LoggedEvent {
     pub key_before: Option<HashKey>,
     pub key_after: Option<HashKey>,
     pub weight: Option<u64>,
-    /// For `stream_put`: the stream's new open shards, as stored (see [`StreamRow`]).
-    pub detail: Option<String>,
+    /// For `stream_put`: how many open shards the new map has. The map itself is the
+    /// streams row while its `version` is this event's id; the log never holds a map.
+    pub shard_count: Option<u64>,
 }
 
 /// What an event did.
@@ -226,7 +230,7 @@ impl Store {
         Ok(events(self.log(after, limit).await?))
     }
 
-    /// Up to `limit` events after `after` with their details, oldest first.
+    /// Up to `limit` events after `after` with the columns the log stores, oldest first.
     pub async fn log(&self, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
         on_backend!(self, c => events_after(after, limit))
     }
@@ -396,7 +400,7 @@ struct EventRow {
     key_after: Option<Vec<u8>>,
     weight: Option<i64>,
     stream: Option<String>,
-    detail: Option<String>,
+    shard_count: Option<i64>,
 }
 
 impl EventRow {
@@ -411,13 +415,18 @@ impl EventRow {
             key_after,
             weight,
             stream,
-            detail,
+            shard_count,
         } = self;
         let corrupt = || StoreError::Corrupt(format!("event {id} ({kind}) lacks a column"));
         let some_key = |k: Option<HashKey>| k.ok_or_else(corrupt);
         let key = |k: &Option<Vec<u8>>| k.as_deref().map(decode_key).transpose();
         let (key_before, key_after) = (key(&key_before)?, key(&key_after)?);
         let weight = weight.map(decode_weight).transpose()?;
+        let shard_count = shard_count
+            .map(|n| {
+                u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("event {id}: {n} shards")))
+            })
+            .transpose()?;
         let account = || account.clone().ok_or_else(corrupt).and_then(decode_account);
         let some_weight = || weight.ok_or_else(corrupt);
         let change = match kind.as_str() {
@@ -456,7 +465,7 @@ impl EventRow {
             key_before,
             key_after,
             weight,
-            detail,
+            shard_count,
         })
     }
 }

@@ -64,7 +64,7 @@ macro_rules! queries {
 
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows: Vec<EventRow> = sqlx::query_as(
-                "SELECT id, at, kind, account, key_before, key_after, weight, stream, detail \
+                "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count \
                  FROM events WHERE id > $1 ORDER BY id LIMIT $2",
             )
             .bind(after)
@@ -102,7 +102,7 @@ macro_rules! queries {
         }
 
         pub async fn load_streams(conn: &mut Conn) -> Result<Vec<StreamRow>> {
-            let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at FROM streams ORDER BY name")
+            let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version FROM streams ORDER BY name")
                 .fetch_all(&mut *conn)
                 .await?;
             rows.iter()
@@ -115,6 +115,7 @@ macro_rules! queries {
                         next_shard: row.try_get::<i64, _>(2)? as u64,
                         primary: row.try_get(3)?,
                         updated_at: row.try_get(4)?,
+                        version: row.try_get(5)?,
                     })
                 })
                 .collect()
@@ -140,7 +141,8 @@ macro_rules! queries {
             .bind(stream.updated_at)
             .execute(&mut *conn)
             .await?;
-            log_stream(conn, stream.updated_at, "stream_put", &stream.name, Some(&shards)).await
+            let count = stream.shards.len() as i64;
+            log_stream(conn, stream.updated_at, "stream_put", &stream.name, Some(count)).await
         }
 
         pub async fn delete_stream(conn: &mut Conn, name: &str, at: i64) -> Result<i64> {
@@ -177,14 +179,15 @@ macro_rules! queries {
             .await?)
         }
 
-        async fn log_stream(conn: &mut Conn, at: i64, kind: &str, stream: &str, detail: Option<&str>) -> Result<i64> {
+        /// Logs a stream event; the database sets the stream's `version` to its id.
+        async fn log_stream(conn: &mut Conn, at: i64, kind: &str, stream: &str, shard_count: Option<i64>) -> Result<i64> {
             Ok(sqlx::query_scalar(
-                "INSERT INTO events (at, kind, stream, detail) VALUES ($1, $2, $3, $4) RETURNING id",
+                "INSERT INTO events (at, kind, stream, shard_count) VALUES ($1, $2, $3, $4) RETURNING id",
             )
             .bind(at)
             .bind(kind)
             .bind(stream)
-            .bind(detail)
+            .bind(shard_count)
             .fetch_one(&mut *conn)
             .await?)
         }

@@ -250,6 +250,17 @@ impl Db {
         .unwrap());
     }
 
+    /// Runs `sql` with `params` as `$1`, `$2`, ... (text).
+    pub async fn execute(&mut self, sql: &str, params: &[&str]) {
+        on_db!(self, c => {
+            let mut query = sqlx::query(sql);
+            for param in params {
+                query = query.bind(*param);
+            }
+            query.execute(c).await.map(|done| done.rows_affected()).unwrap()
+        });
+    }
+
     /// Runs `sql` with `account` as `$1` and `key`, big-endian, as `$2`.
     async fn execute_with_key(&mut self, sql: &str, account: &str, key: u128) {
         on_db!(self, c => sqlx::query(sql)

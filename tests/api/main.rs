@@ -5,6 +5,7 @@ mod process;
 mod replay;
 
 mod abuse;
+mod bounds;
 mod crash;
 mod errors;
 mod follow;
@@ -13,6 +14,7 @@ mod keys;
 mod kinesalite;
 mod kinesis;
 mod lifecycle;
+mod names;
 mod observability;
 mod outage;
 mod python_client;

@@ -26,9 +26,9 @@ async fn shard_of_a_hash_key() {
         (Some(0), Some("170141183460469231731687303715884105727"))
     );
     let last = app
-        .get(&format!("/shard-of?hash_key={}&shards=100000", u128::MAX))
+        .get(&format!("/shard-of?hash_key={}&shards=10000", u128::MAX))
         .await;
-    assert_eq!(last.body["shard_id"], "shardId-000000099999");
+    assert_eq!(last.body["shard_id"], "shardId-000000009999");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +73,7 @@ async fn shard_of_rejects_bad_queries() {
         ("hash_key=1&partition_key=1&shards=2", "exactly one"),
         ("hash_key=1", "exactly one of `shards`"),
         ("hash_key=1&shards=0", "shard count"),
-        ("hash_key=1&shards=100001", "shard count"),
+        ("hash_key=1&shards=10001", "shard count"),
         ("hash_key=1&shards=-3", "shards"),
         ("hash_key=-1&shards=2", "decimal"),
         ("hash_key=0x10&shards=2", "decimal"),
