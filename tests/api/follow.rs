@@ -43,11 +43,11 @@ async fn a_stream_map_that_failed_to_load_is_loaded_once_the_database_answers() 
     // load the map it implies.
     let mut db = app.db().await;
     db.hold_write_lock().await;
-    db.execute(
+    db.execute_script(
         "INSERT INTO streams (name, shards, next_shard, is_primary, updated_at) \
          SELECT 'second', shards, next_shard, FALSE, updated_at FROM streams WHERE name = 'first'; \
-         INSERT INTO events (at, kind, stream, detail) \
-         SELECT at, kind, 'second', detail FROM events WHERE stream = 'first'; \
+         INSERT INTO events (at, kind, stream, shard_count) \
+         SELECT at, kind, 'second', shard_count FROM events WHERE stream = 'first'; \
          ALTER TABLE streams RENAME TO streams_away",
     )
     .await;
@@ -60,7 +60,7 @@ async fn a_stream_map_that_failed_to_load_is_loaded_once_the_database_answers() 
     );
 
     // The fault passes: the replica loads the map on its next round.
-    db.execute("ALTER TABLE streams_away RENAME TO streams")
+    db.execute_script("ALTER TABLE streams_away RENAME TO streams")
         .await;
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {

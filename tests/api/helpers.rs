@@ -291,8 +291,8 @@ impl Db {
             .unwrap())
     }
 
-    /// Runs statements that answer nothing.
-    pub async fn execute(&mut self, sql: &str) {
+    /// Runs statements, several at once, that take no parameters.
+    pub async fn execute_script(&mut self, sql: &str) {
         on_db!(self, c => {
             sqlx::raw_sql(sql).execute(c).await.unwrap();
         });
