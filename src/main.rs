@@ -140,8 +140,6 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
     let total = std::fs::read(file)
         .map(|bytes| bytecount_lines(&bytes))
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let csv =
-        std::fs::File::open(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let keyspace = Keyspace::new(bits).map_err(|e| e.to_string())?;
     let store = Store::connect(database_url)
         .await
@@ -151,7 +149,8 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
         .map_err(|e| e.to_string())?;
     let terminal = std::io::stderr().is_terminal();
     let mut shown = 0;
-    let summary = cli::import(&registry, std::io::BufReader::new(csv), |rows| {
+    let open = || std::fs::File::open(file).map(std::io::BufReader::new);
+    let summary = cli::import(&registry, open, |rows| {
         let rate = rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
         let line = format!(
             "imported {rows}/{total} rows ({:.0}%), {rate:.0} rows/s",
