@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use keyspread::config::{ServeConfig, Token, redact_url};
+use keyspread::config::{ServeConfig, Token, TokenParser, redact_url};
 use keyspread::keyspace::Keyspace;
 use keyspread::registry::Registry;
 use keyspread::store::Store;
@@ -17,14 +17,14 @@ use keyspread::{AppState, cli, http, serve, telemetry};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The authoritative registry of account -> Kinesis ExplicitHashKey.
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum Command {
     /// Run the HTTP service.
     Serve(ServeConfig),
@@ -58,8 +58,8 @@ enum Command {
     Streams(StreamsCommand),
 }
 
-/// The database a subcommand works on directly.
-#[derive(Debug, clap::Args)]
+/// The database a subcommand works on directly. Not `Debug`: the URL may hold a password.
+#[derive(clap::Args)]
 struct DatabaseArgs {
     /// `sqlite://PATH` or `postgres://...`.
     #[arg(
@@ -71,7 +71,7 @@ struct DatabaseArgs {
     database_url: String,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum StreamsCommand {
     /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output.
     Put {
@@ -87,7 +87,7 @@ enum StreamsCommand {
         #[arg(long, env = "KEYSPREAD_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
         /// Bearer token, if the server has one.
-        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true)]
+        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
         token: Option<Token>,
     },
 }
