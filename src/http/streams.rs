@@ -28,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 pub struct PutStream {
     /// The shards exactly as `aws kinesis list-shards` prints them, closed ones included;
     /// the open ones must tile [0, 2^128).
+    #[schema(min_items = 1)]
     #[serde(rename = "Shards")]
     pub shards: Option<Vec<ListedShard>>,
     /// Instead of `Shards`: a uniform map of this many shards, as CreateStream makes.
