@@ -101,6 +101,7 @@ const MAX_PAGE: u32 = 1000;
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
     /// Start after this account (the `next` of the previous page).
+    #[param(value_type = Option<AccountId>)]
     pub after: Option<String>,
     /// Page size, 1..=1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -370,10 +371,12 @@ async fn list(
     Query(params): Query<ListParams>,
 ) -> Result<Json<AssignmentPage>, ApiError> {
     let limit = super::page_limit(params.limit, MAX_PAGE)?;
+    // A cursor is an account id; other text (a NUL) may not even compare on Postgres.
+    let after = params.after.map(account_id).transpose()?;
     // One extra row tells whether another page follows.
     let mut rows = state
         .registry
-        .list(params.after.as_deref(), limit + 1)
+        .list(after.as_ref().map(AccountId::as_str), limit + 1)
         .await?;
     let next = if rows.len() > limit as usize {
         rows.truncate(limit as usize);

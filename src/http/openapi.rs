@@ -206,6 +206,7 @@ mod tests {
             );
         }
         assert_eq!(param(&doc, "get", "/events", "after")["minimum"], 0);
+        assert_eq!(param(&doc, "get", "/keys", "after")["maxLength"], 256);
         assert_eq!(
             param(&doc, "get", "/shard-of", "hash_key")["pattern"],
             "^[0-9]{1,39}$"

@@ -288,3 +288,20 @@ async fn bodies_are_objects_not_arrays_of_their_fields() {
     assert_eq!(app.get("/keys/present").await.body["weight"], 1);
     assert_eq!(app.get("/streams/orders").await.status, 404);
 }
+
+/// A paging cursor is an account id (the `next` of a page): anything else is a 400 that
+/// names it, on either backend (Postgres cannot even compare text holding a NUL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_cursor_that_is_no_account_id_is_refused() {
+    let app = spawn_app().await;
+    app.allocate("a").await;
+    for after in ["%00", "a%00b", "%07bell"] {
+        let answer = app.get(&format!("/keys?after={after}")).await;
+        assert_problem(&answer, 400, "account id");
+    }
+    let page = app.get("/keys?after=a").await;
+    assert_eq!(
+        (page.status, page.body["items"].as_array().map(Vec::len)),
+        (200, Some(0))
+    );
+}
