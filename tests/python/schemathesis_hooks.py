@@ -12,8 +12,8 @@ each brought about here by the function named, with why the document cannot say 
 - `hash_key` is at most 2^128 - 1 (`shard_of`). The pattern bounds its digits (1 to 39), not
   its value; a regular expression for "at most 340282366920938463463374607431768211455" needs
   a branch per digit and would be unreadable in the document and in generated clients.
-- An account id is at most 256 bytes of UTF-8 (`fit`, in `account_path`, `shard_of` and
-  `batch`). `maxLength` counts characters, not bytes: 256 characters may be 1,024 bytes.
+- An account id is at most 256 bytes of UTF-8 (`fit`, in `account_path`, `shard_of`,
+  `list_keys` and `batch`). `maxLength` counts characters, not bytes: 256 characters may be 1,024 bytes.
 - POST /keys/batch: no account twice (`batch`). `uniqueItems` compares whole items: two items
   with the same account and different weights are unique to it.
 - PUT /streams/{name}: the open shards of `Shards` tile [0, 2^128) with no gap or overlap,
@@ -92,6 +92,11 @@ def account_path(case):
         case.path_parameters["account"] = fit(case.path_parameters["account"])
 
 
+def list_keys(case):
+    if "after" in case.query:
+        case.query["after"] = fit(case.query["after"])
+
+
 def batch(case):
     if not isinstance(case.body, dict):
         return
@@ -119,6 +124,7 @@ RULES = {
     ("GET", "/shard-of"): shard_of,
     ("GET", "/distribution"): map_params,
     ("GET", "/rebalance/preview"): map_params,
+    ("GET", "/keys"): list_keys,
     ("POST", "/keys/batch"): batch,
     ("GET", "/keys/{account}"): account_path,
     ("POST", "/keys/{account}"): account_path,
