@@ -153,56 +153,197 @@ pub struct ImportSummary {
 /// Rows per transaction: large enough to amortize the commit, small enough to show progress.
 const IMPORT_CHUNK: usize = 10_000;
 
+/// The two passes over an import file. Rows that bring their key go first, so that no row
+/// left to the walk takes a key a later row of the file brings.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Rows with a hash key, and every refused row.
+    Keyed,
+    /// Rows without one.
+    Keyless,
+}
+
 /// `keyspread import`: moves an existing table of `account,weight[,hash_key]` rows (a
 /// header line is skipped) into keyspread, keeping the keys rows bring; one transaction
-/// per 10,000 rows. `progress` is called after each chunk with the rows read so far.
-pub async fn import(
+/// per 10,000 rows. `open` is called twice: the rows that bring a key are placed in a first
+/// pass over the file, the others in a second. `progress` is called after each transaction
+/// with the rows handled so far.
+pub async fn import<R: std::io::Read>(
     registry: &std::sync::Arc<crate::registry::Registry>,
-    csv: impl std::io::Read,
+    open: impl Fn() -> std::io::Result<R>,
     mut progress: impl FnMut(u64),
 ) -> Result<ImportSummary, String> {
-    use crate::registry::{Allocated, NewAccount};
-
-    let mut rows = Rows::new(csv, registry.keyspace());
     let mut summary = ImportSummary::default();
-    let mut chunk: Vec<NewAccount> = Vec::with_capacity(IMPORT_CHUNK);
+    for pass in [Pass::Keyed, Pass::Keyless] {
+        let csv = open().map_err(|e| format!("cannot read the file: {e}"))?;
+        import_pass(registry, csv, pass, &mut summary, &mut progress).await?;
+    }
+    Ok(summary)
+}
+
+/// One pass over the file: places the rows `pass` handles, in chunks of [`IMPORT_CHUNK`].
+async fn import_pass(
+    registry: &std::sync::Arc<crate::registry::Registry>,
+    csv: impl std::io::Read,
+    pass: Pass,
+    summary: &mut ImportSummary,
+    progress: &mut impl FnMut(u64),
+) -> Result<(), String> {
+    let mut rows = Rows::new(csv, registry.keyspace());
+    let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
     loop {
         let next = rows.next().transpose()?;
         let more = next.is_some();
         if let Some(Row { line, parsed }) = next {
-            summary.rows += 1;
             match parsed {
-                Ok(row) if registry.lookup(row.account.as_str()).is_some() => summary.present += 1,
-                Ok(row)
-                    if row.key.is_some() && registry.is_held(row.key.expect("checked")).await =>
-                {
-                    let key = row.key.expect("checked");
-                    summary.refused.push((
-                        line,
-                        format!("hash key {key} is already held by another account"),
-                    ));
+                Ok(row) if row.key.is_some() != (pass == Pass::Keyed) => {}
+                Err(why) if pass == Pass::Keyed => {
+                    summary.rows += 1;
+                    summary.refused.push((line, why));
                 }
-                Ok(row) => chunk.push(row),
-                Err(why) => summary.refused.push((line, why)),
+                Err(_) => {}
+                Ok(row) => {
+                    summary.rows += 1;
+                    if registry.lookup(row.account.as_str()).is_some() {
+                        summary.present += 1;
+                    } else if let Some(key) = row.key
+                        && registry.is_held(key).await
+                    {
+                        let why = format!("hash key {key} is already held by another account");
+                        summary.refused.push((line, why));
+                    } else {
+                        chunk.push(row);
+                    }
+                }
             }
         }
         if chunk.len() >= IMPORT_CHUNK || (!more && !chunk.is_empty()) {
-            let brought = chunk.iter().filter(|r| r.key.is_some()).count() as u64;
-            let answers = registry
-                .allocate_many(std::mem::take(&mut chunk))
-                .await
-                .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
-            let created = answers
-                .iter()
-                .filter(|a| matches!(a, Allocated::Created(_)))
-                .count() as u64;
-            summary.kept += brought;
-            summary.allocated += created - brought;
-            summary.present += answers.len() as u64 - created;
+            place(registry, std::mem::take(&mut chunk), pass, summary).await?;
             progress(summary.rows);
         }
         if !more {
-            return Ok(summary);
+            return Ok(());
+        }
+    }
+}
+
+/// Gives one chunk of rows their keys, in one transaction, and counts what it did.
+async fn place(
+    registry: &std::sync::Arc<crate::registry::Registry>,
+    chunk: Vec<crate::registry::NewAccount>,
+    pass: Pass,
+    summary: &mut ImportSummary,
+) -> Result<(), String> {
+    use crate::registry::Allocated;
+
+    let answers = registry
+        .allocate_many(chunk)
+        .await
+        .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
+    let created = answers
+        .iter()
+        .filter(|a| matches!(a, Allocated::Created(_)))
+        .count() as u64;
+    match pass {
+        Pass::Keyed => summary.kept += created,
+        Pass::Keyless => summary.allocated += created,
+    }
+    summary.present += answers.len() as u64 - created;
+    Ok(())
+}
+
+#[cfg(test)]
+mod import_tests {
+    use std::collections::HashSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::registry::Registry;
+    use crate::store::Store;
+
+    /// The first keys the walk hands out from empty: the ones a keyless row would take.
+    fn first_picks(n: usize) -> Vec<u128> {
+        let mut walk = Allocator::new(Keyspace::KINESIS);
+        (0..n).map(|_| walk.allocate(1).unwrap().0).collect()
+    }
+
+    /// A file of keyed rows (distinct keys, most of them the walk's first picks) and keyless
+    /// rows, shuffled: `(account, weight, key)` per row.
+    fn files() -> impl Strategy<Value = Vec<(String, u64, Option<u128>)>> {
+        let keys = prop::sample::subsequence(first_picks(16), 0..=12)
+            .prop_flat_map(|keys| (Just(keys), prop::collection::vec(any::<u128>(), 0..3)));
+        (keys, 0usize..12)
+            .prop_flat_map(|((mut keys, random), keyless)| {
+                keys.extend(random.into_iter().filter(|k| !first_picks(16).contains(k)));
+                let rows = keys
+                    .into_iter()
+                    .map(Some)
+                    .chain(std::iter::repeat_n(None, keyless))
+                    .collect::<Vec<_>>();
+                let weights = prop::collection::vec(1u64..=3, rows.len());
+                (Just(rows), weights)
+            })
+            .prop_map(|(keys, weights)| {
+                keys.into_iter()
+                    .zip(weights)
+                    .enumerate()
+                    .map(|(i, (key, weight))| (format!("acct-{i}"), weight, key))
+                    .collect::<Vec<_>>()
+            })
+            .prop_shuffle()
+    }
+
+    async fn import_file(
+        rows: &[(String, u64, Option<u128>)],
+    ) -> (ImportSummary, Vec<(String, u128)>) {
+        let csv: String = rows
+            .iter()
+            .map(|(account, weight, key)| match key {
+                Some(key) => format!("{account},{weight},{key}\n"),
+                None => format!("{account},{weight}\n"),
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("k.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let registry = Registry::open(store, Keyspace::KINESIS, None)
+            .await
+            .unwrap();
+        let summary = import(&registry, || Ok(csv.as_bytes()), |_| {})
+            .await
+            .unwrap();
+        let held = rows
+            .iter()
+            .filter_map(|(account, ..)| registry.lookup(account))
+            .map(|a| (a.account.into_string(), a.hash_key.0))
+            .collect();
+        (summary, held)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Whatever the order of the file, every row is placed, each keyed row on exactly its
+        /// key, and no key twice.
+        #[test]
+        fn keyed_rows_keep_their_keys_in_any_order(rows in files()) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let (summary, held) = runtime.block_on(import_file(&rows));
+            let keyed = rows.iter().filter(|r| r.2.is_some()).count() as u64;
+            prop_assert_eq!(
+                (summary.kept, summary.allocated, summary.present, summary.refused.len()),
+                (keyed, rows.len() as u64 - keyed, 0, 0)
+            );
+            prop_assert_eq!(held.len(), rows.len());
+            for ((account, _, brought), (held_by, key)) in rows.iter().zip(&held) {
+                prop_assert_eq!(account, held_by);
+                if let Some(brought) = brought {
+                    prop_assert_eq!(brought, key);
+                }
+            }
+            let distinct: HashSet<u128> = held.iter().map(|(_, key)| *key).collect();
+            prop_assert_eq!(distinct.len(), held.len());
         }
     }
 }

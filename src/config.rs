@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// `keyspread serve` settings.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct ServeConfig {
     /// Address to listen on.
     #[arg(long, env = "KEYSPREAD_LISTEN", default_value = "127.0.0.1:8080")]
@@ -22,12 +22,17 @@ pub struct ServeConfig {
     pub database_url: String,
 
     /// Bearer token every mutation must carry; without one, only loopback clients may mutate.
-    #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
     pub token: Option<Token>,
 
     /// Bearer token `GET /metrics` needs; without one, metrics are open to every client
     /// (they hold counts and latencies, never accounts or keys).
-    #[arg(long, env = "KEYSPREAD_METRICS_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "KEYSPREAD_METRICS_TOKEN",
+        hide_env_values = true,
+        value_parser = TokenParser
+    )]
     pub metrics_token: Option<Token>,
 
     /// Width of the keyspace in bits; 128 is Kinesis', fewer only for experiments.
@@ -109,9 +114,36 @@ impl ServeConfig {
     }
 }
 
+/// Shows the database URL without its password, and the tokens only as set or not.
+impl fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("listen", &self.listen)
+            .field("database_url", &redact_url(&self.database_url))
+            .field("token", &self.token)
+            .field("metrics_token", &self.metrics_token)
+            .field("keyspace_bits", &self.keyspace_bits)
+            .field("primary_stream", &self.primary_stream)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A bearer token. Never printed: `Debug` and `Display` show only that one is set.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(String);
+
+/// Why a bearer token is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error(
+        "a token may hold visible ASCII characters only (letters, digits, punctuation; no \
+         spaces, no accents): no HTTP client could send it in `Authorization: Bearer`"
+    )]
+    Unsendable,
+    #[error("a token must be at least {} characters long", Token::MIN_LEN)]
+    TooShort,
+}
 
 impl Token {
     pub const MIN_LEN: usize = 16;
@@ -122,14 +154,16 @@ impl Token {
 }
 
 impl FromStr for Token {
-    type Err = String;
+    type Err = TokenError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s.len() < Self::MIN_LEN || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(format!(
-                "the token must be at least {} characters without spaces",
-                Self::MIN_LEN
-            ));
+    /// Takes visible ASCII only: a header value with other bytes is not a string the server
+    /// can compare, and spaces around it are dropped on the way.
+    fn from_str(s: &str) -> Result<Self, TokenError> {
+        if !s.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(TokenError::Unsendable);
+        }
+        if s.len() < Self::MIN_LEN {
+            return Err(TokenError::TooShort);
         }
         Ok(Token(s.to_owned()))
     }
@@ -147,38 +181,227 @@ impl fmt::Display for Token {
     }
 }
 
-/// A database URL with any password replaced, fit for logs.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
+/// Parses a token flag without repeating a refused value, which clap's own errors quote.
+#[derive(Clone, Copy)]
+pub struct TokenParser;
+
+impl clap::builder::TypedValueParser for TokenParser {
+    type Value = Token;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Token, clap::Error> {
+        let parsed = value.to_str().ok_or(TokenError::Unsendable);
+        parsed.and_then(str::parse).map_err(|why| {
+            let name = match arg {
+                Some(arg) => match arg.get_env() {
+                    Some(env) => format!("{arg} (or {})", env.to_string_lossy()),
+                    None => arg.to_string(),
+                },
+                None => "the token".to_owned(),
+            };
+            let message = format!("invalid value (not shown) for '{name}': {why}\n");
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, message).with_cmd(cmd)
+        })
     }
+}
+
+/// Query parameters of a Postgres URL that sqlx reads (`PgConnectOptions`), and whether a
+/// log may show their value.
+const POSTGRES_PARAMETERS: [(&str, bool); 18] = [
+    ("sslmode", true),
+    ("ssl-mode", true),
+    ("sslrootcert", true),
+    ("ssl-root-cert", true),
+    ("ssl-ca", true),
+    ("sslcert", true),
+    ("ssl-cert", true),
+    ("sslkey", true),
+    ("ssl-key", true),
+    ("statement-cache-capacity", true),
+    ("host", true),
+    ("hostaddr", true),
+    ("port", true),
+    ("dbname", true),
+    ("user", true),
+    ("password", false),
+    ("application_name", true),
+    ("options", true),
+];
+
+/// Whether sqlx reads the Postgres URL parameter `name`, and may a log show its value.
+fn postgres_parameter(name: &str) -> Option<bool> {
+    if name.starts_with("options[") && name.ends_with(']') {
+        return Some(true);
+    }
+    POSTGRES_PARAMETERS
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, shown)| *shown)
+}
+
+/// The first query parameter of a Postgres URL that sqlx does not read. sqlx ignores such
+/// a parameter and logs its value, which may be a secret (`sslpassword`, `PASSWORD`).
+pub fn unread_parameter(url: &str) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    url.query_pairs()
+        .map(|(name, _)| name)
+        .find(|name| postgres_parameter(name).is_none())
+        .map(|name| name.into_owned())
+}
+
+/// A database URL fit for logs: the password, wherever the URL holds it (userinfo or a
+/// query parameter), and every query value not known to be harmless become `***`.
+/// A URL that does not parse is not shown at all: where its password is cannot be told.
+pub fn redact_url(raw: &str) -> String {
+    // sqlx takes the rest of a SQLite URL as a file name and options, never credentials.
+    if raw.starts_with("sqlite:") {
+        return raw.to_owned();
+    }
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return "(a database URL that does not parse; not shown)".to_owned();
+    };
+    if url.password().is_some() {
+        url.set_password(Some("***"))
+            .expect("a URL with a password can have one");
+    }
+    let pairs: Vec<(String, String)> = url
+        .query_pairs()
+        .map(|(name, value)| {
+            let value = match postgres_parameter(&name) {
+                Some(true) => value.into_owned(),
+                _ => "***".to_owned(),
+            };
+            (name.into_owned(), value)
+        })
+        .collect();
+    url.set_query(None);
+    url.set_fragment(None);
+    if !pairs.is_empty() {
+        url.query_pairs_mut().extend_pairs(pairs);
+    }
+    url.into()
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
     fn tokens_are_never_printed() {
         let token: Token = "correct-horse-battery-staple".parse().unwrap();
         assert!(!format!("{token:?} {token}").contains("horse"));
-        assert!("short".parse::<Token>().is_err());
-        assert!("has a space in the middle".parse::<Token>().is_err());
+    }
+
+    #[test]
+    fn tokens_are_what_a_client_can_send() {
+        assert_eq!("short".parse::<Token>(), Err(TokenError::TooShort));
+        for unsendable in [
+            "has a space in the middle",
+            "tökentökentökentöken",
+            "tab\tin-the-middle-of-it",
+            "del\u{7f}in-the-middle-of-it",
+        ] {
+            assert_eq!(unsendable.parse::<Token>(), Err(TokenError::Unsendable));
+        }
+        for sendable in ["abcDEF0123456789-._~+/=", "punctuation!#$%&*|^`{}"] {
+            assert!(sendable.parse::<Token>().is_ok(), "{sendable}");
+        }
     }
 
     #[test]
     fn urls_lose_their_passwords() {
-        assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/keys"),
-            "postgres://app:***@db:5432/keys"
+        for (url, shown) in [
+            (
+                "postgres://app:s3cret@db:5432/keys",
+                "postgres://app:***@db:5432/keys",
+            ),
+            (
+                "postgres://app:s3cr@t-pass@host/db",
+                "postgres://app:***@host/db",
+            ),
+            (
+                "postgres://app@host/db?sslmode=require&password=s3cret&PassWord=x&sslpassword=y",
+                "postgres://app@host/db?sslmode=require&password=***&PassWord=***&sslpassword=***",
+            ),
+            (
+                "postgres://app:pa/ss@host/db",
+                "(a database URL that does not parse; not shown)",
+            ),
+            ("sqlite://keyspread.db", "sqlite://keyspread.db"),
+            ("sqlite:///tmp/my dir/k.db", "sqlite:///tmp/my dir/k.db"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn the_config_debug_shows_no_secret() {
+        let mut config = ServeConfig::for_tests("postgres://app:s3cr@t-pass@db/keys".into());
+        config.token = Some("the-token-itself-0123".parse().unwrap());
+        let shown = format!("{config:?}");
+        assert!(shown.contains("postgres://app:***@db/keys"), "{shown}");
+        assert!(
+            !shown.contains("s3cr") && !shown.contains("t-pass"),
+            "{shown}"
         );
-        assert_eq!(redact_url("sqlite://keyspread.db"), "sqlite://keyspread.db");
+        assert!(!shown.contains("itself"), "{shown}");
+    }
+
+    #[test]
+    fn parameters_sqlx_does_not_read_are_named() {
+        let unread = |url: &str| unread_parameter(url);
+        assert_eq!(unread("postgres://h/db?sslmode=require&password=x"), None);
+        assert_eq!(unread("postgres://h/db?options[search_path]=a"), None);
+        assert_eq!(
+            unread("postgres://h/db?PASSWORD=x").as_deref(),
+            Some("PASSWORD")
+        );
+        assert_eq!(
+            unread("postgres://h/db?sslmode=disable&sslpassword=x").as_deref(),
+            Some("sslpassword")
+        );
+    }
+
+    /// A password whose every fragment is recognizable: upper case never appears in the
+    /// URLs around it.
+    fn password() -> impl Strategy<Value = String> {
+        "[A-Z][A-Z@:/?%#&=+ ]{5,20}"
+    }
+
+    /// `s` percent-encoded as userinfo and query values need it.
+    fn encoded(s: &str) -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Wherever a URL puts a password, as typed or percent-encoded, the redacted text
+        /// holds neither form of it.
+        #[test]
+        fn redacted_urls_never_hold_the_password(p in password(), case in 0usize..6) {
+            let e = encoded(&p);
+            let url = match case {
+                0 => format!("postgres://app:{p}@host:5432/db"),
+                1 => format!("postgres://app:{e}@host:5432/db?sslmode=disable"),
+                2 => format!("postgres://app@host/db?password={e}&sslmode=disable"),
+                3 => format!("postgres://app@host/db?sslmode=disable&password={p}"),
+                4 => format!("postgres://app@host/db?PASSWORD={e}&sslpassword={p}"),
+                _ => format!("postgres://app:{e}@host/db?password={e}"),
+            };
+            let shown = redact_url(&url);
+            prop_assert!(!shown.contains(&p), "{} -> {}", url, shown);
+            prop_assert!(!shown.contains(&e), "{} -> {}", url, shown);
+            prop_assert!(!shown.contains(&p[..4]), "{} -> {}", url, shown);
+        }
     }
 }

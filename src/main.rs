@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use keyspread::config::{ServeConfig, Token, redact_url};
+use keyspread::config::{ServeConfig, Token, TokenParser, redact_url};
 use keyspread::keyspace::Keyspace;
 use keyspread::registry::Registry;
 use keyspread::store::Store;
@@ -17,14 +17,14 @@ use keyspread::{AppState, cli, http, serve, telemetry};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The authoritative registry of account -> Kinesis ExplicitHashKey.
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum Command {
     /// Run the HTTP service.
     Serve(ServeConfig),
@@ -58,8 +58,8 @@ enum Command {
     Streams(StreamsCommand),
 }
 
-/// The database a subcommand works on directly.
-#[derive(Debug, clap::Args)]
+/// The database a subcommand works on directly. Not `Debug`: the URL may hold a password.
+#[derive(clap::Args)]
 struct DatabaseArgs {
     /// `sqlite://PATH` or `postgres://...`.
     #[arg(
@@ -71,7 +71,7 @@ struct DatabaseArgs {
     database_url: String,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum StreamsCommand {
     /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output.
     Put {
@@ -87,7 +87,7 @@ enum StreamsCommand {
         #[arg(long, env = "KEYSPREAD_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
         /// Bearer token, if the server has one.
-        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true)]
+        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
         token: Option<Token>,
     },
 }
@@ -140,8 +140,6 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
     let total = std::fs::read(file)
         .map(|bytes| bytecount_lines(&bytes))
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let csv =
-        std::fs::File::open(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let keyspace = Keyspace::new(bits).map_err(|e| e.to_string())?;
     let store = Store::connect(database_url)
         .await
@@ -151,7 +149,8 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
         .map_err(|e| e.to_string())?;
     let terminal = std::io::stderr().is_terminal();
     let mut shown = 0;
-    let summary = cli::import(&registry, std::io::BufReader::new(csv), |rows| {
+    let open = || std::fs::File::open(file).map(std::io::BufReader::new);
+    let summary = cli::import(&registry, open, |rows| {
         let rate = rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
         let line = format!(
             "imported {rows}/{total} rows ({:.0}%), {rate:.0} rows/s",

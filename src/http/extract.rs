@@ -44,6 +44,46 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
     }
 }
 
+/// A deserializer that takes structs from JSON objects only: serde's derive also takes one
+/// from an array of its fields (`[5]` for `{"weight": 5}`), which the document does not offer.
+pub struct MapOnly<D>(pub D);
+
+impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for MapOnly<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_any(visitor)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_map(visitor)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// Gives each request body type, derived with `#[serde(remote = "Self")]`, a `Deserialize`
+/// that reads it from a JSON object only (see [`MapOnly`]).
+macro_rules! objects_only {
+    ($($body:ty),+ $(,)?) => {$(
+        impl<'de> serde::Deserialize<'de> for $body {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <$body>::deserialize($crate::http::extract::MapOnly(d))
+            }
+        }
+    )+};
+}
+pub(crate) use objects_only;
+
 /// Counts and weights in JSON bodies. The document calls them `integer`, which in JSON
 /// Schema includes numbers written with a zero fraction (`3.0`), so those are taken too.
 pub mod whole_number {

@@ -76,7 +76,7 @@ impl<'a> From<&'a store::Assignment> for AssignmentRef<'a> {
 
 /// Optional settings for a new assignment.
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct AllocateRequest {
     /// Relative load of the account, 1..=1000000 (default 1); balance compares weight sums.
     #[schema(minimum = 1, maximum = 1000000)]
@@ -86,7 +86,7 @@ pub struct AllocateRequest {
 
 /// A new weight for an account.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ReweightRequest {
     #[schema(minimum = 1, maximum = 1000000)]
     #[serde(deserialize_with = "whole_number::required")]
@@ -101,6 +101,7 @@ const MAX_PAGE: u32 = 1000;
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
     /// Start after this account (the `next` of the previous page).
+    #[param(value_type = Option<AccountId>)]
     pub after: Option<String>,
     /// Page size, 1..=1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -130,7 +131,7 @@ fn account_id(raw: String) -> Result<AccountId, ApiError> {
 
 /// Accounts to allocate together.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct BatchRequest {
     /// 1..=10000 distinct accounts.
     #[schema(min_items = 1, max_items = 10000)]
@@ -139,7 +140,7 @@ pub struct BatchRequest {
 
 /// One account of a batch.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct BatchItem {
     #[schema(value_type = AccountId)]
     pub account: String,
@@ -148,6 +149,8 @@ pub struct BatchItem {
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub weight: Option<u64>,
 }
+
+super::extract::objects_only!(AllocateRequest, ReweightRequest, BatchRequest, BatchItem);
 
 /// The batch's assignments, in request order.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -368,10 +371,12 @@ async fn list(
     Query(params): Query<ListParams>,
 ) -> Result<Json<AssignmentPage>, ApiError> {
     let limit = super::page_limit(params.limit, MAX_PAGE)?;
+    // A cursor is an account id; other text (a NUL) may not even compare on Postgres.
+    let after = params.after.map(account_id).transpose()?;
     // One extra row tells whether another page follows.
     let mut rows = state
         .registry
-        .list(params.after.as_deref(), limit + 1)
+        .list(after.as_ref().map(AccountId::as_str), limit + 1)
         .await?;
     let next = if rows.len() > limit as usize {
         rows.truncate(limit as usize);

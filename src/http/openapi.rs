@@ -123,3 +123,99 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    /// The schema at `pointer` in the document, following a `$ref` at its end.
+    fn schema(doc: &Value, pointer: &str) -> Value {
+        let found = doc
+            .pointer(pointer)
+            .unwrap_or_else(|| panic!("no {pointer}"));
+        match found["$ref"].as_str() {
+            Some(target) => schema(doc, target.trim_start_matches('#')),
+            None => found.clone(),
+        }
+    }
+
+    /// The schema of query or path parameter `name` of `method path`.
+    fn param(doc: &Value, method: &str, path: &str, name: &str) -> Value {
+        let params = doc["paths"][path][method]["parameters"].as_array().unwrap();
+        let found = params.iter().position(|p| p["name"] == name).unwrap();
+        schema(
+            doc,
+            &format!(
+                "/paths/{}/{method}/parameters/{found}/schema",
+                path.replace('/', "~1")
+            ),
+        )
+    }
+
+    /// Every bound the handlers enforce on a single value is in the document, where
+    /// clients and schemathesis read it (cross-field rules are in
+    /// tests/python/schemathesis_hooks.py).
+    #[test]
+    fn the_document_states_the_bounds_the_handlers_enforce() {
+        let doc: Value = serde_json::from_str(&super::super::openapi_json()).unwrap();
+        let at = |pointer: &str| schema(&doc, pointer);
+        let shards = at("/components/schemas/PutStream/properties/Shards");
+        assert_eq!(shards["minItems"], 1, "{shards}");
+        let batch = at("/components/schemas/BatchRequest/properties/accounts");
+        assert_eq!(
+            (&batch["minItems"], &batch["maxItems"]),
+            (&1.into(), &10_000.into())
+        );
+        let account = at("/components/schemas/AccountId");
+        assert_eq!(
+            (&account["minLength"], &account["maxLength"]),
+            (&1.into(), &256.into())
+        );
+        assert!(account["pattern"].as_str().unwrap().contains("(?!batch$)"));
+        for weight in [
+            "/components/schemas/AllocateRequest/properties/weight",
+            "/components/schemas/BatchItem/properties/weight",
+            "/components/schemas/ReweightRequest/properties/weight",
+        ] {
+            let w = at(weight);
+            assert_eq!(
+                (&w["minimum"], &w["maximum"]),
+                (&1.into(), &1_000_000.into()),
+                "{weight}"
+            );
+        }
+        let count = at("/components/schemas/PutStream/properties/shard_count");
+        assert_eq!(
+            (&count["minimum"], &count["maximum"]),
+            (&1.into(), &100_000.into())
+        );
+        for (method, path, name, low, high) in [
+            ("get", "/keys", "limit", 1, 1000),
+            ("get", "/streams", "limit", 1, 1000),
+            ("get", "/events", "limit", 1, 1000),
+            ("get", "/shard-of", "shards", 1, 100_000),
+            ("get", "/distribution", "shards", 1, 100_000),
+            ("get", "/rebalance/preview", "shards", 1, 100_000),
+            ("get", "/streams/{name}/split-plan", "target", 1, 100_000),
+        ] {
+            let p = param(&doc, method, path, name);
+            assert_eq!(
+                (&p["minimum"], &p["maximum"]),
+                (&low.into(), &high.into()),
+                "{path} {name}"
+            );
+        }
+        assert_eq!(param(&doc, "get", "/events", "after")["minimum"], 0);
+        assert_eq!(param(&doc, "get", "/keys", "after")["maxLength"], 256);
+        assert_eq!(
+            param(&doc, "get", "/shard-of", "hash_key")["pattern"],
+            "^[0-9]{1,39}$"
+        );
+        assert_eq!(
+            param(&doc, "get", "/keys/{account}", "account")["maxLength"],
+            256
+        );
+        let plan = at("/components/schemas/ApplyRequest/properties/plan_id");
+        assert!(plan["pattern"].is_string(), "{plan}");
+    }
+}

@@ -68,7 +68,7 @@ impl RebalancePlan {
 
 /// Which previewed plan to apply.
 #[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ApplyRequest {
     /// The `plan_id` of a preview: `EVENT.MAP.DIGEST`.
     #[schema(
@@ -76,6 +76,8 @@ pub struct ApplyRequest {
     )]
     pub plan_id: String,
 }
+
+super::extract::objects_only!(ApplyRequest);
 
 /// Plan a rebalance over a uniform or a registered stream's map; changes nothing.
 #[utoipa::path(

@@ -28,9 +28,11 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// A stream's map: list-shards output as-is, or a shard count for a uniform map.
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(remote = "Self")]
 pub struct PutStream {
     /// The shards exactly as `aws kinesis list-shards` prints them, closed ones included;
     /// the open ones must tile [0, 2^128).
+    #[schema(min_items = 1)]
     #[serde(rename = "Shards")]
     pub shards: Option<Vec<ListedShard>>,
     /// Instead of `Shards`: a uniform map of this many shards, as CreateStream makes;
@@ -41,6 +43,8 @@ pub struct PutStream {
     /// Whether new keys balance on this stream's shards; left out, the stream keeps its role.
     pub primary: Option<bool>,
 }
+
+super::extract::objects_only!(PutStream);
 
 /// One open shard.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -113,6 +113,12 @@ pub enum Change {
 pub enum StoreError {
     #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
+    #[error(
+        "the database URL's parameter `{0}` is not one the Postgres driver reads (it would be \
+         ignored, and its value logged); it reads sslmode, sslrootcert, sslcert, sslkey, \
+         host, hostaddr, port, dbname, user, password, application_name, options"
+    )]
+    UnreadParameter(String),
     #[error("the database is unreachable: {0}")]
     Unavailable(sqlx::Error),
     #[error("a row with the same account or hash key already exists")]
@@ -209,6 +215,9 @@ impl Store {
         if url.starts_with("sqlite:") {
             Ok(Store::Sqlite(sqlite::connect(url).await?))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            if let Some(name) = crate::config::unread_parameter(url) {
+                return Err(StoreError::UnreadParameter(name));
+            }
             Ok(Store::Postgres(postgres::connect(url).await?))
         } else {
             Err(StoreError::UnsupportedUrl(crate::config::redact_url(url)))

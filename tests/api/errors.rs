@@ -251,3 +251,57 @@ async fn slow_requests_time_out() {
     assert!(reply.contains("application/problem+json"), "{reply}");
     assert_eq!(app.get("/keys/slow").await.status, 404);
 }
+
+/// Request bodies are JSON objects, as the document says: serde would also take a struct
+/// from an array of its fields (`[5]` for `{"weight": 5}`), at the top or nested.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_objects_not_arrays_of_their_fields() {
+    use reqwest::Method;
+    use serde_json::json;
+    let app = spawn_app().await;
+    app.allocate("present").await;
+    for (method, path, body) in [
+        (Method::POST, "/keys/new", json!([5])),
+        (Method::POST, "/keys/new", json!([])),
+        (Method::PATCH, "/keys/present", json!([7])),
+        (Method::POST, "/keys/batch", json!([[{"account": "q"}]])),
+        (Method::POST, "/keys/batch", json!({"accounts": [["q", 3]]})),
+        (Method::POST, "/rebalance", json!(["1.4.0123456789abcdef"])),
+        (Method::PUT, "/streams/orders", json!([null, 4])),
+    ] {
+        let answer = app.call(method.clone(), path, Some(body.clone())).await;
+        assert_eq!(
+            answer.status, 422,
+            "{method} {path} {body}: {:?}",
+            answer.body
+        );
+        assert!(
+            answer.body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("invalid type: sequence"),
+            "{method} {path} {body}: {:?}",
+            answer.body
+        );
+    }
+    assert_eq!(app.get("/keys/new").await.status, 404);
+    assert_eq!(app.get("/keys/present").await.body["weight"], 1);
+    assert_eq!(app.get("/streams/orders").await.status, 404);
+}
+
+/// A paging cursor is an account id (the `next` of a page): anything else is a 400 that
+/// names it, on either backend (Postgres cannot even compare text holding a NUL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_cursor_that_is_no_account_id_is_refused() {
+    let app = spawn_app().await;
+    app.allocate("a").await;
+    for after in ["%00", "a%00b", "%07bell"] {
+        let answer = app.get(&format!("/keys?after={after}")).await;
+        assert_problem(&answer, 400, "account id");
+    }
+    let page = app.get("/keys?after=a").await;
+    assert_eq!(
+        (page.status, page.body["items"].as_array().map(Vec::len)),
+        (200, Some(0))
+    );
+}

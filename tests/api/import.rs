@@ -2,7 +2,40 @@
 
 use std::time::{Duration, Instant};
 
-use crate::helpers::spawn_app;
+use crate::helpers::{TestApp, spawn_app};
+
+/// Runs `keyspread import` on `csv` against `app`'s database.
+async fn import(app: &TestApp, csv: &str) -> std::process::Output {
+    let file = app.dir().join("table.csv");
+    std::fs::write(&file, csv).unwrap();
+    // The server runs on this test's runtime: wait for the command without blocking it.
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args([
+            "import",
+            file.to_str().unwrap(),
+            "--database-url",
+            &app.config.database_url,
+        ])
+        .output()
+        .await
+        .unwrap()
+}
+
+/// Waits until the running server answers `account`, as it follows the event log.
+async fn imported(app: &TestApp, account: &str) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        let answer = app.get(&format!("/keys/{account}")).await;
+        if answer.status == 200 {
+            return answer.body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the server never saw {account} imported"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_keeps_existing_keys_and_names_bad_rows() {
@@ -22,18 +55,7 @@ async fn import_keeps_existing_keys_and_names_bad_rows() {
          g,1,{half}\n",
         half + 1
     );
-    let file = app.dir().join("table.csv");
-    std::fs::write(&file, csv).unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
-        .args([
-            "import",
-            file.to_str().unwrap(),
-            "--database-url",
-            &app.config.database_url,
-        ])
-        .output()
-        .await
-        .unwrap();
+    let out = import(&app, &csv).await;
     let report = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -54,16 +76,8 @@ async fn import_keeps_existing_keys_and_names_bad_rows() {
         );
     }
     // The running server follows the event log and answers the imported accounts.
-    let started = Instant::now();
-    while app.get("/keys/b").await.status != 200 {
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "the server never saw the import"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     assert_eq!(
-        app.get("/keys/b").await.body["hash_key"],
+        imported(&app, "b").await["hash_key"],
         (half + 1).to_string()
     );
     assert_eq!(
@@ -72,4 +86,27 @@ async fn import_keeps_existing_keys_and_names_bad_rows() {
     );
     assert_eq!(app.get("/keys/a").await.body["weight"], 2);
     assert_eq!(app.get("/keys/g").await.status, 404);
+}
+
+/// Rows that bring a key are placed before the walk picks for the others, so a keyless row
+/// never takes a key that a later row of the file brings (2^127 is the walk's first pick).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_row_never_takes_a_key_a_later_row_brings() {
+    let first_pick = (1u128 << 127).to_string();
+    for csv in [
+        format!("a,1\nb,1,{first_pick}\n"),
+        format!("b,1,{first_pick}\na,1\n"),
+    ] {
+        let app = spawn_app().await;
+        let out = import(&app, &csv).await;
+        let report = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{csv:?}: {stderr}");
+        assert!(
+            report.contains("1 new keys from the walk, 1 existing keys kept, 0 accounts already present, 0 rows refused"),
+            "{csv:?}: {report}"
+        );
+        assert_eq!(imported(&app, "b").await["hash_key"], first_pick, "{csv:?}");
+        assert_ne!(imported(&app, "a").await["hash_key"], first_pick, "{csv:?}");
+    }
 }

@@ -22,6 +22,7 @@ mod rebalance;
 mod replicas;
 mod reshard;
 mod schemathesis;
+mod secrets;
 mod shards;
 mod store;
 mod streams;

@@ -1,12 +1,30 @@
 """Rules of keyspread's API that OpenAPI cannot state, for schemathesis' positive cases.
 
-Each rule is in the operation's description in openapi/openapi.json, but JSON Schema has
-no way to say it: "exactly one of these query parameters", "no account twice in a batch",
-"a hash key is at most 2^128 - 1", "the open shards tile the keyspace", "an account id is
-at most 256 bytes" (maxLength counts characters). A request that
-the schema allows but that breaks one of them is rightly refused (400 or 422), which the
-positive_data_acceptance check would report. So positive cases are brought within these
-rules before they are sent; negative cases are sent as generated. One more hook keeps
+The document states every bound on a single value that the handlers enforce (lengths,
+patterns, minimum and maximum, minItems and maxItems; src/http/openapi.rs tests that they are
+there). What is left are rules it cannot state, each in the operation's description and
+each brought about here by the function named, with why the document cannot say it:
+
+- GET /shard-of: exactly one of `hash_key`, `account`, `partition_key`, and exactly one of
+  `shards`, `stream` (`shard_of`); GET /distribution and GET /rebalance/preview: exactly one
+  of `shards`, `stream` (`map_params`). OpenAPI describes each query parameter on its own: it
+  has no way to relate two of them.
+- `hash_key` is at most 2^128 - 1 (`shard_of`). The pattern bounds its digits (1 to 39), not
+  its value; a regular expression for "at most 340282366920938463463374607431768211455" needs
+  a branch per digit and would be unreadable in the document and in generated clients.
+- An account id is at most 256 bytes of UTF-8 (`fit`, in `account_path`, `shard_of`,
+  `list_keys` and `batch`). `maxLength` counts characters, not bytes: 256 characters may be 1,024 bytes.
+- POST /keys/batch: no account twice (`batch`). `uniqueItems` compares whole items: two items
+  with the same account and different weights are unique to it.
+- PUT /streams/{name}: the open shards of `Shards` tile [0, 2^128) with no gap or overlap,
+  and exactly one of `Shards`, `shard_count` is given (`put_stream`). Tiling relates the
+  values of different items, which no JSON Schema keyword does. "Exactly one" could be a
+  `oneOf` of two `required` lists, which utoipa's derive does not produce; the description
+  says it.
+
+A request that the schema allows but that breaks one of them is rightly refused (400 or 422),
+which the positive_data_acceptance check would report. So positive cases are brought within
+these rules before they are sent; negative cases are sent as generated. One more hook keeps
 shard counts small in every case, for run time only (see `sizes`). Loaded by
 tests/api/schemathesis.rs through SCHEMATHESIS_HOOKS.
 """
@@ -74,6 +92,11 @@ def account_path(case):
         case.path_parameters["account"] = fit(case.path_parameters["account"])
 
 
+def list_keys(case):
+    if "after" in case.query:
+        case.query["after"] = fit(case.query["after"])
+
+
 def batch(case):
     if not isinstance(case.body, dict):
         return
@@ -101,6 +124,7 @@ RULES = {
     ("GET", "/shard-of"): shard_of,
     ("GET", "/distribution"): map_params,
     ("GET", "/rebalance/preview"): map_params,
+    ("GET", "/keys"): list_keys,
     ("POST", "/keys/batch"): batch,
     ("GET", "/keys/{account}"): account_path,
     ("POST", "/keys/{account}"): account_path,
