@@ -157,6 +157,7 @@ mod tests {
     /// tests/python/schemathesis_hooks.py).
     #[test]
     fn the_document_states_the_bounds_the_handlers_enforce() {
+        use crate::keyspace::MAX_SHARDS;
         let doc: Value = serde_json::from_str(&super::super::openapi_json()).unwrap();
         let at = |pointer: &str| schema(&doc, pointer);
         let shards = at("/components/schemas/PutStream/properties/Shards");
@@ -187,16 +188,16 @@ mod tests {
         let count = at("/components/schemas/PutStream/properties/shard_count");
         assert_eq!(
             (&count["minimum"], &count["maximum"]),
-            (&1.into(), &100_000.into())
+            (&1.into(), &MAX_SHARDS.into())
         );
         for (method, path, name, low, high) in [
             ("get", "/keys", "limit", 1, 1000),
             ("get", "/streams", "limit", 1, 1000),
             ("get", "/events", "limit", 1, 1000),
-            ("get", "/shard-of", "shards", 1, 100_000),
-            ("get", "/distribution", "shards", 1, 100_000),
-            ("get", "/rebalance/preview", "shards", 1, 100_000),
-            ("get", "/streams/{name}/split-plan", "target", 1, 100_000),
+            ("get", "/shard-of", "shards", 1, MAX_SHARDS),
+            ("get", "/distribution", "shards", 1, MAX_SHARDS),
+            ("get", "/rebalance/preview", "shards", 1, MAX_SHARDS),
+            ("get", "/streams/{name}/split-plan", "target", 1, MAX_SHARDS),
         ] {
             let p = param(&doc, method, path, name);
             assert_eq!(

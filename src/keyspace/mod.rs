@@ -19,7 +19,7 @@ pub use list_shards::{
     HashKeyRange, ListShards, ListedShard, SequenceNumberRange, is_kinesis_name,
 };
 pub use rebalance::{Holding, Move, Plan, plan};
-pub use shards::{Shard, ShardMap, Skew, md5_hash};
+pub use shards::{MAX_SHARDS, Shard, ShardMap, Skew, md5_hash};
 pub use split::{Reshard, SplitPlan, split_plan};
 pub use tree::{KeyTree, Load};
 
