@@ -49,6 +49,10 @@ pub struct Access {
     pub metrics_token: Option<Token>,
     /// Per-client rate limit of mutations, if any.
     pub mutation_limit: Option<http::MutationLimiter>,
+    /// Whether the limit applies to clients allowed to mutate too, not only to the others.
+    pub limit_token_holders: bool,
+    /// Without a token, the names requests may address and pages may come from.
+    pub local_names: http::LocalNames,
     /// Proxies whose `X-Forwarded-For` names the client that the limit and the loopback
     /// rule apply to.
     pub trusted_proxies: http::TrustedProxies,
@@ -79,6 +83,8 @@ impl AppState {
                     config.mutation_rate,
                     config.mutation_burst,
                 ),
+                limit_token_holders: config.limit_token_holders,
+                local_names: http::LocalNames::new(config.allowed_hosts.clone()),
                 trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
             }),
             request_timeout: config.request_timeout(),

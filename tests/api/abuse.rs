@@ -51,7 +51,7 @@ async fn a_huge_declared_length_is_refused_before_any_body_arrives() {
     for (path, what) in [("/keys/a", "small"), ("/keys/batch", "batch")] {
         let mut stream = TcpStream::connect(app.addr).await.unwrap();
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
              Content-Length: 10000000000\r\n\r\n"
         );
         stream.write_all(head.as_bytes()).await.unwrap();
@@ -67,7 +67,7 @@ async fn a_chunked_body_is_cut_off_once_it_passes_the_limit() {
     let app = spawn_app().await;
     let stream = TcpStream::connect(app.addr).await.unwrap();
     let (mut reader, mut writer) = stream.into_split();
-    let head = "POST /keys/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+    let head = "POST /keys/a HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
                 Transfer-Encoding: chunked\r\n\r\n";
     writer.write_all(head.as_bytes()).await.unwrap();
     let answered = Arc::new(AtomicBool::new(false));
@@ -102,7 +102,7 @@ async fn clients_that_trickle_headers_or_idle_are_disconnected() {
     let app = spawn_app_with(|c| c.header_timeout_secs = 1).await;
     // Slowloris: a header line every 200 ms, never the blank line that ends them.
     let mut slow = TcpStream::connect(app.addr).await.unwrap();
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
     let started = Instant::now();
@@ -129,7 +129,7 @@ async fn clients_that_trickle_headers_or_idle_are_disconnected() {
 
     // An idle keep-alive connection after a request, likewise.
     let mut kept = TcpStream::connect(app.addr).await.unwrap();
-    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     assert!(closed_within(&mut kept, Duration::from_secs(3)).await);
@@ -141,7 +141,7 @@ async fn a_trickled_body_times_out_408() {
     let mut stream = TcpStream::connect(app.addr).await.unwrap();
     stream
         .write_all(
-            b"POST /keys/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            b"POST /keys/a HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
               Content-Length: 100\r\n\r\n{",
         )
         .await

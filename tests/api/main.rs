@@ -6,7 +6,9 @@ mod replay;
 
 mod abuse;
 mod crash;
+mod cross_site;
 mod errors;
+mod forwarded;
 mod import;
 mod keys;
 mod kinesalite;
@@ -15,6 +17,7 @@ mod lifecycle;
 mod observability;
 mod outage;
 mod python_client;
+mod rate;
 mod rebalance;
 mod replicas;
 mod reshard;
