@@ -113,6 +113,7 @@ pub enum StartError {
 ///
 /// Connections past `max_connections` wait in the listen backlog; a client that is slow to
 /// send its headers, or leaves its connection idle, is disconnected after `header_timeout`.
+/// A body left unread (a 413, say) is discarded within bounds before the connection closes.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -155,7 +156,8 @@ pub async fn serve(
                     request
                         .extensions_mut()
                         .insert(axum::extract::ConnectInfo(peer));
-                    request
+                    // Bodies left unread are drained, so their clients read the answer.
+                    http::Lingering::wrap(request)
                 });
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
