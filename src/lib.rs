@@ -43,7 +43,9 @@ pub struct AppState {
 /// request clones).
 #[derive(Debug)]
 pub struct Access {
-    /// Bearer token of mutations; without one, only loopback clients may mutate.
+    /// Bearer token of mutations. Without one, only loopback clients may mutate, and only
+    /// requests to this host's names from its own pages are served (`Host`, `Origin`); with
+    /// one, those checks are off, since the token is the protection.
     pub token: Option<Token>,
     /// Bearer token `GET /metrics` needs, if any.
     pub metrics_token: Option<Token>,

@@ -1,5 +1,6 @@
-//! Cross-cutting request handling: authentication of mutations and problem+json for every
-//! error, the framework's own rejections included.
+//! Cross-cutting request handling: authentication of mutations, the names a server without
+//! a token answers under, and problem+json for every error, the framework's own rejections
+//! included.
 
 use std::net::SocketAddr;
 
