@@ -76,6 +76,18 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_MUTATION_BURST", default_value_t = 2000)]
     pub mutation_burst: u32,
 
+    /// Rate-limit clients allowed to mutate too (holders of the token; without a token,
+    /// clients on this host). Off by default: the limit is there for the others, and to
+    /// slow token guessing.
+    #[arg(long, env = "KEYSPREAD_LIMIT_TOKEN_HOLDERS")]
+    pub limit_token_holders: bool,
+
+    /// Without a token, host names besides the loopback ones that requests may address
+    /// (`Host`) and that pages allowed to mutate may come from (`Origin`), comma-separated,
+    /// without ports. Ignored when a token is set.
+    #[arg(long, env = "KEYSPREAD_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<crate::http::HostName>,
+
     /// Proxies or load balancers in front of the service, as addresses or networks
     /// (`10.0.0.0/8,127.0.0.1`). A request from one of them is taken to come from the client
     /// its `X-Forwarded-For` names: the rate limit and the loopback rule apply to that client.
@@ -101,6 +113,8 @@ impl ServeConfig {
             max_connections: 10_000,
             mutation_rate: 0,
             mutation_burst: 2000,
+            limit_token_holders: false,
+            allowed_hosts: Vec::new(),
             trusted_proxies: Vec::new(),
         }
     }

@@ -43,12 +43,18 @@ pub struct AppState {
 /// request clones).
 #[derive(Debug)]
 pub struct Access {
-    /// Bearer token of mutations; without one, only loopback clients may mutate.
+    /// Bearer token of mutations. Without one, only loopback clients may mutate, and only
+    /// requests to this host's names from its own pages are served (`Host`, `Origin`); with
+    /// one, those checks are off, since the token is the protection.
     pub token: Option<Token>,
     /// Bearer token `GET /metrics` needs, if any.
     pub metrics_token: Option<Token>,
     /// Per-client rate limit of mutations, if any.
     pub mutation_limit: Option<http::MutationLimiter>,
+    /// Whether the limit applies to clients allowed to mutate too, not only to the others.
+    pub limit_token_holders: bool,
+    /// Without a token, the names requests may address and pages may come from.
+    pub local_names: http::LocalNames,
     /// Proxies whose `X-Forwarded-For` names the client that the limit and the loopback
     /// rule apply to.
     pub trusted_proxies: http::TrustedProxies,
@@ -79,6 +85,8 @@ impl AppState {
                     config.mutation_rate,
                     config.mutation_burst,
                 ),
+                limit_token_holders: config.limit_token_holders,
+                local_names: http::LocalNames::new(config.allowed_hosts.clone()),
                 trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
             }),
             request_timeout: config.request_timeout(),
@@ -107,6 +115,7 @@ pub enum StartError {
 ///
 /// Connections past `max_connections` wait in the listen backlog; a client that is slow to
 /// send its headers, or leaves its connection idle, is disconnected after `header_timeout`.
+/// A body left unread (a 413, say) is discarded within bounds before the connection closes.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -149,7 +158,8 @@ pub async fn serve(
                     request
                         .extensions_mut()
                         .insert(axum::extract::ConnectInfo(peer));
-                    request
+                    // Bodies left unread are drained, so their clients read the answer.
+                    http::Lingering::wrap(request)
                 });
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));

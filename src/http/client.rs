@@ -5,6 +5,7 @@
 //! `client, proxy1, proxy2` and the peer is the last proxy. Only entries added by trusted
 //! proxies can be believed: walking from the right, the first address that is not a trusted
 //! proxy is the client. Anything left of it was written by that client and may be forged.
+//! An entry that is not an address stops the walk at an unknown, remote client.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -12,6 +13,23 @@ use axum::http::HeaderMap;
 use ipnet::IpNet;
 
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
+
+/// Who sent a request, as far as it can be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Client {
+    /// The peer, or the client a trusted proxy named.
+    Address(IpAddr),
+    /// A trusted proxy relayed the request for an entry that is not an address: a remote
+    /// client that cannot be traced, never the proxy itself.
+    Unknown,
+}
+
+impl Client {
+    /// Whether the client is on the server's own host.
+    pub fn is_loopback(self) -> bool {
+        matches!(self, Client::Address(ip) if ip.is_loopback())
+    }
+}
 
 /// The proxies and load balancers allowed to name the client in `X-Forwarded-For`.
 #[derive(Debug, Clone, Default)]
@@ -29,33 +47,36 @@ impl TrustedProxies {
     }
 
     /// The client of a request that arrived from `peer` with `headers`.
-    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Client {
         let mut client = peer.to_canonical();
         if !self.trusts(client) {
-            return client;
+            return Client::Address(client);
         }
-        // Every `X-Forwarded-For` line, in order, is one list.
+        // Every `X-Forwarded-For` line, in order, is one list. Split as bytes: an entry
+        // that is not ASCII must not hide the readable ones beside it.
         let hops = headers
             .get_all(X_FORWARDED_FOR)
             .iter()
-            .flat_map(|line| line.to_str().unwrap_or("?").split(','))
+            .flat_map(|line| line.as_bytes().split(|byte| *byte == b','))
             .collect::<Vec<_>>();
         for hop in hops.iter().rev() {
-            // An entry that is not an address: nothing left of it can be traced.
-            let Some(address) = parse_hop(hop.trim()) else {
-                break;
+            // A trusted proxy vouched for this entry, and it names no address: whoever
+            // wrote it is somewhere beyond the proxy.
+            let Some(address) = parse_hop(hop) else {
+                return Client::Unknown;
             };
             client = address;
             if !self.trusts(address) {
                 break;
             }
         }
-        client
+        Client::Address(client)
     }
 }
 
 /// An `X-Forwarded-For` entry: an address, with a port as some proxies write it.
-fn parse_hop(hop: &str) -> Option<IpAddr> {
+fn parse_hop(hop: &[u8]) -> Option<IpAddr> {
+    let hop = std::str::from_utf8(hop).ok()?.trim();
     hop.parse::<IpAddr>()
         .or_else(|_| hop.parse::<SocketAddr>().map(|s| s.ip()))
         .ok()
@@ -73,6 +94,7 @@ pub fn parse_network(text: &str) -> Result<IpNet, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn proxies(list: &[&str]) -> TrustedProxies {
         TrustedProxies::new(list.iter().map(|s| parse_network(s).unwrap()).collect())
@@ -90,16 +112,20 @@ mod tests {
         text.parse().unwrap()
     }
 
+    fn at(text: &str) -> Client {
+        Client::Address(ip(text))
+    }
+
     #[test]
     fn an_untrusted_peer_is_the_client_whatever_it_forwards() {
         let trusted = proxies(&["10.0.0.0/8"]);
         let headers = forwarded(&["127.0.0.1"]);
         assert_eq!(
             trusted.client(ip("203.0.113.9"), &headers),
-            ip("203.0.113.9")
+            at("203.0.113.9")
         );
         let nobody = TrustedProxies::default();
-        assert_eq!(nobody.client(ip("10.0.0.1"), &headers), ip("10.0.0.1"));
+        assert_eq!(nobody.client(ip("10.0.0.1"), &headers), at("10.0.0.1"));
     }
 
     #[test]
@@ -109,45 +135,68 @@ mod tests {
         let headers = forwarded(&["192.0.2.1, 198.51.100.7, 10.1.2.3"]);
         assert_eq!(
             trusted.client(ip("127.0.0.1"), &headers),
-            ip("198.51.100.7")
+            at("198.51.100.7")
         );
         // The same list over several header lines.
         let lines = forwarded(&["192.0.2.1", "198.51.100.7", "10.1.2.3"]);
-        assert_eq!(trusted.client(ip("127.0.0.1"), &lines), ip("198.51.100.7"));
+        assert_eq!(trusted.client(ip("127.0.0.1"), &lines), at("198.51.100.7"));
     }
 
     #[test]
     fn when_every_hop_is_trusted_the_leftmost_is_the_client() {
         let trusted = proxies(&["10.0.0.0/8"]);
         let headers = forwarded(&["10.9.9.9, 10.1.1.1"]);
-        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), ip("10.9.9.9"));
+        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), at("10.9.9.9"));
         // No header: the proxy itself.
         assert_eq!(
             trusted.client(ip("10.0.0.1"), &HeaderMap::new()),
-            ip("10.0.0.1")
+            at("10.0.0.1")
         );
     }
 
     #[test]
-    fn garbage_stops_the_walk_at_the_last_address_vouched_for() {
+    fn garbage_from_the_right_is_an_unknown_client_never_a_proxy() {
         let trusted = proxies(&["10.0.0.0/8"]);
         let headers = forwarded(&["198.51.100.7, unknown, 10.1.1.1"]);
-        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), ip("10.1.1.1"));
+        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), Client::Unknown);
         let headers = forwarded(&["198.51.100.7, not-an-address"]);
-        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), ip("10.0.0.1"));
+        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), Client::Unknown);
+        // Garbage left of the first untrusted entry is never reached.
+        let headers = forwarded(&["not-an-address, 198.51.100.7, 10.1.1.1"]);
+        assert_eq!(trusted.client(ip("10.0.0.1"), &headers), at("198.51.100.7"));
+    }
+
+    #[test]
+    fn an_unreadable_entry_is_a_remote_client_never_the_proxy() {
+        let trusted = proxies(&["127.0.0.1"]);
+        for (raw, expected) in [
+            (&b"\xff, 203.0.113.9"[..], at("203.0.113.9")),
+            (b"198.51.100.7, \xff", Client::Unknown),
+            (b"\xff", Client::Unknown),
+            (b"\xff, 127.0.0.1", Client::Unknown),
+            (b"unknown", Client::Unknown),
+            (b"", Client::Unknown),
+            (b"203.0.113.9, , 127.0.0.1", Client::Unknown),
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(X_FORWARDED_FOR, HeaderValue::from_bytes(raw).unwrap());
+            let client = trusted.client(ip("127.0.0.1"), &headers);
+            assert_eq!(client, expected, "{raw:?}");
+            assert!(!client.is_loopback(), "{raw:?} made {client:?} local");
+        }
     }
 
     #[test]
     fn ports_and_ipv6_are_understood() {
         let trusted = proxies(&["::1", "fd00::/8"]);
         let headers = forwarded(&["[2001:db8::5]:4711, 198.51.100.7:80, fd00::2"]);
-        assert_eq!(trusted.client(ip("::1"), &headers), ip("198.51.100.7"));
+        assert_eq!(trusted.client(ip("::1"), &headers), at("198.51.100.7"));
         // An IPv4 peer seen through an IPv6 socket is the same address.
         let v4 = proxies(&["127.0.0.1"]);
         let mapped = ip("::ffff:127.0.0.1");
         assert_eq!(
             v4.client(mapped, &forwarded(&["192.0.2.8"])),
-            ip("192.0.2.8")
+            at("192.0.2.8")
         );
     }
 

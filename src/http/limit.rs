@@ -1,4 +1,5 @@
-//! Per-client rate limit of mutations: a token bucket per client IP address.
+//! Per-client rate limit of mutations: a token bucket per client IP address (clients a
+//! proxy could not name share one).
 //!
 //! Only mutations reach the map (each of them waits on a database commit anyway), so one
 //! `std::sync::Mutex` around it costs nothing that matters; reads never touch it.
@@ -7,6 +8,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use super::client::Client;
 
 /// Most clients tracked at once. Past it, idle buckets are dropped first; if every bucket
 /// is still in use, newcomers share one bucket, so memory stays bounded under a flood of
@@ -17,7 +20,7 @@ const MAX_CLIENTS: usize = 100_000;
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Where clients past [`MAX_CLIENTS`] are counted together.
-const OVERFLOW: IpAddr = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+const OVERFLOW: Client = Client::Address(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -27,7 +30,7 @@ struct Bucket {
 
 #[derive(Debug)]
 struct Buckets {
-    clients: HashMap<IpAddr, Bucket>,
+    clients: HashMap<Client, Bucket>,
     swept: Instant,
 }
 
@@ -53,11 +56,15 @@ impl MutationLimiter {
     }
 
     /// Takes a token for `client`; when there is none, answers how long until there is.
-    pub fn check(&self, client: IpAddr) -> Result<(), Duration> {
-        self.check_at(client.to_canonical(), Instant::now())
+    pub fn check(&self, client: Client) -> Result<(), Duration> {
+        let client = match client {
+            Client::Address(ip) => Client::Address(ip.to_canonical()),
+            Client::Unknown => Client::Unknown,
+        };
+        self.check_at(client, Instant::now())
     }
 
-    fn check_at(&self, client: IpAddr, now: Instant) -> Result<(), Duration> {
+    fn check_at(&self, client: Client, now: Instant) -> Result<(), Duration> {
         let mut buckets = self.buckets.lock().expect("rate limit lock poisoned");
         if now.duration_since(buckets.swept) >= SWEEP_EVERY {
             self.sweep(&mut buckets, now);
@@ -108,8 +115,8 @@ impl MutationLimiter {
 mod tests {
     use super::*;
 
-    fn ip(n: u32) -> IpAddr {
-        IpAddr::V4(std::net::Ipv4Addr::from(n))
+    fn ip(n: u32) -> Client {
+        Client::Address(IpAddr::V4(std::net::Ipv4Addr::from(n)))
     }
 
     #[test]
@@ -121,8 +128,9 @@ mod tests {
         }
         let wait = limiter.check_at(ip(1), t0).unwrap_err();
         assert!(wait <= Duration::from_millis(100), "{wait:?}");
-        // Another client has its own bucket.
+        // Another client has its own bucket, and so do the clients no proxy could name.
         assert!(limiter.check_at(ip(2), t0).is_ok());
+        assert!(limiter.check_at(Client::Unknown, t0).is_ok());
         // A tenth of a second brings one token back.
         let t1 = t0 + Duration::from_millis(100);
         assert!(limiter.check_at(ip(1), t1).is_ok());

@@ -1,5 +1,6 @@
-//! Cross-cutting request handling: authentication of mutations and problem+json for every
-//! error, the framework's own rejections included.
+//! Cross-cutting request handling: authentication of mutations, the names a server without
+//! a token answers under, and problem+json for every error, the framework's own rejections
+//! included.
 
 use std::net::SocketAddr;
 
@@ -9,13 +10,15 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, Method, Response, StatusCode, header};
 use axum::middleware::Next;
 
+use super::client::Client;
 use super::error::{PROBLEM_JSON, problem};
-use crate::AppState;
 use crate::config::Token;
+use crate::{Access, AppState};
 
-/// Mutations are rate-limited per client, then need the bearer token when one is
-/// configured, else a loopback client. Reads pass untouched. Behind a trusted proxy, the
-/// client is the one its `X-Forwarded-For` names.
+/// Mutations need the bearer token when one is configured, else a loopback client and no
+/// foreign `Origin`. Refused ones are rate-limited per client, so tokens cannot be guessed
+/// quickly; allowed ones only with `--limit-token-holders`. Reads pass untouched. Behind a
+/// trusted proxy, the client is the one its `X-Forwarded-For` names.
 pub async fn guard_mutations(
     State(state): State<AppState>,
     request: Request,
@@ -30,32 +33,95 @@ pub async fn guard_mutations(
     let access = &state.access;
     let client =
         peer(&request).map(|addr| access.trusted_proxies.client(addr.ip(), request.headers()));
-    // Before authentication, so that guessing tokens is limited too.
-    if let (Some(limiter), Some(client)) = (&access.mutation_limit, client)
+    let refusal = match &access.token {
+        Some(token) => (!carries(request.headers(), token)).then(|| {
+            unauthorized("this request changes assignments: send Authorization: Bearer <token>")
+        }),
+        None => local_only(access, client, request.headers()),
+    };
+    let limited = refusal.is_some() || access.limit_token_holders;
+    if limited
+        && let (Some(limiter), Some(client)) = (&access.mutation_limit, client)
         && let Err(wait) = limiter.check(client)
     {
         return too_many(wait);
     }
-    match &access.token {
-        Some(token) => {
-            if carries(request.headers(), token) {
-                return next.run(request).await;
-            }
-            unauthorized("this request changes assignments: send Authorization: Bearer <token>")
-        }
-        None => {
-            if client.is_some_and(|ip| ip.is_loopback()) {
-                next.run(request).await
-            } else {
-                problem(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    "no token is configured, so only clients on the server's own host may change \
-                     assignments; start keyspread with KEYSPREAD_TOKEN to allow others",
-                )
-            }
-        }
+    match refusal {
+        Some(refused) => refused,
+        None => next.run(request).await,
     }
+}
+
+/// Without a token: the refusal of a mutation from another host, or from a page of
+/// another site (a form posted from elsewhere by a browser on this host).
+fn local_only(
+    access: &Access,
+    client: Option<Client>,
+    headers: &HeaderMap,
+) -> Option<Response<Body>> {
+    if !client.is_some_and(Client::is_loopback) {
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "no token is configured, so only clients on the server's own host may change \
+             assignments; start keyspread with KEYSPREAD_TOKEN to allow others",
+        ));
+    }
+    let origin = headers.get(header::ORIGIN)?;
+    (!access.local_names.origin(origin.as_bytes())).then(|| {
+        problem(
+            StatusCode::FORBIDDEN,
+            "foreign-origin",
+            &format!(
+                "no token is configured, so changes are taken only from pages of this host, \
+                 and Origin {} is not one: list its host in --allowed-hosts \
+                 (KEYSPREAD_ALLOWED_HOSTS) if it is this server's, or set a token with \
+                 --token (KEYSPREAD_TOKEN)",
+                quoted(origin.as_bytes())
+            ),
+        )
+    })
+}
+
+/// Without a token, answers only requests addressed to a loopback name or one of
+/// `--allowed-hosts`: a page that rebinds its own name to this host sends that name. A
+/// request without `Host` (HTTP/1.0) does not come from a browser. With a token, the token
+/// is the protection and every name is answered.
+pub async fn guard_hosts(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response<Body> {
+    let access = &state.access;
+    if access.token.is_some() {
+        return next.run(request).await;
+    }
+    let names = &access.local_names;
+    let headers = request.headers().get_all(header::HOST).iter();
+    let absolute = request.uri().authority().map(|a| a.as_str().as_bytes());
+    let foreign = headers
+        .map(|v| v.as_bytes())
+        .chain(absolute)
+        .find(|host| !names.host(host));
+    match foreign {
+        Some(host) => problem(
+            StatusCode::FORBIDDEN,
+            "foreign-host",
+            &format!(
+                "no token is configured, so this server answers only requests to a loopback \
+                 name or address, and Host {} is not one: list the name in --allowed-hosts \
+                 (KEYSPREAD_ALLOWED_HOSTS), or set a token with --token (KEYSPREAD_TOKEN)",
+                quoted(host)
+            ),
+        ),
+        None => next.run(request).await,
+    }
+}
+
+/// A header value for a message: quoted, escaped, at most 100 bytes of it.
+fn quoted(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&value[..value.len().min(100)]);
+    format!("{text:?}")
 }
 
 /// 429 with the whole seconds to wait in `Retry-After`.

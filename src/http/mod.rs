@@ -8,6 +8,8 @@ mod extract;
 mod health;
 mod keys;
 mod limit;
+mod linger;
+mod local;
 mod metrics;
 mod middleware;
 mod openapi;
@@ -30,11 +32,13 @@ use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
-pub use client::{TrustedProxies, parse_network};
+pub use client::{Client, TrustedProxies, parse_network};
 pub use error::{ApiError, PROBLEM_JSON, Problem};
 pub use events::{EventBody, EventPage};
 pub use keys::{Assignment, AssignmentPage};
 pub use limit::MutationLimiter;
+pub use linger::Lingering;
+pub use local::{HostName, LocalNames};
 pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
 
@@ -63,6 +67,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(events::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
     openapi::guarded_mutations(api.get_openapi_mut());
+    openapi::guarded_hosts(api.get_openapi_mut());
     api
 }
 
@@ -202,6 +207,10 @@ pub fn router(state: AppState) -> Router {
         .merge(SwaggerUi::new("/docs").url("/openapi.json", doc))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::guard_hosts,
+        ))
         .with_state(state)
         // Innermost first: each `layer` call wraps everything above it.
         .layer(ServiceBuilder::new().layer(CatchPanicLayer::new()).layer(

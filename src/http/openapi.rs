@@ -14,7 +14,11 @@ use crate::keyspace::HashKey;
     info(
         title = "keyspread",
         description = "The authoritative registry of account -> Kinesis ExplicitHashKey. \
-                       Hash keys travel as decimal strings; errors are application/problem+json.",
+                       Hash keys travel as decimal strings; errors are application/problem+json. \
+                       Mutations need the bearer token when the server has one. Without one, \
+                       only clients on the server's host may mutate, not from pages of other \
+                       sites (Origin), and only requests naming a loopback host or one of \
+                       --allowed-hosts are answered (Host), reads included.",
     ),
     components(schemas(HashKey)),
     modifiers(&BearerAuth),
@@ -110,7 +114,11 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
         ("401", refused("Token missing or wrong")),
         (
             "403",
-            refused("No token configured and the client is not local"),
+            refused(
+                "No token configured, and the client is not on the server's host, or the \
+                 request came from a page of another site (Origin) or names a host that is \
+                 neither loopback nor in --allowed-hosts",
+            ),
         ),
         ("429", too_many),
     ];
@@ -121,6 +129,36 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
                 .responses
                 .insert((*status).to_owned(), RefOr::T(response.clone()));
         }
+    }
+}
+
+/// Reads may answer 403 too: without a token, a request naming a host that is neither
+/// loopback nor in `--allowed-hosts` is refused (`middleware::guard_hosts`, against DNS
+/// rebinding).
+pub fn guarded_hosts(doc: &mut OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let refused = ResponseBuilder::new()
+        .description(
+            "No token configured, and the request names a host that is neither loopback \
+             nor in --allowed-hosts",
+        )
+        .content(
+            PROBLEM_JSON,
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+        .build();
+    let reads = doc
+        .paths
+        .paths
+        .values_mut()
+        .filter_map(|item| item.get.as_mut());
+    for operation in reads {
+        operation
+            .responses
+            .responses
+            .insert("403".to_owned(), RefOr::T(refused.clone()));
     }
 }
 

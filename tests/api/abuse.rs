@@ -33,7 +33,7 @@ async fn read_head(stream: &mut (impl AsyncReadExt + Unpin), within: Duration) -
 }
 
 /// Waits until the server closes `stream` (answering anything first is allowed).
-async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+async fn closed_within(stream: &mut (impl AsyncReadExt + Unpin), within: Duration) -> bool {
     let mut buf = [0u8; 4096];
     let deadline = tokio::time::Instant::now() + within;
     loop {
@@ -51,7 +51,7 @@ async fn a_huge_declared_length_is_refused_before_any_body_arrives() {
     for (path, what) in [("/keys/a", "small"), ("/keys/batch", "batch")] {
         let mut stream = TcpStream::connect(app.addr).await.unwrap();
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
              Content-Length: 10000000000\r\n\r\n"
         );
         stream.write_all(head.as_bytes()).await.unwrap();
@@ -67,7 +67,7 @@ async fn a_chunked_body_is_cut_off_once_it_passes_the_limit() {
     let app = spawn_app().await;
     let stream = TcpStream::connect(app.addr).await.unwrap();
     let (mut reader, mut writer) = stream.into_split();
-    let head = "POST /keys/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+    let head = "POST /keys/a HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
                 Transfer-Encoding: chunked\r\n\r\n";
     writer.write_all(head.as_bytes()).await.unwrap();
     let answered = Arc::new(AtomicBool::new(false));
@@ -102,7 +102,7 @@ async fn clients_that_trickle_headers_or_idle_are_disconnected() {
     let app = spawn_app_with(|c| c.header_timeout_secs = 1).await;
     // Slowloris: a header line every 200 ms, never the blank line that ends them.
     let mut slow = TcpStream::connect(app.addr).await.unwrap();
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
     let started = Instant::now();
@@ -129,7 +129,7 @@ async fn clients_that_trickle_headers_or_idle_are_disconnected() {
 
     // An idle keep-alive connection after a request, likewise.
     let mut kept = TcpStream::connect(app.addr).await.unwrap();
-    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     assert!(closed_within(&mut kept, Duration::from_secs(3)).await);
@@ -141,7 +141,7 @@ async fn a_trickled_body_times_out_408() {
     let mut stream = TcpStream::connect(app.addr).await.unwrap();
     stream
         .write_all(
-            b"POST /keys/a HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            b"POST /keys/a HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
               Content-Length: 100\r\n\r\n{",
         )
         .await
@@ -367,4 +367,83 @@ async fn tokens_never_reach_the_logs_even_at_trace_level() {
     for secret in [TOKEN, WRONG, METRICS_TOKEN] {
         assert!(!text.contains(secret), "{secret} appears in the log");
     }
+}
+
+/// Python's urllib, like most clients, writes the whole body before it reads the answer.
+const URLLIB_OVERSIZED_POSTS: &str = r#"
+import json, sys, urllib.error, urllib.request
+base = sys.argv[1]
+for path in ("/keys/x", "/keys/batch"):
+    body = b"{" + b" " * (5 << 20) + b"}"
+    request = urllib.request.Request(base + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=30)
+        sys.exit(f"{path}: a 5 MiB body was accepted")
+    except urllib.error.HTTPError as answer:
+        kind = answer.headers["Content-Type"]
+        problem = json.loads(answer.read())
+        print(path, answer.code, kind, problem["detail"])
+        if answer.code != 413 or kind != "application/problem+json" or problem["status"] != 413:
+            sys.exit(1)
+    except OSError as error:
+        sys.exit(f"{path}: no answer but {error!r}")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_write_the_whole_body_first_read_the_413() {
+    let test = "clients_that_write_the_whole_body_first_read_the_413";
+    let Some(python) = crate::helpers::required_tool("python3", test) else {
+        return;
+    };
+    let app = spawn_app().await;
+    // tokio's Command lets the server keep serving on this runtime meanwhile.
+    let run = tokio::process::Command::new(python)
+        .args(["-c", URLLIB_OVERSIZED_POSTS, &app.url("")])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run python3");
+    let (out, err) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(run.status.success(), "{out}{err}");
+    assert_eq!(
+        out.matches(" 413 application/problem+json ").count(),
+        2,
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_not_read_for_ever() {
+    let app = spawn_app().await;
+    let stream = TcpStream::connect(app.addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    // Within the length the server discards after a 413, but trickled: 1 KiB every 10 ms
+    // would take 80 s.
+    let head = "POST /keys/a HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+                Content-Length: 8000000\r\n\r\n";
+    writer.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let feeder = tokio::spawn(async move {
+        let chunk = [b' '; 1024];
+        while started.elapsed() < Duration::from_secs(20) {
+            if writer.write_all(&chunk).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let (answer, _) = read_head(&mut reader, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
+    assert!(
+        closed_within(&mut reader, Duration::from_secs(15)).await,
+        "still reading the body after {:?}",
+        started.elapsed()
+    );
+    let took = started.elapsed();
+    feeder.abort();
+    assert!(took < Duration::from_secs(10), "closed only after {took:?}");
 }

@@ -238,7 +238,7 @@ async fn slow_requests_time_out() {
     let mut stream = tokio::net::TcpStream::connect(app.addr).await.unwrap();
     // Promise a body and never send it.
     stream
-        .write_all(b"POST /keys/slow HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n{")
+        .write_all(b"POST /keys/slow HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n{")
         .await
         .unwrap();
     let mut reply = vec![0; 4096];
