@@ -1,5 +1,7 @@
 //! Errors as `application/problem+json` (RFC 9457), mapped in one place.
 
+use std::time::Duration;
+
 use axum::Json;
 use axum::body::Body;
 use axum::http::{HeaderValue, Response, StatusCode, header};
@@ -55,6 +57,11 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "not-found", detail)
     }
 
+    /// A 503: the database cannot take the request now; answered with `Retry-After`.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+    }
+
     /// A 5xx whose cause is logged here, once, inside the request span; the body stays generic.
     pub fn internal(cause: &dyn std::fmt::Display) -> Self {
         tracing::error!(%cause, "request failed");
@@ -85,9 +92,46 @@ pub fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
     response
 }
 
+/// Seconds a 503 asks the client to wait before trying again: about one lock timeout, the
+/// time it takes to learn whether the database takes changes again.
+pub const RETRY_AFTER_SECS: u32 = 2;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response<Body> {
-        problem(self.status, self.slug, &self.detail)
+        let mut response = problem(self.status, self.slug, &self.detail);
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        response
+    }
+}
+
+/// Longest a change is waited for before it is answered 503. Changes take milliseconds,
+/// even behind 64 clients' group commits; one that takes 4 s waits on a stuck database, and
+/// the client learns so well before the request timeout (408).
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(4);
+
+// A change waits behind at most one group, each refused by the database within its lock
+// timeout: both refusals must come before the caller stops waiting.
+const _: () = assert!(2 * crate::store::LOCK_TIMEOUT.as_millis() < CHANGE_TIMEOUT.as_millis());
+
+/// Waits for a registry change at most [`CHANGE_TIMEOUT`], then answers 503. The change
+/// may still be made if it had reached the database (see docs/RELIABILITY.md).
+pub async fn in_time<T>(
+    change: impl Future<Output = Result<T, registry::Error>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(CHANGE_TIMEOUT, change).await {
+        Ok(done) => Ok(done?),
+        Err(_) => {
+            tracing::warn!(timeout = ?CHANGE_TIMEOUT, "a change outlasted its time");
+            Err(ApiError::unavailable(format!(
+                "the database did not take the change within {} s; it may or may not have \
+                 been made: send it again later",
+                CHANGE_TIMEOUT.as_secs()
+            )))
+        }
     }
 }
 
@@ -117,10 +161,9 @@ impl From<registry::Error> for ApiError {
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
             E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),
             E::Conflict => ApiError::new(StatusCode::CONFLICT, "conflict", err.to_string()),
-            E::Unavailable => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                err.to_string(),
+            E::Unavailable => ApiError::unavailable(
+                "the database cannot take changes right now (unreachable, or held up by \
+                 another writer): send the change again later",
             ),
             E::Store(_) => ApiError::internal(&err),
         }

@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problem, in_time};
 use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
@@ -232,10 +232,12 @@ async fn put_stream(
             ));
         }
     };
-    let change = state
-        .registry
-        .put_stream(name, map, next_shard, body.primary)
-        .await?;
+    let change = in_time(
+        state
+            .registry
+            .put_stream(name, map, next_shard, body.primary),
+    )
+    .await?;
     let status = if change.before.is_some() {
         StatusCode::OK
     } else {
@@ -291,7 +293,7 @@ async fn delete_stream(
     State(state): State<AppState>,
     Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<StatusCode, ApiError> {
-    state.registry.delete_stream(name).await?;
+    in_time(state.registry.delete_stream(name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

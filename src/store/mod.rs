@@ -13,6 +13,8 @@ mod sqlite;
 
 pub use sqlite::Pools as SqlitePools;
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 
 use crate::keyspace::{AccountId, HashKey, Move};
@@ -109,7 +111,8 @@ pub enum Change {
 pub enum StoreError {
     #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
-    #[error("the database is unreachable: {0}")]
+    /// Unreachable, or turning statements away for now (a lock or statement timeout).
+    #[error("the database cannot take statements now: {0}")]
     Unavailable(sqlx::Error),
     #[error("a row with the same account or hash key already exists")]
     Conflict,
@@ -142,6 +145,7 @@ impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match &err {
             sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict,
+            sqlx::Error::Database(db) if turned_away(db.as_ref()) => StoreError::Unavailable(err),
             sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Io(_)
@@ -151,6 +155,29 @@ impl From<sqlx::Error> for StoreError {
         }
     }
 }
+
+/// Whether the database turned a statement away for the moment rather than for what it
+/// asked: a lock held past [`LOCK_TIMEOUT`], a timeout ending the statement or the session,
+/// the server going down.
+fn turned_away(db: &dyn sqlx::error::DatabaseError) -> bool {
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        postgres::turned_away(pg.code())
+    } else {
+        db.try_downcast_ref::<sqlx::sqlite::SqliteError>()
+            .is_some_and(sqlite::turned_away)
+    }
+}
+
+/// Longest a write waits for another writer's lock (Postgres' `lock_timeout`, SQLite's busy
+/// timeout). Writers hold it for milliseconds, even 64 clients' groups; one that holds it
+/// this long is stuck, and the client is better answered 503 than kept waiting. Under half
+/// the HTTP layer's change timeout, so that a group queued behind a refused one is refused
+/// by the database too (and so not made later) before its callers stop waiting.
+pub const LOCK_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// Longest a query waits for a connection from the pool: a database that cannot be reached
+/// is reported (503) rather than waited for.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
