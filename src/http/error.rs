@@ -1,7 +1,5 @@
 //! Errors as `application/problem+json` (RFC 9457), mapped in one place.
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::body::Body;
 use axum::http::{HeaderValue, Response, StatusCode, header};
@@ -108,28 +106,23 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Longest a change is waited for before it is answered 503. Changes take milliseconds,
-/// even behind 64 clients' group commits; one that takes 4 s waits on a stuck database, and
-/// the client learns so well before the request timeout (408).
-pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(4);
-
-// A change waits behind at most one group, each refused by the database within its lock
-// timeout: both refusals must come before the caller stops waiting.
-const _: () = assert!(2 * crate::store::LOCK_TIMEOUT.as_millis() < CHANGE_TIMEOUT.as_millis());
-
-/// Waits for a registry change at most [`CHANGE_TIMEOUT`], then answers 503. The change
-/// may still be made if it had reached the database (see docs/RELIABILITY.md).
+/// Waits for a registry change at most the store's change timeout, then answers 503. The
+/// change may still be made if it had reached the database (see docs/RELIABILITY.md).
 pub async fn in_time<T>(
+    state: &crate::AppState,
     change: impl Future<Output = Result<T, registry::Error>>,
 ) -> Result<T, ApiError> {
-    match tokio::time::timeout(CHANGE_TIMEOUT, change).await {
+    let Some(limit) = state.registry.change_timeout() else {
+        return Ok(change.await?);
+    };
+    match tokio::time::timeout(limit, change).await {
         Ok(done) => Ok(done?),
         Err(_) => {
-            tracing::warn!(timeout = ?CHANGE_TIMEOUT, "a change outlasted its time");
+            tracing::warn!(?limit, "a change outlasted its time");
             Err(ApiError::unavailable(format!(
                 "the database did not take the change within {} s; it may or may not have \
                  been made: send it again later",
-                CHANGE_TIMEOUT.as_secs()
+                limit.as_secs()
             )))
         }
     }

@@ -200,7 +200,7 @@ async fn allocate_batch(
             key: None,
         });
     }
-    let answers = in_time(state.registry.allocate_many(requests)).await?;
+    let answers = in_time(&state, state.registry.allocate_many(requests)).await?;
     let created = answers
         .iter()
         .filter(|a| matches!(a, Allocated::Created(_)))
@@ -243,7 +243,7 @@ async fn allocate(
     let weight =
         keyspace::check_weight(weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
     Ok(
-        match in_time(state.registry.allocate(account, weight)).await? {
+        match in_time(&state, state.registry.allocate(account, weight)).await? {
             Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
             Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
         },
@@ -335,7 +335,7 @@ async fn reweight(
     let weight =
         keyspace::check_weight(body.weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
     Ok(Json(
-        in_time(state.registry.reweight(account, weight))
+        in_time(&state, state.registry.reweight(account, weight))
             .await?
             .into(),
     ))
@@ -356,7 +356,7 @@ async fn release(
     State(state): State<AppState>,
     Path(AccountPath { account }): Path<AccountPath>,
 ) -> Result<StatusCode, ApiError> {
-    in_time(state.registry.release(account_id(account)?)).await?;
+    in_time(&state, state.registry.release(account_id(account)?)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -233,6 +233,7 @@ async fn put_stream(
         }
     };
     let change = in_time(
+        &state,
         state
             .registry
             .put_stream(name, map, next_shard, body.primary),
@@ -293,7 +294,7 @@ async fn delete_stream(
     State(state): State<AppState>,
     Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<StatusCode, ApiError> {
-    in_time(state.registry.delete_stream(name)).await?;
+    in_time(&state, state.registry.delete_stream(name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

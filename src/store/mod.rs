@@ -157,7 +157,7 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// Whether the database turned a statement away for the moment rather than for what it
-/// asked: a lock held past [`LOCK_TIMEOUT`], a timeout ending the statement or the session,
+/// asked: a lock held past the lock (or busy) timeout, a timeout ending the statement or the session,
 /// the server going down.
 fn turned_away(db: &dyn sqlx::error::DatabaseError) -> bool {
     if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
@@ -167,13 +167,6 @@ fn turned_away(db: &dyn sqlx::error::DatabaseError) -> bool {
             .is_some_and(sqlite::turned_away)
     }
 }
-
-/// Longest a write waits for another writer's lock (Postgres' `lock_timeout`, SQLite's busy
-/// timeout). Writers hold it for milliseconds, even 64 clients' groups; one that holds it
-/// this long is stuck, and the client is better answered 503 than kept waiting. Under half
-/// the HTTP layer's change timeout, so that a group queued behind a refused one is refused
-/// by the database too (and so not made later) before its callers stop waiting.
-pub const LOCK_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// Longest a query waits for a connection from the pool: a database that cannot be reached
 /// is reported (503) rather than waited for.
@@ -266,6 +259,16 @@ impl Store {
     /// Up to `limit` assignments with account greater than `after`, by account.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
         on_backend!(self, c => list(after, limit))
+    }
+
+    /// Longest a change is waited for before its client is answered 503, or `None` when
+    /// every wait ends by itself: a local SQLite file never goes silent, and its busy
+    /// timeout ends the wait for another process's lock.
+    pub fn change_timeout(&self) -> Option<Duration> {
+        match self {
+            Store::Sqlite(_) => None,
+            Store::Postgres(_) => Some(postgres::CHANGE_TIMEOUT),
+        }
     }
 
     /// Round-trips the database.

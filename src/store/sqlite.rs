@@ -1,6 +1,7 @@
 //! SQLite backend: one file in WAL mode, every commit synced (synchronous=FULL).
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
@@ -128,7 +129,9 @@ pub async fn connect(url: &str) -> Result<Pools> {
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
         // Another process's write transaction is waited for this long, then refused (503).
-        .busy_timeout(super::LOCK_TIMEOUT)
+        // Seconds, not less: SQLite's busy handler polls rather than queues, and processes
+        // writing one file under 64 clients keep one another waiting that long.
+        .busy_timeout(Duration::from_secs(4))
         .foreign_keys(true)
         // A multi-row INSERT keeps a statement journal to undo itself on a conflict; in
         // memory it costs a copy, on a temporary file a write per page.
