@@ -174,9 +174,9 @@ fn session_settings() -> [(&'static str, String); 7] {
     [
         // A write that waits this long for another writer's lock is refused (503).
         ("lock_timeout", ms(LOCK_TIMEOUT)),
-        // Over ten times keyspread's slowest statement (a 10,000-account batch): one still
-        // running is ended, and its transaction rolled back, rather than commit long after
-        // its client was answered.
+        // Several times keyspread's slowest statement (a 10,000-account batch, whose whole
+        // request takes under a second): one still running is ended, and its transaction
+        // rolled back, rather than commit long after its client was answered.
         ("statement_timeout", ms(STATEMENT_TIMEOUT)),
         // keyspread never pauses inside a transaction for long (start-up's tree build, about
         // a second at a million accounts): a writer that stopped talking while holding the
