@@ -55,6 +55,11 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "not-found", detail)
     }
 
+    /// A 503: the database cannot take the request now; answered with `Retry-After`.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+    }
+
     /// A 5xx whose cause is logged here, once, inside the request span; the body stays generic.
     pub fn internal(cause: &dyn std::fmt::Display) -> Self {
         tracing::error!(%cause, "request failed");
@@ -85,9 +90,41 @@ pub fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
     response
 }
 
+/// Seconds a 503 asks the client to wait before trying again: about one lock timeout, the
+/// time it takes to learn whether the database takes changes again.
+pub const RETRY_AFTER_SECS: u32 = 2;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response<Body> {
-        problem(self.status, self.slug, &self.detail)
+        let mut response = problem(self.status, self.slug, &self.detail);
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        response
+    }
+}
+
+/// Waits for a registry change at most the store's change timeout, then answers 503. The
+/// change may still be made if it had reached the database (see docs/RELIABILITY.md).
+pub async fn in_time<T>(
+    state: &crate::AppState,
+    change: impl Future<Output = Result<T, registry::Error>>,
+) -> Result<T, ApiError> {
+    let Some(limit) = state.registry.change_timeout() else {
+        return Ok(change.await?);
+    };
+    match tokio::time::timeout(limit, change).await {
+        Ok(done) => Ok(done?),
+        Err(_) => {
+            tracing::warn!(?limit, "a change outlasted its time");
+            Err(ApiError::unavailable(format!(
+                "the database did not take the change within {} s; it may or may not have \
+                 been made: send it again later",
+                limit.as_secs()
+            )))
+        }
     }
 }
 
@@ -117,10 +154,9 @@ impl From<registry::Error> for ApiError {
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
             E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),
             E::Conflict => ApiError::new(StatusCode::CONFLICT, "conflict", err.to_string()),
-            E::Unavailable => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                err.to_string(),
+            E::Unavailable => ApiError::unavailable(
+                "the database cannot take changes right now (unreachable, or held up by \
+                 another writer): send the change again later",
             ),
             E::Store(_) => ApiError::internal(&err),
         }

@@ -1,8 +1,9 @@
 //! Liveness and readiness.
 
+use std::time::Duration;
+
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -10,6 +11,9 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
 use crate::AppState;
+
+/// Longest `/readyz` waits for the database.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -39,19 +43,19 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Ready", body = Health),
-        (status = 503, description = "The database does not answer", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before asking again"))),
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    if state.registry.ready().await {
+    // A database that takes this long to answer a ping (a cut network drops packets
+    // rather than refuse them) is not ready; the balancer must hear so in time.
+    let answered = tokio::time::timeout(READY_TIMEOUT, state.registry.ready()).await;
+    if answered.unwrap_or(false) {
         Ok(Json(Health {
             status: "ready",
             accounts: state.registry.len(),
         }))
     } else {
-        Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "the database does not answer",
-        ))
+        Err(ApiError::unavailable("the database does not answer"))
     }
 }

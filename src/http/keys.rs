@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problem, in_time};
 use super::extract::{IfNoneMatch, OptionalJson, whole_number};
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
@@ -203,7 +203,7 @@ async fn allocate_batch(
             key: None,
         });
     }
-    let answers = state.registry.allocate_many(requests).await?;
+    let answers = in_time(&state, state.registry.allocate_many(requests)).await?;
     let created = answers
         .iter()
         .filter(|a| matches!(a, Allocated::Created(_)))
@@ -245,10 +245,12 @@ async fn allocate(
     let weight = body.and_then(|b| b.weight).unwrap_or(1);
     let weight =
         keyspace::check_weight(weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
-    Ok(match state.registry.allocate(account, weight).await? {
-        Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
-        Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
-    })
+    Ok(
+        match in_time(&state, state.registry.allocate(account, weight)).await? {
+            Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
+            Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
+        },
+    )
 }
 
 /// Look up an account's hash key.
@@ -335,7 +337,11 @@ async fn reweight(
     let account = account_id(account)?;
     let weight =
         keyspace::check_weight(body.weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
-    Ok(Json(state.registry.reweight(account, weight).await?.into()))
+    Ok(Json(
+        in_time(&state, state.registry.reweight(account, weight))
+            .await?
+            .into(),
+    ))
 }
 
 /// Release an account's hash key.
@@ -353,7 +359,7 @@ async fn release(
     State(state): State<AppState>,
     Path(AccountPath { account }): Path<AccountPath>,
 ) -> Result<StatusCode, ApiError> {
-    state.registry.release(account_id(account)?).await?;
+    in_time(&state, state.registry.release(account_id(account)?)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

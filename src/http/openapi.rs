@@ -85,7 +85,7 @@ fn is_null(schema: &RefOr<Schema>) -> bool {
 
 /// What every mutation may answer besides its own responses, said once, here, for all:
 /// 401 and 403 from the token check (`middleware::guard_mutations`), 429 from the
-/// per-client rate limit.
+/// per-client rate limit, 503 when the database cannot take the change.
 pub fn guarded_mutations(doc: &mut OpenApi) {
     use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
     let problem = || {
@@ -99,17 +99,19 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
             .content(PROBLEM_JSON, problem())
             .build()
     };
-    let too_many = ResponseBuilder::new()
-        .description("Too many mutations from this client; retry after the given seconds")
-        .header(
-            "Retry-After",
-            HeaderBuilder::new()
-                .schema(utoipa::openapi::ObjectBuilder::new().schema_type(Type::Integer))
-                .description(Some("Seconds to wait before trying again"))
-                .build(),
-        )
-        .content(PROBLEM_JSON, problem())
-        .build();
+    let retry_after = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .header(
+                "Retry-After",
+                HeaderBuilder::new()
+                    .schema(utoipa::openapi::ObjectBuilder::new().schema_type(Type::Integer))
+                    .description(Some("Seconds to wait before trying again"))
+                    .build(),
+            )
+            .content(PROBLEM_JSON, problem())
+            .build()
+    };
     let guards = [
         ("401", refused("Token missing or wrong")),
         (
@@ -120,7 +122,18 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
                  neither loopback nor in --allowed-hosts",
             ),
         ),
-        ("429", too_many),
+        (
+            "429",
+            retry_after("Too many mutations from this client; retry after the given seconds"),
+        ),
+        (
+            "503",
+            retry_after(
+                "The database cannot take the change now (unreachable, or held up by another \
+                 writer); the change may or may not have been made: send it again after the \
+                 given seconds",
+            ),
+        ),
     ];
     for operation in mutations(doc) {
         for (status, response) in &guards {

@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::aws_cli;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problem, in_time};
 use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
@@ -296,10 +296,13 @@ async fn put_stream(
             ));
         }
     };
-    let change = state
-        .registry
-        .put_stream(name, map, next_shard, body.primary)
-        .await?;
+    let change = in_time(
+        &state,
+        state
+            .registry
+            .put_stream(name, map, next_shard, body.primary),
+    )
+    .await?;
     let status = if change.before.is_some() {
         StatusCode::OK
     } else {
@@ -355,7 +358,7 @@ async fn delete_stream(
     State(state): State<AppState>,
     Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<StatusCode, ApiError> {
-    state.registry.delete_stream(name).await?;
+    in_time(&state, state.registry.delete_stream(name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -161,6 +161,11 @@ async fn commit_group<R, A, F, Fut>(
     F: Fn(Vec<R>) -> Fut,
     Fut: Future<Output = Result<Vec<Result<A, Error>>, Error>>,
 {
+    // A caller that stopped waiting (answered 503 already) must not see its change made later.
+    let group: Vec<_> = group.into_iter().filter(|p| !p.reply.is_closed()).collect();
+    if group.is_empty() {
+        return;
+    }
     let (requests, replies) = by_account(group, account);
     let single = requests.len() == 1 && replies[0].len() == 1;
     match commit(requests.clone()).await {
@@ -175,9 +180,15 @@ async fn commit_group<R, A, F, Fut>(
             }
         }
         Err(err) if single => send_only(replies, Err(err)),
+        // The database failed, not one request: each again alone would only wait again.
+        Err(Error::Unavailable) => {
+            for reply in replies.into_iter().flatten() {
+                let _ = reply.send(Err(Error::Unavailable));
+            }
+        }
         Err(_) => {
             for (request, senders) in requests.into_iter().zip(replies) {
-                for reply in senders {
+                for reply in senders.into_iter().filter(|r| !r.is_closed()) {
                     let answer = commit(vec![request.clone()])
                         .await
                         .and_then(|mut answers| answers.pop().expect("one answer"));

@@ -481,6 +481,12 @@ impl Registry {
         loads
     }
 
+    /// Longest a change is waited for before its client is told the database cannot take
+    /// it, if the database needs such a bound (see [`Store::change_timeout`]).
+    pub fn change_timeout(&self) -> Option<std::time::Duration> {
+        self.store.change_timeout()
+    }
+
     /// Whether the database answers.
     pub async fn ready(&self) -> bool {
         self.store.ping().await.is_ok()

@@ -13,6 +13,8 @@ mod sqlite;
 
 pub use sqlite::Pools as SqlitePools;
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 
 use crate::keyspace::{AccountId, HashKey, Move};
@@ -119,7 +121,8 @@ pub enum StoreError {
          host, hostaddr, port, dbname, user, password, application_name, options"
     )]
     UnreadParameter(String),
-    #[error("the database is unreachable: {0}")]
+    /// Unreachable, or turning statements away for now (a lock or statement timeout).
+    #[error("the database cannot take statements now: {0}")]
     Unavailable(sqlx::Error),
     #[error("a row with the same account or hash key already exists")]
     Conflict,
@@ -152,6 +155,7 @@ impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match &err {
             sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict,
+            sqlx::Error::Database(db) if turned_away(db.as_ref()) => StoreError::Unavailable(err),
             sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Io(_)
@@ -161,6 +165,22 @@ impl From<sqlx::Error> for StoreError {
         }
     }
 }
+
+/// Whether the database turned a statement away for the moment rather than for what it
+/// asked: a lock held past the lock (or busy) timeout, a timeout ending the statement or the session,
+/// the server going down.
+fn turned_away(db: &dyn sqlx::error::DatabaseError) -> bool {
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        postgres::turned_away(pg.code())
+    } else {
+        db.try_downcast_ref::<sqlx::sqlite::SqliteError>()
+            .is_some_and(sqlite::turned_away)
+    }
+}
+
+/// Longest a query waits for a connection from the pool: a database that cannot be reached
+/// is reported (503) rather than waited for.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -252,6 +272,16 @@ impl Store {
     /// Up to `limit` assignments with account greater than `after`, by account.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
         on_backend!(self, c => list(after, limit))
+    }
+
+    /// Longest a change is waited for before its client is answered 503, or `None` when
+    /// every wait ends by itself: a local SQLite file never goes silent, and its busy
+    /// timeout ends the wait for another process's lock.
+    pub fn change_timeout(&self) -> Option<Duration> {
+        match self {
+            Store::Sqlite(_) => None,
+            Store::Postgres(_) => Some(postgres::CHANGE_TIMEOUT),
+        }
     }
 
     /// Round-trips the database.

@@ -160,13 +160,83 @@ pub async fn connect(url: &str) -> Result<PgPool> {
     let pool = PgPoolOptions::new()
         .max_connections(8)
         // Mutations fail fast when the database is gone; lookups never wait on it.
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_with(options)
+        .acquire_timeout(super::ACQUIRE_TIMEOUT)
+        .connect_with(options.options(session_settings()))
+        .await?;
+    migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// What every session sets for itself when it connects, so that a stuck or vanished writer
+/// cannot hold the others up for long, with nothing to configure on the server.
+fn session_settings() -> [(&'static str, String); 7] {
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    [
+        // A write that waits this long for another writer's lock is refused (503).
+        ("lock_timeout", ms(LOCK_TIMEOUT)),
+        // Several times keyspread's slowest statement (a 10,000-account batch, whose whole
+        // request takes under a second): one still running is ended, and its transaction
+        // rolled back, rather than commit long after its client was answered.
+        ("statement_timeout", ms(STATEMENT_TIMEOUT)),
+        // keyspread never pauses inside a transaction for long (start-up's tree build, about
+        // a second at a million accounts): a writer that stopped talking while holding the
+        // write lock loses its session, and the lock, within 10 s.
+        (
+            "idle_in_transaction_session_timeout",
+            ms(IDLE_IN_TRANSACTION_TIMEOUT),
+        ),
+        // The server notices a client that vanished (host down, network cut) within 20 s:
+        // by keepalive probes on an idle connection, by unacknowledged data on a busy one.
+        ("tcp_keepalives_idle", "5".into()),
+        ("tcp_keepalives_interval", "5".into()),
+        ("tcp_keepalives_count", "3".into()),
+        ("tcp_user_timeout", ms(Duration::from_secs(20))),
+    ]
+}
+
+/// Longest a write waits for another writer's lock. Writers hold it for milliseconds, even
+/// under 64 clients' groups; one that holds it this long is stuck, and the client is better
+/// answered 503 than kept waiting. Under half [`CHANGE_TIMEOUT`], so that a group queued
+/// behind a refused one is refused by the database too (and so never made later) before
+/// its callers stop waiting.
+const LOCK_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// Longest a change is waited for before its client is answered 503: a connection that has
+/// gone silent (a network dropping packets) is never waited for past it, and the answer
+/// comes well before the request timeout (408).
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(4);
+
+const _: () = assert!(2 * LOCK_TIMEOUT.as_millis() < CHANGE_TIMEOUT.as_millis());
+
+/// See [`session_settings`].
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// See [`session_settings`].
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs the migrations on a connection of their own, closed afterwards, without the
+/// sessions' lock and statement timeouts: a replica waits its turn behind another's
+/// migrations, and a migration may take long.
+async fn migrate(pool: &PgPool) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    conn.close_on_drop();
+    sqlx::raw_sql("SET lock_timeout = 0; SET statement_timeout = 0")
+        .execute(&mut *conn)
         .await?;
     super::additive(sqlx::migrate!("migrations/postgres"))
-        .run(&pool)
+        .run(&mut *conn)
         .await?;
-    Ok(pool)
+    Ok(())
+}
+
+/// Whether Postgres turned a statement away for the moment, by its SQLSTATE: the lock
+/// timeout (55P03), a statement cancelled by its timeout (57014), the session ended while
+/// idle in a transaction (25P03), a broken connection (class 08), the server shutting down
+/// or refusing connections (class 57P), or too many connections (53300).
+pub fn turned_away(code: &str) -> bool {
+    matches!(code, "55P03" | "57014" | "25P03" | "53300")
+        || code.starts_with("08")
+        || code.starts_with("57P")
 }
 
 /// A write transaction holding the cluster-wide write lock: `BEGIN` and the lock go to

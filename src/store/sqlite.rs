@@ -128,7 +128,10 @@ pub async fn connect(url: &str) -> Result<Pools> {
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(5))
+        // Another process's write transaction is waited for this long, then refused (503).
+        // Seconds, not less: SQLite's busy handler polls rather than queues, and processes
+        // writing one file under 64 clients keep one another waiting that long.
+        .busy_timeout(Duration::from_secs(4))
         .foreign_keys(true)
         // A multi-row INSERT keeps a statement journal to undo itself on a conflict; in
         // memory it costs a copy, on a temporary file a write per page.
@@ -154,7 +157,7 @@ pub async fn connect(url: &str) -> Result<Pools> {
     let pool = |connections| {
         SqlitePoolOptions::new()
             .max_connections(connections)
-            .acquire_timeout(Duration::from_secs(5))
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .connect_with(options.clone())
     };
     let writes = pool(1).await?;
@@ -175,4 +178,15 @@ pub async fn begin(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {
 /// Commits `tx`.
 pub async fn commit(tx: Transaction<'static, Sqlite>) -> Result<()> {
     Ok(tx.commit().await?)
+}
+
+/// Whether SQLite refused for the moment: the file's write lock (`SQLITE_BUSY`) or a
+/// table (`SQLITE_LOCKED`) still held by another connection when the busy timeout ran out.
+pub fn turned_away(err: &sqlx::sqlite::SqliteError) -> bool {
+    use sqlx::error::DatabaseError as _;
+    const BUSY: i32 = 5;
+    const LOCKED: i32 = 6;
+    // The code is an extended result code: its low byte is the primary one.
+    let code = err.code().and_then(|c| c.parse::<i32>().ok());
+    code.is_some_and(|c| matches!(c & 0xff, BUSY | LOCKED))
 }
