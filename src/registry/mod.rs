@@ -135,9 +135,9 @@ impl Registry {
     ) -> Result<Arc<Registry>, Error> {
         let started = Instant::now();
         store.bind_keyspace(keyspace.bits()).await?;
-        // Read under the write lock so that the rows and the last event id agree even
-        // while other replicas write; nothing is written, the transaction rolls back.
-        let mut snapshot = store.begin().await?;
+        // One consistent state, so that the rows and the last event id agree while other
+        // replicas write; no lock, so that they need not wait for a large table's read.
+        let mut snapshot = store.snapshot().await?;
         let count = usize::try_from(snapshot.count_assignments().await?).unwrap_or(0);
         // The rows are read here while another thread files them by account; the tree of
         // their keys is built while the filing finishes.
@@ -157,13 +157,13 @@ impl Registry {
             })
             .await?;
         drop(batches);
+        let last_event = snapshot.last_event_id().await?;
+        let streams = snapshot.load_streams().await?;
+        drop(snapshot);
         let alloc = tokio::task::spawn_blocking(move || Allocator::with_keys(keyspace, keys))
             .await
             .expect("tree build")?;
         let accounts = accounts.await.expect("the filing thread answers");
-        let last_event = snapshot.last_event_id().await?;
-        let streams = snapshot.load_streams().await?;
-        drop(snapshot);
         tracing::info!(
             accounts = accounts.len(),
             streams = streams.len(),

@@ -313,6 +313,17 @@ impl Store {
         }
     }
 
+    /// Starts a read-only transaction over one consistent state of the database, taking
+    /// no lock: start-up reads a large table this way while other replicas keep writing.
+    /// Writers commit one at a time in event-id order, so the state holds exactly the
+    /// events up to its newest.
+    pub async fn snapshot(&self) -> Result<Tx> {
+        Ok(match self {
+            Store::Sqlite(pools) => Tx::Sqlite(sqlite::snapshot(pools).await?),
+            Store::Postgres(pool) => Tx::Postgres(postgres::snapshot(pool).await?),
+        })
+    }
+
     /// Starts a write transaction; it waits for writers in other processes to finish.
     pub async fn begin(&self) -> Result<Tx> {
         Ok(match self {

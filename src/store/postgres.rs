@@ -246,6 +246,13 @@ pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
     Ok(pool.begin_with(begin).await?)
 }
 
+/// A read-only transaction over one snapshot of the database, waiting for no lock.
+pub async fn snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
+    Ok(pool
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?)
+}
+
 /// Commits `tx`. The other replicas hear of it from the `events` trigger (migration
 /// 0003), on commit and only then.
 pub async fn commit(tx: Transaction<'static, Postgres>) -> Result<()> {

@@ -25,14 +25,20 @@ macro_rules! queries {
         use crate::store::ASSIGNMENT_COLUMNS;
 
         pub async fn bind_keyspace(conn: &mut Conn, bits: u32) -> Result<()> {
-            sqlx::query("INSERT INTO meta (name, value) VALUES ('keyspace_bits', $1) ON CONFLICT (name) DO NOTHING")
-                .bind(bits.to_string())
-                .execute(&mut *conn)
-                .await?;
-            let stored: String =
-                sqlx::query_scalar("SELECT value FROM meta WHERE name = 'keyspace_bits'")
-                    .fetch_one(&mut *conn)
-                    .await?;
+            const STORED: &str = "SELECT value FROM meta WHERE name = 'keyspace_bits'";
+            // Read first: a database already bound is written to by no starting replica, so
+            // none waits for another writer's lock (SQLite's is the whole file's).
+            let stored: Option<String> = sqlx::query_scalar(STORED).fetch_optional(&mut *conn).await?;
+            let stored = match stored {
+                Some(stored) => stored,
+                None => {
+                    sqlx::query("INSERT INTO meta (name, value) VALUES ('keyspace_bits', $1) ON CONFLICT (name) DO NOTHING")
+                        .bind(bits.to_string())
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query_scalar(STORED).fetch_one(&mut *conn).await?
+                }
+            };
             let stored: u32 = stored
                 .parse()
                 .map_err(|_| StoreError::Corrupt(format!("keyspace_bits {stored:?}")))?;

@@ -175,6 +175,12 @@ pub async fn begin(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {
     Ok(pools.writes.begin_with("BEGIN IMMEDIATE").await?)
 }
 
+/// A read transaction: in WAL mode its first read fixes the state every later one sees,
+/// while writers go on.
+pub async fn snapshot(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {
+    Ok(pools.reads.begin().await?)
+}
+
 /// Commits `tx`.
 pub async fn commit(tx: Transaction<'static, Sqlite>) -> Result<()> {
     Ok(tx.commit().await?)

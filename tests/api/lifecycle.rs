@@ -233,3 +233,21 @@ fn migrate_prepares_a_database_without_serving() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("unsupported database URL"));
 }
+
+/// Another writer holding the write lock for long (a stuck replica, a big transaction)
+/// does not stop a replica from starting: start-up reads one consistent state of the
+/// database and takes no lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starts_while_another_writer_holds_the_lock() {
+    let app = spawn_app().await;
+    let key = app.allocate("acme").await;
+    let mut db = app.db().await;
+    db.hold_write_lock().await;
+    let app = tokio::time::timeout(Duration::from_secs(30), app.restart())
+        .await
+        .expect("start-up waited for the write lock");
+    assert_eq!(app.get("/keys/acme").await.body["hash_key"], key.as_str());
+    assert_eq!(app.get("/readyz").await.status, 200);
+    db.release_write_lock().await;
+    assert_eq!(app.post("/keys/globex", None).await.status, 201);
+}
