@@ -1,9 +1,11 @@
 //! `/streams`: register real shard maps, see what a reshard did, plan the next one.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -14,7 +16,7 @@ use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
 use crate::keyspace::{HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew};
-use crate::registry::Stream;
+use crate::registry::{Registry, Stream};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -368,12 +370,24 @@ async fn split_plan(
     State(state): State<AppState>,
     Path(StreamPath { name }): Path<StreamPath>,
     Query(q): Query<SplitParams>,
-) -> Result<Json<SplitPlanBody>, ApiError> {
-    let keyspace = state.registry.keyspace();
-    let uniform = ShardMap::uniform(keyspace, q.target)?;
-    let (stream, plan) = state.registry.split_plan(&name, q.target as usize).await?;
+) -> Result<Response, ApiError> {
+    let uniform = ShardMap::uniform(state.registry.keyspace(), q.target)?;
+    let registry = Arc::clone(&state.registry);
+    state
+        .heavy
+        .json(move || split_plan_body(&registry, name, q.target, &uniform))
+        .await
+}
+
+/// The split-plan answer: the calls, as AWS CLI commands too, and `uniform` for comparison.
+fn split_plan_body(
+    registry: &Registry,
+    name: String,
+    target: u64,
+    uniform: &ShardMap,
+) -> Result<SplitPlanBody, ApiError> {
+    let (stream, plan, uniform_loads) = registry.split_plan(&name, target as usize)?;
     let (shards, loads): (Vec<Shard>, Vec<Load>) = plan.shards.into_iter().unzip();
-    let uniform_loads = state.registry.loads(&uniform).await;
     let mut commands = Vec::new();
     let operations = plan
         .operations
@@ -411,9 +425,9 @@ async fn split_plan(
             call
         })
         .collect();
-    Ok(Json(SplitPlanBody {
+    Ok(SplitPlanBody {
         stream: stream.name,
-        target: q.target,
+        target,
         operations,
         commands,
         skew: Skew::of(&loads),
@@ -425,9 +439,9 @@ async fn split_plan(
             .collect(),
         heaviest_account: plan.heaviest_account,
         uniform_scaling: UniformScaling {
-            shards: ShardCount::of_map(&uniform, &uniform_loads),
+            shards: ShardCount::of_map(uniform, &uniform_loads),
             skew: Skew::of(&uniform_loads),
             spread: spread(&uniform_loads),
         },
-    }))
+    })
 }

@@ -18,7 +18,7 @@ pub use key::{HashKey, Keyspace};
 pub use list_shards::{HashKeyRange, ListShards, ListedShard, SequenceNumberRange};
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use shards::{Shard, ShardMap, Skew, md5_hash};
-pub use split::{Reshard, SplitPlan, split_plan};
+pub use split::{Reshard, SplitPlan, load_in, split_plan};
 pub use tree::{KeyTree, Load};
 
 /// Everything that can go wrong in the pure core.

@@ -7,6 +7,7 @@ mod replay;
 mod abuse;
 mod crash;
 mod errors;
+mod heavy;
 mod import;
 mod keys;
 mod kinesalite;
