@@ -362,8 +362,9 @@ fn spread(loads: &[Load]) -> u64 {
     params(StreamPath, SplitParams),
     responses(
         (status = 200, description = "The plan", body = SplitPlanBody),
-        (status = 400, description = "Bad target", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A target outside 1..=100000 (or above the keyspace's size)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The accounts' keys lie too close together for SplitShard to cut between them (the detail names the shard)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn split_plan(
