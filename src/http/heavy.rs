@@ -1,30 +1,51 @@
-//! Heavy pure work of a request (plans, distributions) on blocking threads, a few at a time,
-//! so the async workers keep answering every other request while it runs.
+//! Heavy pure work of a request (plans, distributions) on a few threads of its own, at a
+//! lower priority, so the async workers keep answering every other request while it runs.
 
-use std::sync::Arc;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, mpsc};
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 
 use super::error::ApiError;
 
-/// Runs CPU-heavy request work off the async workers, at most `permits` pieces at once.
+/// One piece of work for a heavy-work thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs CPU-heavy request work off the async workers, on `threads` threads of its own.
 ///
-/// A request waits for a permit under its timeout; once its work has started, the work
-/// runs to the end even if the client is gone, holding its permit, so abandoned requests
-/// never add up to more than `permits` pieces of work in flight.
+/// A request waits for a thread under its timeout, and work whose client left before its
+/// turn never runs; once started, work runs to its end even if the client is gone, so
+/// abandoned requests never add up to more than `threads` pieces of work in flight.
 #[derive(Debug, Clone)]
 pub struct HeavyWork {
     permits: Arc<Semaphore>,
+    jobs: mpsc::Sender<Job>,
 }
 
 impl HeavyWork {
-    /// At most `permits` (at least one) pieces of heavy work at once.
-    pub fn new(permits: usize) -> Self {
+    /// Starts `threads` (at least one) heavy-work threads; they end with the last clone.
+    pub fn new(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..threads {
+            let queue = Arc::clone(&queue);
+            std::thread::Builder::new()
+                .name(format!("keyspread-heavy-{i}"))
+                .spawn(move || {
+                    lower_priority();
+                    while let Ok(job) = queue.lock().expect("queue lock poisoned").recv() {
+                        job();
+                    }
+                })
+                .expect("start a heavy-work thread");
+        }
         HeavyWork {
-            permits: Arc::new(Semaphore::new(permits.max(1))),
+            permits: Arc::new(Semaphore::new(threads)),
+            jobs,
         }
     }
 
@@ -35,8 +56,8 @@ impl HeavyWork {
         HeavyWork::new(cores.saturating_sub(1))
     }
 
-    /// Runs `work` on a blocking thread once a permit is free and answers its result as
-    /// JSON, serialized on that thread too (big plans make bodies of tens of MB).
+    /// Runs `work` on a heavy-work thread once one is free and answers its result as JSON,
+    /// serialized on that thread too (big plans make bodies of tens of MB).
     pub async fn json<T, F>(&self, work: F) -> Result<Response, ApiError>
     where
         T: Serialize,
@@ -47,15 +68,37 @@ impl HeavyWork {
             .await
             .expect("the semaphore is never closed");
         let span = tracing::Span::current();
-        let body = tokio::task::spawn_blocking(move || {
+        let (answer, answered) = oneshot::channel();
+        let job: Job = Box::new(move || {
             let _permit = permit;
             let _span = span.enter();
-            work().and_then(|value| serde_json::to_vec(&value).map_err(|e| ApiError::internal(&e)))
-        })
-        .await
-        .map_err(|e| ApiError::internal(&e))??;
+            let body = catch_unwind(AssertUnwindSafe(work)).map(|result| {
+                result.and_then(|value| {
+                    serde_json::to_vec(&value).map_err(|e| ApiError::internal(&e))
+                })
+            });
+            // Without a receiver the client is gone: there is no one to answer.
+            let _ = answer.send(body);
+        });
+        self.jobs
+            .send(job)
+            .expect("heavy-work threads live as long as a sender");
+        let body = answered
+            .await
+            .map_err(|e| ApiError::internal(&e))?
+            .map_err(|_| ApiError::internal(&"heavy work panicked"))??;
         let json = HeaderValue::from_static("application/json");
         Ok(([(header::CONTENT_TYPE, json)], body).into_response())
+    }
+}
+
+/// Lowers the calling thread's scheduling priority (nice 10; per thread on Linux), so the
+/// async workers win the CPU whenever they have something to answer.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
     }
 }
 
@@ -125,5 +168,16 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(failed.status(), 404);
+    }
+
+    #[tokio::test]
+    async fn work_that_panics_answers_500_and_leaves_its_thread_working() {
+        let heavy = HeavyWork::new(1);
+        let panicked = heavy
+            .json(|| -> Result<u8, ApiError> { panic!("a bug in a planner") })
+            .await
+            .unwrap_err();
+        assert_eq!(panicked.status(), 500);
+        assert_eq!(heavy.json(|| Ok(1)).await.unwrap().status(), 200);
     }
 }
