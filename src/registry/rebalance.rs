@@ -50,18 +50,17 @@ impl Registry {
     }
 
     /// Plans a rebalance over the map `spec` names, changing nothing. Blocks: the state is
-    /// copied under the writer lock (O(accounts)), the plan is made after releasing it.
+    /// copied under the writer lock (the tree's arrays and the accounts, O(accounts)), the
+    /// plan is made on the copy after releasing it.
     pub fn preview(&self, spec: &MapSpec) -> Result<(String, Plan), Error> {
-        let (map, keys, accounts, last_event) = {
+        let (map, mut alloc, accounts, last_event) = {
             let w = self.writer.blocking_lock();
             let map = self.resolve(spec)?;
-            let keys: Vec<(HashKey, u64)> = w.alloc.iter().collect();
             let accounts = self.accounts.read().expect("accounts lock poisoned");
             let accounts: Vec<(AccountId, Entry)> =
                 accounts.iter().map(|(id, e)| (id.clone(), *e)).collect();
-            (map, keys, accounts, w.last_event)
+            (map, w.alloc.clone(), accounts, w.last_event)
         };
-        let mut alloc = Allocator::with_keys(self.keyspace, keys)?;
         let plan = plan_for(&mut alloc, &map, accounts.iter().map(|(id, e)| (id, e)));
         Ok((plan_id(last_event, spec, &plan), plan))
     }
