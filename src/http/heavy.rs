@@ -70,13 +70,14 @@ impl HeavyWork {
         let span = tracing::Span::current();
         let (answer, answered) = oneshot::channel();
         let job: Job = Box::new(move || {
-            let _permit = permit;
             let _span = span.enter();
             let body = catch_unwind(AssertUnwindSafe(work)).map(|result| {
                 result.and_then(|value| {
                     serde_json::to_vec(&value).map_err(|e| ApiError::internal(&e))
                 })
             });
+            // The thread is free before anyone hears the answer.
+            drop(permit);
             // Without a receiver the client is gone: there is no one to answer.
             let _ = answer.send(body);
         });
