@@ -37,6 +37,8 @@ pub struct AppState {
     pub http_metrics: Arc<http::HttpMetrics>,
     /// Limits on connections, applied by [`serve`].
     pub connections: ConnectionLimits,
+    /// Where plans and distributions run: off the async workers, a few at once.
+    pub heavy: http::HeavyWork,
 }
 
 /// Who may change assignments and read metrics (one `Arc` in [`AppState`], which every
@@ -96,6 +98,7 @@ impl AppState {
                 header_timeout: config.header_timeout(),
                 max_connections: config.max_connections as usize,
             },
+            heavy: http::HeavyWork::for_this_machine(),
         })
     }
 }

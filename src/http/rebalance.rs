@@ -1,7 +1,10 @@
 //! `/rebalance`: plan, then apply, the fewest moves that even out the shards.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Query, State};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -92,9 +95,16 @@ super::extract::objects_only!(ApplyRequest);
 async fn preview(
     State(state): State<AppState>,
     Query(q): Query<MapParams>,
-) -> Result<Json<RebalancePlan>, ApiError> {
-    let (plan_id, plan) = state.registry.preview(&q.spec()?).await?;
-    Ok(Json(RebalancePlan::new(plan_id, plan)))
+) -> Result<Response, ApiError> {
+    let spec = q.spec()?;
+    let registry = Arc::clone(&state.registry);
+    state
+        .heavy
+        .json(move || {
+            let (plan_id, plan) = registry.preview(&spec)?;
+            Ok(RebalancePlan::new(plan_id, plan))
+        })
+        .await
 }
 
 /// Apply a previewed plan, in one transaction.

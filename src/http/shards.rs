@@ -1,7 +1,10 @@
 //! `/shard-of` and `/distribution`: where keys land on a stream's shards.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Query, State};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -9,8 +12,8 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
 use crate::AppState;
-use crate::keyspace::{self, AccountId, HashKey, Shard, Skew};
-use crate::registry::MapSpec;
+use crate::keyspace::{self, AccountId, HashKey, Shard, ShardMap, Skew};
+use crate::registry::{MapSpec, Registry};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -163,10 +166,19 @@ async fn shard_of(
 async fn distribution(
     State(state): State<AppState>,
     Query(q): Query<MapParams>,
-) -> Result<Json<Distribution>, ApiError> {
+) -> Result<Response, ApiError> {
     let map = state.registry.resolve(&q.spec()?)?;
-    let loads = state.registry.loads(&map).await;
-    let md5 = state.registry.md5_loads(&map);
+    let registry = Arc::clone(&state.registry);
+    state
+        .heavy
+        .json(move || Ok(distribution_of(&registry, &map)))
+        .await
+}
+
+/// Accounts per shard of `map`, with keyspread's keys and with MD5 of the names.
+fn distribution_of(registry: &Registry, map: &ShardMap) -> Distribution {
+    let loads = registry.loads(map);
+    let md5 = registry.md5_loads(map);
     let shards = map
         .iter()
         .map(|s| ShardLoad {
@@ -180,9 +192,9 @@ async fn distribution(
             md5_weight: md5[s.index].weight,
         })
         .collect();
-    Ok(Json(Distribution {
+    Distribution {
         shards,
         skew: Skew::of(&loads),
         md5_skew: Skew::of(&md5),
-    }))
+    }
 }

@@ -1,9 +1,11 @@
 //! `/streams`: register real shard maps, see what a reshard did, plan the next one.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -17,7 +19,7 @@ use crate::AppState;
 use crate::keyspace::{
     HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew, is_kinesis_name,
 };
-use crate::registry::Stream;
+use crate::registry::{Registry, Stream};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -427,20 +429,33 @@ fn spread(loads: &[Load]) -> u64 {
     params(StreamPath, SplitParams),
     responses(
         (status = 200, description = "The plan", body = SplitPlanBody),
-        (status = 400, description = "Bad target", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A target outside 1..=10000 (or above the keyspace's size)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The accounts' keys lie too close together for SplitShard to cut between them (the detail names the shard)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn split_plan(
     State(state): State<AppState>,
     Path(StreamPath { name }): Path<StreamPath>,
     Query(q): Query<SplitParams>,
-) -> Result<Json<SplitPlanBody>, ApiError> {
-    let keyspace = state.registry.keyspace();
-    let uniform = ShardMap::uniform(keyspace, q.target)?;
-    let (stream, plan) = state.registry.split_plan(&name, q.target as usize).await?;
+) -> Result<Response, ApiError> {
+    let uniform = ShardMap::uniform(state.registry.keyspace(), q.target)?;
+    let registry = Arc::clone(&state.registry);
+    state
+        .heavy
+        .json(move || split_plan_body(&registry, name, q.target, &uniform))
+        .await
+}
+
+/// The split-plan answer: the calls, as AWS CLI commands too, and `uniform` for comparison.
+fn split_plan_body(
+    registry: &Registry,
+    name: String,
+    target: u64,
+    uniform: &ShardMap,
+) -> Result<SplitPlanBody, ApiError> {
+    let (stream, plan, uniform_loads) = registry.split_plan(&name, target as usize)?;
     let (shards, loads): (Vec<Shard>, Vec<Load>) = plan.shards.into_iter().unzip();
-    let uniform_loads = state.registry.loads(&uniform).await;
     let mut commands = Vec::new();
     let operations = plan
         .operations
@@ -503,9 +518,9 @@ async fn split_plan(
             call
         })
         .collect();
-    Ok(Json(SplitPlanBody {
+    Ok(SplitPlanBody {
         stream: stream.name,
-        target: q.target,
+        target,
         operations,
         commands,
         skew: Skew::of(&loads),
@@ -517,9 +532,9 @@ async fn split_plan(
             .collect(),
         heaviest_account: plan.heaviest_account,
         uniform_scaling: UniformScaling {
-            shards: ShardCount::of_map(&uniform, &uniform_loads),
+            shards: ShardCount::of_map(uniform, &uniform_loads),
             skew: Skew::of(&uniform_loads),
             spread: spread(&uniform_loads),
         },
-    }))
+    })
 }

@@ -20,7 +20,7 @@ pub use list_shards::{
 };
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use shards::{MAX_SHARDS, Shard, ShardMap, Skew, md5_hash};
-pub use split::{Reshard, SplitPlan, split_plan};
+pub use split::{Reshard, SplitPlan, load_in, split_plan};
 pub use tree::{KeyTree, Load};
 
 /// Everything that can go wrong in the pure core.

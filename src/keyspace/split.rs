@@ -45,7 +45,7 @@ pub fn split_plan(
 ) -> Result<SplitPlan, Error> {
     ShardMap::uniform(keyspace, target as u64)?;
     let weights: Vec<u64> = keys.iter().map(|(_, w)| *w).collect();
-    let mut open: Vec<Shard> = current.iter().collect();
+    let open: Vec<Shard> = current.iter().collect();
     let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
     // Gaps between keys that already hold a boundary: cutting there costs no call.
     let mut kept: Vec<usize> = current_starts
@@ -57,73 +57,8 @@ pub fn split_plan(
     let starts = boundaries(keyspace, keys, &cuts, &current_starts)?;
     let mut next = next_number;
     let mut operations = Vec::new();
-    for b in current_starts
-        .iter()
-        .filter(|b| starts.binary_search(b).is_err())
-    {
-        let k = open
-            .iter()
-            .position(|s| s.start == *b)
-            .expect("a current boundary");
-        let merged = shard_id(next as usize);
-        next += 1;
-        operations.push(Reshard::Merge {
-            shard: open[k - 1].id.clone(),
-            adjacent: open[k].id.clone(),
-            merged: merged.clone(),
-        });
-        let end = open[k].end;
-        open[k - 1] = Shard {
-            index: 0,
-            id: merged,
-            start: open[k - 1].start,
-            end,
-        };
-        open.remove(k);
-    }
-    for b in starts
-        .iter()
-        .filter(|b| current_starts.binary_search(b).is_err())
-    {
-        let k = open
-            .iter()
-            .position(|s| s.start < *b && *b <= s.end)
-            .expect("a shard holds every key");
-        // Kinesis' rule: StartingHashKey + 1 < NewStartingHashKey < EndingHashKey.
-        if !(open[k].start.0 + 1 < b.0 && *b < open[k].end) {
-            return Err(Error::Tiling(format!(
-                "{} [{}, {}] cannot be split at {b}: too close to its edge for SplitShard",
-                open[k].id, open[k].start, open[k].end
-            )));
-        }
-        let children = [shard_id(next as usize), shard_id(next as usize + 1)];
-        next += 2;
-        operations.push(Reshard::Split {
-            shard: open[k].id.clone(),
-            new_starting_hash_key: *b,
-            children: children.clone(),
-        });
-        let parent = open.remove(k);
-        let [low, high] = children;
-        open.insert(
-            k,
-            Shard {
-                index: 0,
-                id: high,
-                start: *b,
-                end: parent.end,
-            },
-        );
-        open.insert(
-            k,
-            Shard {
-                index: 0,
-                id: low,
-                start: parent.start,
-                end: HashKey(b.0 - 1),
-            },
-        );
-    }
+    let open = merge_away(open, &starts, &mut next, &mut operations);
+    let open = split_at(open, &starts, &current_starts, &mut next, &mut operations)?;
     let shards = open
         .into_iter()
         .enumerate()
@@ -137,6 +72,86 @@ pub fn split_plan(
         shards,
         heaviest_account: weights.iter().copied().max().unwrap_or(0),
     })
+}
+
+/// Merges each shard whose start `starts` lacks into the shard below it, in key order, in
+/// one pass over the shards.
+fn merge_away(
+    current: Vec<Shard>,
+    starts: &[HashKey],
+    next: &mut u64,
+    operations: &mut Vec<Reshard>,
+) -> Vec<Shard> {
+    let mut open: Vec<Shard> = Vec::with_capacity(current.len());
+    for shard in current {
+        match open.last_mut() {
+            Some(low) if starts.binary_search(&shard.start).is_err() => {
+                let merged = shard_id(*next as usize);
+                *next += 1;
+                operations.push(Reshard::Merge {
+                    shard: std::mem::replace(&mut low.id, merged.clone()),
+                    adjacent: shard.id,
+                    merged,
+                });
+                low.end = shard.end;
+            }
+            _ => open.push(shard),
+        }
+    }
+    open
+}
+
+/// Splits the shards at each of `starts` the stream lacks (`current_starts`), in key
+/// order, in one pass: each new start lies in the shard last split or a later one.
+fn split_at(
+    open: Vec<Shard>,
+    starts: &[HashKey],
+    current_starts: &[HashKey],
+    next: &mut u64,
+    operations: &mut Vec<Reshard>,
+) -> Result<Vec<Shard>, Error> {
+    let mut done = Vec::with_capacity(open.len() + starts.len());
+    let mut rest = open.into_iter();
+    let mut shard = rest.next().expect("a map has a shard");
+    for b in starts
+        .iter()
+        .filter(|b| current_starts.binary_search(b).is_err())
+    {
+        while !(shard.start < *b && *b <= shard.end) {
+            done.push(shard);
+            shard = rest.next().expect("a shard holds every key");
+        }
+        // Kinesis' rule: StartingHashKey + 1 < NewStartingHashKey < EndingHashKey.
+        if !(shard.start.0 + 1 < b.0 && *b < shard.end) {
+            return Err(Error::Tiling(format!(
+                "{} [{}, {}] cannot be split at {b}: too close to its edge for SplitShard",
+                shard.id, shard.start, shard.end
+            )));
+        }
+        let children = [shard_id(*next as usize), shard_id(*next as usize + 1)];
+        *next += 2;
+        operations.push(Reshard::Split {
+            shard: shard.id,
+            new_starting_hash_key: *b,
+            children: children.clone(),
+        });
+        let [low, high] = children;
+        done.push(Shard {
+            index: 0,
+            id: low,
+            start: shard.start,
+            end: HashKey(b.0 - 1),
+        });
+        shard = Shard {
+            index: 0,
+            id: high,
+            start: *b,
+            end: shard.end,
+        };
+    }
+    done.push(shard);
+    done.extend(rest);
+    Ok(done)
 }
 
 /// Load of the keys in `[lo, hi]`; `keys` sorted.
@@ -298,11 +313,8 @@ fn boundaries(
                 lower - 1
             )));
         }
-        let there: Vec<HashKey> = existing
-            .iter()
-            .copied()
-            .filter(|b| lower <= b.0 && b.0 <= upper)
-            .collect();
+        let there = &existing
+            [existing.partition_point(|b| b.0 < lower)..existing.partition_point(|b| b.0 <= upper)];
         if there.len() >= same {
             // Keep the existing boundaries nearest the middle of the gap.
             let skip = (there.len() - same) / 2;
@@ -328,6 +340,161 @@ fn boundaries(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// The planner as first written, quadratic in the shards (a scan of every shard per
+    /// call): the fast one must answer exactly as it does.
+    mod reference {
+        use super::super::*;
+
+        pub fn split_plan(
+            keyspace: Keyspace,
+            current: &ShardMap,
+            next_number: u64,
+            keys: &[(HashKey, u64)],
+            target: usize,
+        ) -> Result<SplitPlan, Error> {
+            ShardMap::uniform(keyspace, target as u64)?;
+            let weights: Vec<u64> = keys.iter().map(|(_, w)| *w).collect();
+            let mut open: Vec<Shard> = current.iter().collect();
+            let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
+            // Gaps between keys that already hold a boundary: cutting there costs no call.
+            let mut kept: Vec<usize> = current_starts
+                .iter()
+                .map(|b| keys.partition_point(|(k, _)| k < b))
+                .collect();
+            kept.dedup();
+            let cuts = balanced_cuts(&weights, target, &kept);
+            let starts = boundaries_by_scan(keyspace, keys, &cuts, &current_starts)?;
+            let mut next = next_number;
+            let mut operations = Vec::new();
+            for b in current_starts
+                .iter()
+                .filter(|b| starts.binary_search(b).is_err())
+            {
+                let k = open
+                    .iter()
+                    .position(|s| s.start == *b)
+                    .expect("a current boundary");
+                let merged = shard_id(next as usize);
+                next += 1;
+                operations.push(Reshard::Merge {
+                    shard: open[k - 1].id.clone(),
+                    adjacent: open[k].id.clone(),
+                    merged: merged.clone(),
+                });
+                let end = open[k].end;
+                open[k - 1] = Shard {
+                    index: 0,
+                    id: merged,
+                    start: open[k - 1].start,
+                    end,
+                };
+                open.remove(k);
+            }
+            for b in starts
+                .iter()
+                .filter(|b| current_starts.binary_search(b).is_err())
+            {
+                let k = open
+                    .iter()
+                    .position(|s| s.start < *b && *b <= s.end)
+                    .expect("a shard holds every key");
+                // Kinesis' rule: StartingHashKey + 1 < NewStartingHashKey < EndingHashKey.
+                if !(open[k].start.0 + 1 < b.0 && *b < open[k].end) {
+                    return Err(Error::Tiling(format!(
+                        "{} [{}, {}] cannot be split at {b}: too close to its edge for SplitShard",
+                        open[k].id, open[k].start, open[k].end
+                    )));
+                }
+                let children = [shard_id(next as usize), shard_id(next as usize + 1)];
+                next += 2;
+                operations.push(Reshard::Split {
+                    shard: open[k].id.clone(),
+                    new_starting_hash_key: *b,
+                    children: children.clone(),
+                });
+                let parent = open.remove(k);
+                let [low, high] = children;
+                open.insert(
+                    k,
+                    Shard {
+                        index: 0,
+                        id: high,
+                        start: *b,
+                        end: parent.end,
+                    },
+                );
+                open.insert(
+                    k,
+                    Shard {
+                        index: 0,
+                        id: low,
+                        start: parent.start,
+                        end: HashKey(b.0 - 1),
+                    },
+                );
+            }
+            let shards = open
+                .into_iter()
+                .enumerate()
+                .map(|(index, shard)| {
+                    let load = load_in(keys, shard.start, shard.end);
+                    (Shard { index, ..shard }, load)
+                })
+                .collect();
+            Ok(SplitPlan {
+                operations,
+                shards,
+                heaviest_account: weights.iter().copied().max().unwrap_or(0),
+            })
+        }
+
+        fn boundaries_by_scan(
+            keyspace: Keyspace,
+            keys: &[(HashKey, u64)],
+            cuts: &[usize],
+            existing: &[HashKey],
+        ) -> Result<Vec<HashKey>, Error> {
+            let mut starts = Vec::with_capacity(cuts.len());
+            let mut j = 0;
+            while j < cuts.len() {
+                let gap = cuts[j];
+                let same = cuts[j..].iter().take_while(|c| **c == gap).count();
+                let lower = if gap == 0 { 1 } else { keys[gap - 1].0.0 + 1 };
+                let upper = keys.get(gap).map_or(keyspace.max().0, |(k, _)| k.0);
+                if upper < lower || upper - lower < same as u128 - 1 {
+                    return Err(Error::Tiling(format!(
+                        "no room for {same} shard boundaries between keys {} and {upper}",
+                        lower - 1
+                    )));
+                }
+                let there: Vec<HashKey> = existing
+                    .iter()
+                    .copied()
+                    .filter(|b| lower <= b.0 && b.0 <= upper)
+                    .collect();
+                if there.len() >= same {
+                    // Keep the existing boundaries nearest the middle of the gap.
+                    let skip = (there.len() - same) / 2;
+                    starts.extend_from_slice(&there[skip..skip + same]);
+                    j += same;
+                    continue;
+                }
+                let step = (upper - lower) / (same as u128 + 1);
+                for k in 0..same {
+                    let offset = if same == 1 {
+                        (upper - lower).div_ceil(2)
+                    } else {
+                        step * (k as u128 + 1)
+                    };
+                    starts.push(HashKey(lower + offset.max(k as u128)));
+                }
+                j += same;
+            }
+            Ok(starts)
+        }
+    }
 
     fn uniform(n: u64) -> ShardMap {
         ShardMap::uniform(Keyspace::KINESIS, n).unwrap()
@@ -405,6 +572,47 @@ mod tests {
         let plan = split_plan(Keyspace::KINESIS, &uniform(1), 1, &[], 4).unwrap();
         assert_eq!(plan.shards.len(), 4);
         assert_eq!(plan.operations.len(), 3);
+    }
+
+    /// A map of shards starting at 0 and at each of `starts` (masked to the keyspace).
+    fn explicit(keyspace: Keyspace, starts: BTreeSet<u128>) -> ShardMap {
+        let max = keyspace.max().0;
+        let starts: BTreeSet<u128> = starts.into_iter().map(|s| s & max).collect();
+        let mut edges = vec![0];
+        edges.extend(starts.into_iter().filter(|s| *s > 0));
+        let open = edges
+            .iter()
+            .enumerate()
+            .map(|(i, start)| {
+                let end = edges.get(i + 1).map_or(max, |next| next - 1);
+                (shard_id(i), HashKey(*start), HashKey(end))
+            })
+            .collect();
+        ShardMap::explicit(keyspace, open).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #[test]
+        fn answers_as_the_reference_planner(
+            bits in prop_oneof![Just(6u32), Just(12), Just(128)],
+            keys in prop::collection::btree_map(any::<u128>(), 1u64..=20, 0..120),
+            unit in any::<bool>(),
+            starts in prop::collection::btree_set(any::<u128>(), 0..16),
+            unused in 0u64..5,
+            target in 1usize..=40,
+        ) {
+            let keyspace = Keyspace::new(bits).unwrap();
+            let max = keyspace.max().0;
+            let keys: BTreeMap<u128, u64> = keys.into_iter().map(|(k, w)| (k & max, if unit { 1 } else { w })).collect();
+            let keys: Vec<(HashKey, u64)> = keys.into_iter().map(|(k, w)| (HashKey(k), w)).collect();
+            let map = explicit(keyspace, starts);
+            let next = map.len() as u64 + unused;
+            prop_assert_eq!(
+                split_plan(keyspace, &map, next, &keys, target),
+                reference::split_plan(keyspace, &map, next, &keys, target)
+            );
+        }
     }
 
     proptest! {

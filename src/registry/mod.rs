@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace, Load, ShardMap};
+use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
 use crate::store::{Assignment, Change, Event, LoggedEvent, Store, StoreError};
 
 mod follow;
@@ -460,25 +460,6 @@ impl Registry {
     /// Up to `limit` events of the log after id `after`, from the database.
     pub async fn log(&self, after: i64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
         Ok(self.store.log(after, i64::from(limit)).await?)
-    }
-
-    /// Accounts and weight per shard of `map`.
-    pub async fn loads(&self, map: &ShardMap) -> Vec<Load> {
-        let w = self.writer.lock().await;
-        map.iter()
-            .map(|s| w.alloc.load_in(s.start, s.end))
-            .collect()
-    }
-
-    /// Accounts and weight per shard had the account names been MD5-hashed by Kinesis.
-    pub fn md5_loads(&self, map: &ShardMap) -> Vec<Load> {
-        let mut loads = vec![Load::default(); map.len()];
-        let accounts = self.accounts.read().expect("accounts lock poisoned");
-        for (id, e) in accounts.iter() {
-            let shard = map.index_of(keyspace::md5_hash(id.as_str(), self.keyspace));
-            loads[shard] = loads[shard] + Load::one(e.weight);
-        }
-        loads
     }
 
     /// Longest a change is waited for before its client is told the database cannot take

@@ -1,12 +1,16 @@
-//! Rebalance plans through the registry: previewed under the writer lock, named by an id
-//! that pins the state they were computed on, applied in one transaction.
+//! Rebalance plans and per-shard loads through the registry: previewed on a copy of the
+//! state taken under the writer lock, named by an id that pins that state, applied in one
+//! transaction.
+//!
+//! The read-only views here (previews, loads) block their thread: the HTTP layer runs them
+//! on blocking threads, and they hold the writer lock only to copy out what they read.
 
 use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
-use super::{Committed, Error, Registry, detached, now_ms};
-use crate::keyspace::{self, AccountId, Allocator, Holding, Plan, ShardMap};
+use super::{Committed, Entry, Error, Registry, detached, now_ms};
+use crate::keyspace::{self, AccountId, Allocator, HashKey, Holding, Load, Plan, ShardMap};
 use crate::store::{Change, Event};
 
 /// Which shard map a request means: a uniform map of N shards, or a registered stream's.
@@ -45,12 +49,54 @@ impl Registry {
         }
     }
 
-    /// Plans a rebalance over the map `spec` names, changing nothing.
-    pub async fn preview(&self, spec: &MapSpec) -> Result<(String, Plan), Error> {
-        let mut w = self.writer.lock().await;
-        let map = self.resolve(spec)?;
-        let plan = self.plan(&mut w.alloc, &map);
-        Ok((plan_id(w.last_event, spec, &plan), plan))
+    /// Plans a rebalance over the map `spec` names, changing nothing. Blocks: the state is
+    /// copied under the writer lock (the tree's arrays and the accounts, O(accounts)), the
+    /// plan is made on the copy after releasing it.
+    pub fn preview(&self, spec: &MapSpec) -> Result<(String, Plan), Error> {
+        let (map, mut alloc, accounts, last_event) = {
+            let w = self.writer.blocking_lock();
+            let map = self.resolve(spec)?;
+            let accounts = self.accounts.read().expect("accounts lock poisoned");
+            let accounts: Vec<(AccountId, Entry)> =
+                accounts.iter().map(|(id, e)| (id.clone(), *e)).collect();
+            (map, w.alloc.clone(), accounts, w.last_event)
+        };
+        let plan = plan_for(&mut alloc, &map, accounts.iter().map(|(id, e)| (id, e)));
+        Ok((plan_id(last_event, spec, &plan), plan))
+    }
+
+    /// Every held key with its weight, in key order: one O(keys) copy under the writer
+    /// lock. Blocks.
+    pub fn keys(&self) -> Vec<(HashKey, u64)> {
+        self.writer.blocking_lock().alloc.iter().collect()
+    }
+
+    /// Accounts and weight per shard of `map`: O(shards × log keys) under the writer lock.
+    /// Blocks.
+    pub fn loads(&self, map: &ShardMap) -> Vec<Load> {
+        let w = self.writer.blocking_lock();
+        map.iter()
+            .map(|s| w.alloc.load_in(s.start, s.end))
+            .collect()
+    }
+
+    /// Accounts and weight per shard had the account names been MD5-hashed by Kinesis.
+    /// Blocks: the names are copied under the accounts lock and hashed after releasing it,
+    /// so lookups and changes never wait on the hashing.
+    pub fn md5_loads(&self, map: &ShardMap) -> Vec<Load> {
+        let named: Vec<(AccountId, u64)> = {
+            let accounts = self.accounts.read().expect("accounts lock poisoned");
+            accounts
+                .iter()
+                .map(|(id, e)| (id.clone(), e.weight))
+                .collect()
+        };
+        let mut loads = vec![Load::default(); map.len()];
+        for (id, weight) in named {
+            let shard = map.index_of(keyspace::md5_hash(id.as_str(), self.keyspace));
+            loads[shard] = loads[shard] + Load::one(weight);
+        }
+        loads
     }
 
     /// Applies the plan `id` names, if nothing changed since it was previewed.
@@ -95,17 +141,26 @@ impl Registry {
         .await
     }
 
-    /// Plans over `map`, leaving `alloc` as it was.
+    /// Plans over `map` for the accounts as they are, leaving `alloc` as it was.
     pub(super) fn plan(&self, alloc: &mut Allocator, map: &ShardMap) -> Plan {
         let accounts = self.accounts.read().expect("accounts lock poisoned");
-        let holdings = accounts.iter().map(|(id, e)| Holding {
-            account: id.as_str(),
-            key: e.hash_key,
-            weight: e.weight,
-            created_at: e.created_at,
-        });
-        keyspace::plan(alloc, map, holdings)
+        plan_for(alloc, map, accounts.iter())
     }
+}
+
+/// Plans over `map` for `accounts` (every key `alloc` holds), leaving `alloc` as it was.
+fn plan_for<'a>(
+    alloc: &mut Allocator,
+    map: &ShardMap,
+    accounts: impl Iterator<Item = (&'a AccountId, &'a Entry)>,
+) -> Plan {
+    let holdings = accounts.map(|(id, e)| Holding {
+        account: id.as_str(),
+        key: e.hash_key,
+        weight: e.weight,
+        created_at: e.created_at,
+    });
+    keyspace::plan(alloc, map, holdings)
 }
 
 /// `EVENT.MAP.DIGEST`: the state a plan was computed on, the map, and the moves' digest.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::rebalance::plan_id;
 use super::{Committed, Error, MapSpec, Registry, Writer, detached, now_ms};
-use crate::keyspace::{self, HashKey, Keyspace, Load, Plan, ShardMap, SplitPlan};
+use crate::keyspace::{self, Keyspace, Load, Plan, ShardMap, SplitPlan};
 use crate::store::{Change, Event, StreamRow, Tx};
 
 /// A registered stream.
@@ -170,19 +170,26 @@ impl Registry {
         .await
     }
 
-    /// The SplitShard / MergeShards calls that take `name` to `target` even shards.
-    pub async fn split_plan(
+    /// The SplitShard / MergeShards calls that take `name` to `target` even shards, and the
+    /// loads `target` uniform shards would carry instead. Blocks: the keys are copied under
+    /// the writer lock, the plan is made after releasing it, in O(keys + target × log keys).
+    pub fn split_plan(
         &self,
         name: &str,
         target: usize,
-    ) -> Result<(Stream, SplitPlan), Error> {
+    ) -> Result<(Stream, SplitPlan, Vec<Load>), Error> {
         let stream = self
             .stream(name)
             .ok_or_else(|| Error::UnknownStream(name.to_owned()))?;
-        let keys: Vec<(HashKey, u64)> = self.writer.lock().await.alloc.iter().collect();
+        let uniform = ShardMap::uniform(self.keyspace, target as u64)?;
+        let keys = self.keys();
         let plan =
             keyspace::split_plan(self.keyspace, &stream.map, stream.next_shard, &keys, target)?;
-        Ok((stream, plan))
+        let uniform = uniform
+            .iter()
+            .map(|s| keyspace::load_in(&keys, s.start, s.end))
+            .collect();
+        Ok((stream, plan, uniform))
     }
 
     /// Makes the configured primary stream primary at start-up, or remembers the name

@@ -11,6 +11,7 @@ mod cross_site;
 mod errors;
 mod follow;
 mod forwarded;
+mod heavy;
 mod import;
 mod keys;
 mod kinesalite;

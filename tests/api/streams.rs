@@ -3,7 +3,7 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, assert_problem, spawn_app};
+use crate::helpers::{TestApp, assert_problem, spawn_app, spawn_app_with};
 
 async fn put(app: &TestApp, name: &str, body: Value) -> crate::helpers::Answer {
     app.call(Method::PUT, &format!("/streams/{name}"), Some(body))
@@ -262,5 +262,20 @@ async fn split_plans_answer_calls_and_commands() {
         &app.get("/streams/nope/split-plan?target=2").await,
         404,
         "nope",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_plans_that_splitshard_cannot_make_answer_422() {
+    let app = spawn_app_with(|c| c.keyspace_bits = 4).await;
+    put(&app, "s", json!({"shard_count": 1})).await;
+    for i in 0..16 {
+        app.allocate(&format!("a{i}")).await;
+    }
+    // Every key is held: the cut between keys 0 and 1 would leave a one-key shard.
+    assert_problem(
+        &app.get("/streams/s/split-plan?target=16").await,
+        422,
+        "too close to its edge for SplitShard",
     );
 }
