@@ -93,7 +93,7 @@ def http_status(port, path, timeout=1.0):
     """Status of GET path, or None if the server does not answer yet."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
             head = s.recv(64).decode("latin-1")
         return int(head.split(" ", 2)[1]) if head.startswith("HTTP/") else None
     except (OSError, ValueError, IndexError):
