@@ -9,6 +9,7 @@ mod bounds;
 mod crash;
 mod cross_site;
 mod errors;
+mod fanout_kinesis;
 mod follow;
 mod forwarded;
 mod heavy;
