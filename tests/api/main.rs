@@ -10,6 +10,7 @@ mod crash;
 mod cross_site;
 mod errors;
 mod fanout;
+mod fanout_kinesis;
 mod follow;
 mod forwarded;
 mod heavy;
