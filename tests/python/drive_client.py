@@ -10,6 +10,7 @@ exits 1 after listing every mismatch.
 """
 
 import argparse
+import hashlib
 import sys
 
 # MD5("1") read as a big-endian integer, from DESIGN.md.
@@ -35,7 +36,7 @@ sys.path.insert(0, ARGS.client_dir)
 # Generated names: if the document renames an operation or schema, this is
 # where the client breaks, exactly as it would for a platform team.
 from keyspread_client import Client  # noqa: E402
-from keyspread_client.api.keys import allocate, list_keys, lookup, release  # noqa: E402
+from keyspread_client.api.keys import allocate, list_keys, lookup, release, reweight  # noqa: E402
 from keyspread_client.api.rebalance import apply, preview  # noqa: E402
 from keyspread_client.api.shards import shard_of  # noqa: E402
 from keyspread_client.errors import UnexpectedStatus  # noqa: E402
@@ -46,6 +47,7 @@ from keyspread_client.models import (  # noqa: E402
     AssignmentPage,
     Problem,
     RebalancePlan,
+    ReweightRequest,
     ShardOf,
 )
 from keyspread_client.types import UNSET  # noqa: E402
@@ -239,6 +241,51 @@ def check_release(account):
     step(f"lookup {account} after release -> 404 problem: {problem.detail}")
 
 
+def jump(key, buckets):
+    """DESIGN.md's jump consistent hash, independently of the server's."""
+    b, j = -1, 0
+    while j < buckets:
+        b = j
+        key = (key * 2862933555777941757 + 1) % 2**64
+        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return b
+
+
+def sub_key_index(sub_key, fanout):
+    return jump(int.from_bytes(hashlib.md5(sub_key.encode()).digest()[:8], "big"), fanout)
+
+
+def check_fanout():
+    """A hot account: several keys, grown from the top, a record's key chosen by sub-key."""
+    what = "allocate hot (fanout 4, weight 10)"
+    hot = call(what, allocate, 201, Assignment, "hot", body=AllocateRequest(fanout=4, weight=10)).parsed
+    expect(hot.fanout == 4 and len(hot.hash_keys) == 4, f"{what}: {hot.to_dict()}")
+    expect(hot.hash_key == hot.hash_keys[0], f"{what}: hash_key is not hash_keys[0]: {hot.to_dict()}")
+    quarters = sorted(uniform_shard(k, 4) for k in hot.hash_keys)
+    expect(quarters == [0, 1, 2, 3], f"{what}: keys not on 4 distinct quarters: {quarters}")
+    step(f"{what} -> 201 fanout=4, keys on quarters {quarters}")
+
+    what = "reweight hot (fanout 6)"
+    grown = call(what, reweight, 200, Assignment, "hot", body=ReweightRequest(fanout=6)).parsed
+    expect(grown.hash_keys[:4] == hot.hash_keys and len(grown.hash_keys) == 6, f"{what}: {grown.to_dict()}")
+    expect(grown.weight == 10, f"{what}: weight {grown.weight}, wanted 10")
+    step(f"{what} -> 200, keys 0..4 kept, 2 added")
+
+    for sub_key in ["order-1", "user-42", ""]:
+        index = sub_key_index(sub_key, 6)
+        got = call("shard-of sub_key", shard_of, 200, ShardOf, account="hot", sub_key=sub_key, shards=4).parsed
+        expect(
+            got.index == index and got.hash_key == grown.hash_keys[index],
+            f"shard-of account=hot sub_key={sub_key!r}: {got.to_dict()}, wanted index {index}",
+        )
+    step("shard-of account=hot sub_key=... -> the key of the sub-key's jump hash")
+
+    shrunk = call("reweight hot (fanout 2)", reweight, 200, Assignment, "hot", body=ReweightRequest(fanout=2)).parsed
+    expect(shrunk.hash_keys == hot.hash_keys[:2], f"reweight hot (fanout 2): {shrunk.to_dict()}")
+    check_lookup(shrunk)
+    step("reweight hot (fanout 2) -> 200, keys 0..2 kept")
+
+
 def fail(message):
     FAILURES.append(message)
     print(f"FAIL  {message}", flush=True)
@@ -253,6 +300,7 @@ def main():
     check_shard_of(acme)
     check_rebalance(acme)
     check_release("acme")
+    check_fanout()
 
 
 if __name__ == "__main__":
