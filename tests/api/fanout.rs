@@ -431,3 +431,69 @@ async fn a_rebalance_moves_single_keys_and_never_stacks_an_account() {
         "{per_shard:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_of_1024_is_one_transaction_all_or_nothing() {
+    let app = spawn_app().await;
+    let before = app.get("/events?limit=1").await.body["next"]
+        .as_i64()
+        .unwrap();
+    let big = app
+        .post("/keys/biggest", Some(json!({"fanout": 1024})))
+        .await;
+    assert_eq!(big.status, 201, "{}", big.body);
+    let keys = keys_of(&big.body);
+    let mut distinct = keys.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 1024);
+    // Distinct segments of the uniform map of 1024 shards: one key per 1/1024 of the space.
+    let segments: std::collections::HashSet<u128> = keys.iter().map(|k| k >> 118).collect();
+    assert_eq!(segments.len(), 1024);
+    // 1024 events committed together: consecutive ids, one commit time.
+    let events = app
+        .get(&format!("/events?after={before}&limit=1000"))
+        .await
+        .body["events"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let ats: std::collections::HashSet<&str> =
+        events.iter().map(|e| e["at"].as_str().unwrap()).collect();
+    assert_eq!(events.len(), 1000);
+    assert_eq!(ats.len(), 1, "one transaction, one commit time");
+    for (n, e) in events.iter().enumerate() {
+        assert_eq!(e["id"].as_i64().unwrap(), before + 1 + n as i64);
+        assert_eq!(e["index"], n);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_that_does_not_fit_writes_nothing() {
+    // A 10-bit keyspace: 1024 keys, one of them held.
+    let app = crate::helpers::spawn_app_with(|c| c.keyspace_bits = 10).await;
+    app.post("/keys/first", None).await;
+    let last = app.get("/events?limit=1000").await.body["next"].clone();
+    let full = app
+        .post("/keys/greedy", Some(json!({"fanout": 1024})))
+        .await;
+    assert_problem(&full, 409, "no free hash key");
+    app.post("/keys/hot", Some(json!({"fanout": 1000}))).await;
+    let last_hot = app.get("/events?limit=1000&after=0").await.body["events"]
+        .as_array()
+        .unwrap()
+        .len();
+    let grow = patch(&app, "/keys/hot", json!({"fanout": 1024, "weight": 1024})).await;
+    assert_problem(&grow, 409, "no free hash key");
+    assert_eq!(keys_of(&app.get("/keys/hot").await.body).len(), 1000);
+    assert_eq!(app.get("/keys/greedy").await.status, 404);
+    let events = app.get("/events?limit=1000&after=0").await.body["events"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(events, last_hot, "the refused growth logged nothing");
+    assert_eq!(last, 1, "the refused allocation logged nothing");
+    // What is left still fits: 23 free keys.
+    let rest = patch(&app, "/keys/hot", json!({"fanout": 1023, "weight": 1023})).await;
+    assert_eq!(rest.status, 200, "{}", rest.body);
+}
