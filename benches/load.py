@@ -236,8 +236,12 @@ def wrk(port, script, seconds):
 
 
 def accounts_db(args):
-    """A SQLite database with args.accounts accounts `acct-0000001`..., built once and cached."""
-    cache = os.path.join(args.cache_dir, f"accounts-{args.accounts}")
+    """A SQLite database with args.accounts accounts `acct-0000001`..., built once and cached.
+
+    Every `args.hot_every`-th account is hot, with `args.hot_fanout` keys (weight as many):
+    lookups of those answer all of their keys."""
+    cache = os.path.join(
+        args.cache_dir, f"accounts-{args.accounts}-hot-{args.hot_every}x{args.hot_fanout}")
     db, done = os.path.join(cache, "keyspread.db"), os.path.join(cache, "complete")
     if os.path.exists(done):
         return db
@@ -245,8 +249,10 @@ def accounts_db(args):
     os.makedirs(cache)
     csv_path = os.path.join(cache, "accounts.csv")
     with open(csv_path, "w") as f:
-        f.write("account,weight\n")
-        f.writelines(f"acct-{i:07d},1\n" for i in range(1, args.accounts + 1))
+        f.write("account,weight,hash_key,fanout\n")
+        k = args.hot_fanout
+        f.writelines(f"acct-{i:07d},{k},,{k}\n" if args.hot_every and i % args.hot_every == 0
+                     else f"acct-{i:07d},1\n" for i in range(1, args.accounts + 1))
     log(f"building the {args.accounts}-account database once (keyspread import), "
         f"cached in {cache} ...")
     started = time.monotonic()
@@ -559,7 +565,9 @@ def configuration(args, commands):
         f"- client: {wrk_version}, `-t1 -c{CONNECTIONS} --latency`, Lua scripts on every route",
     ]
     if "lookup" in commands:
-        lines.append(f"- lookup: {args.accounts:,} accounts in SQLite, random existing accounts; "
+        hot = (f"every {args.hot_every}th with {args.hot_fanout} keys" if args.hot_every
+               else "none with several keys")
+        lines.append(f"- lookup: {args.accounts:,} accounts in SQLite ({hot}), random existing accounts; "
                      f"{args.rounds} rounds × {args.duration} s per route, alternating; the ratio "
                      "is the median of the rounds' ratios, rates and latencies medians; 2 s warm-up")
     if "allocate" in commands:
@@ -586,6 +594,9 @@ def main():
                         help="a Postgres server URL to also measure allocations on (env "
                              "KEYSPREAD_BENCH_POSTGRES); scratch databases are created and dropped")
     parser.add_argument("--accounts", type=int, default=1_000_000)
+    parser.add_argument("--hot-every", type=int, default=100,
+                        help="every Nth account is hot (0: none); default 1 %%")
+    parser.add_argument("--hot-fanout", type=int, default=16, help="keys of a hot account")
     parser.add_argument("--rounds", type=int, default=5, help="lookup rounds per route")
     parser.add_argument("--duration", type=int, default=6, help="seconds per lookup round")
     parser.add_argument("--alloc-rounds", type=int, default=3,
