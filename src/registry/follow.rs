@@ -50,10 +50,11 @@ impl Registry {
         self.count_follow_read();
         let mut applied = 0;
         loop {
-            let events = self.store.events_after(w.last_event, 10_000).await?;
+            let mut events = self.store.events_after(w.last_event, PAGE as i64).await?;
             if events.is_empty() {
                 return Ok(applied);
             }
+            whole_transactions(&mut events);
             let streams = if changes_streams(&events) {
                 Some(self.parse_streams(self.store.load_streams().await?)?)
             } else {
@@ -277,6 +278,23 @@ fn apply_change(
     Ok(())
 }
 
+/// Events the follower reads at a time.
+const PAGE: usize = 10_000;
+
+/// Leaves out of a full page the events that may belong to a transaction the page cuts:
+/// those logged at the page's last commit time (a transaction logs all its events at
+/// one time), unless that is all of them. Applied together, a page never shows a lookup
+/// half of a transaction, such as some of an account's new keys.
+fn whole_transactions(events: &mut Vec<Event>) {
+    if events.len() < PAGE {
+        return;
+    }
+    let last = events.last().expect("a full page").at;
+    if let Some(before) = events.iter().rposition(|e| e.at != last) {
+        events.truncate(before + 1);
+    }
+}
+
 /// Registered streams by name, as memory holds them.
 type Streams = BTreeMap<String, Stream>;
 
@@ -317,4 +335,35 @@ async fn listen(store: &Store) -> Option<sqlx::postgres::PgListener> {
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.ok()?;
     listener.listen(CHANNEL).await.ok()?;
     Some(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(times: impl Iterator<Item = i64>) -> Vec<Event> {
+        times
+            .enumerate()
+            .map(|(i, at)| Event {
+                id: i as i64 + 1,
+                at,
+                change: Change::StreamDelete { stream: "s".into() },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_full_page_stops_before_the_transaction_it_may_cut() {
+        // The last 3 events share their commit time: they wait for the next page.
+        let mut events = page((0..PAGE as i64).map(|i| i.min(PAGE as i64 - 3)));
+        whole_transactions(&mut events);
+        assert_eq!(events.len(), PAGE - 3);
+        // A page that is one transaction is applied whole; a short page always.
+        let mut one = page(std::iter::repeat_n(7, PAGE));
+        whole_transactions(&mut one);
+        assert_eq!(one.len(), PAGE);
+        let mut short = page(std::iter::repeat_n(7, 5));
+        whole_transactions(&mut short);
+        assert_eq!(short.len(), 5);
+    }
 }
