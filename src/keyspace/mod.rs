@@ -8,6 +8,7 @@ mod balance;
 mod key;
 mod list_shards;
 mod rebalance;
+mod selector;
 mod shards;
 mod split;
 mod tree;
@@ -19,6 +20,7 @@ pub use list_shards::{
     HashKeyRange, ListShards, ListedShard, SequenceNumberRange, is_kinesis_name,
 };
 pub use rebalance::{Holding, Move, Plan, plan};
+pub use selector::{jump, sub_key_index};
 pub use shards::{MAX_SHARDS, Shard, ShardMap, Skew, md5_hash};
 pub use split::{Reshard, SplitPlan, load_in, split_plan};
 pub use tree::{KeyTree, Load};
