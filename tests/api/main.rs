@@ -30,4 +30,5 @@ mod secrets;
 mod shards;
 mod store;
 mod streams;
+mod sub_key;
 mod truth;
