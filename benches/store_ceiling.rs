@@ -23,7 +23,7 @@ use common::SplitMix64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use keyspread::keyspace::{AccountId, HashKey};
-use keyspread::store::{Assignment, Store};
+use keyspread::store::{KeyRow, Store};
 use sqlx::Connection;
 
 /// Rows per transaction in the batched mode (one multi-row INSERT).
@@ -134,11 +134,12 @@ async fn run_groups(store: &Store, rows: &mut Rows, secs: f64) -> (u64, f64) {
     let mut seen = 0;
     let mut inserted = 0u64;
     while start.elapsed() < deadline {
-        let group: Vec<Assignment> = (0..GROUP)
+        let group: Vec<KeyRow> = (0..GROUP)
             .map(|_| {
                 let (account, key, weight, created_at) = rows.row();
-                Assignment {
+                KeyRow {
                     account: AccountId::parse(account).expect("account"),
+                    index: 0,
                     hash_key: HashKey::from_be_bytes(key.try_into().expect("16 bytes")),
                     weight: weight as u64,
                     created_at,

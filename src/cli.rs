@@ -316,7 +316,8 @@ mod import_tests {
         let held = rows
             .iter()
             .filter_map(|(account, ..)| registry.lookup(account))
-            .map(|a| (a.account.into_string(), a.hash_key.0))
+            .map(|a| (a.hash_key().0, a.account.into_string()))
+            .map(|(key, account)| (account, key))
             .collect();
         (summary, held)
     }

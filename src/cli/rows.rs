@@ -13,7 +13,7 @@ pub struct Row {
     pub parsed: Result<NewAccount, String>,
 }
 
-/// Reads `account,weight[,hash_key]` rows: fields trimmed, blank lines and a header (a first
+/// Reads `account,weight[,hash_key[,fanout]]` rows: fields trimmed, blank lines and a header (a first
 /// row whose second field is "weight") skipped, accounts and keys repeated in the file refused.
 ///
 /// Yields `Err` once, and then nothing, when the file is not readable CSV (bad UTF-8).
@@ -141,32 +141,41 @@ impl<R: Read> Read for Kept<R> {
     }
 }
 
-/// One record on its own: account, weight (empty: 1), optional hash key, at most 3 columns.
+/// One record on its own: account, weight (empty: the fanout), optional hash key (key 0),
+/// optional fanout (empty: 1); at most 4 columns.
 fn parse_record(record: &csv::StringRecord, keyspace: Keyspace) -> Result<NewAccount, String> {
     let field = |i: usize| record.get(i).filter(|f| !f.is_empty());
     let account = AccountId::parse(field(0).unwrap_or_default()).map_err(|e| e.to_string())?;
-    let weight = match field(1) {
-        None => 1,
-        Some(w) => w
-            .parse::<u64>()
+    let whole = |what: &str, text: &str| {
+        text.parse::<u64>()
             .ok()
-            .filter(|_| w.bytes().all(|b| b.is_ascii_digit()))
-            .ok_or_else(|| format!("weight {w:?} is not a whole number"))?,
+            .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| format!("{what} {text:?} is not a whole number"))
+    };
+    let fanout = match field(3) {
+        None => 1,
+        Some(k) => keyspace::check_fanout(whole("fanout", k)?).map_err(|e| e.to_string())?,
+    };
+    let weight = match field(1) {
+        None => u64::from(fanout),
+        Some(w) => whole("weight", w)?,
     };
     let weight = keyspace::check_weight(weight).map_err(|e| e.to_string())?;
+    keyspace::check_shares(weight, fanout).map_err(|e| e.to_string())?;
     let key = field(2)
         .map(|k| keyspace.parse(k))
         .transpose()
         .map_err(|e| e.to_string())?;
-    if record.len() > 3 {
+    if record.len() > 4 {
         return Err(format!(
-            "{} columns; expected account,weight[,hash_key]",
+            "{} columns; expected account,weight[,hash_key[,fanout]]",
             record.len()
         ));
     }
     Ok(NewAccount {
         account,
         weight,
+        fanout,
         key,
     })
 }
@@ -186,19 +195,22 @@ mod tests {
     #[test]
     fn skips_the_header_and_numbers_lines() {
         let rows = Rows::new(
-            "Account,WEIGHT\n a , 2 ,7\n\"b\n\",,\nd".as_bytes(),
+            "Account,WEIGHT\n a , 2 ,7\n\"b\n\",,\nd\ne,,,4\nf,9,3,2".as_bytes(),
             Keyspace::new(8).unwrap(),
         )
         .map(|r| r.unwrap())
         .map(|r| (r.line, r.parsed.unwrap()))
-        .map(|(line, a)| (line, a.account.into_string(), a.weight, a.key))
+        .map(|(line, a)| (line, a.account.into_string(), a.weight, a.key, a.fanout))
         .collect::<Vec<_>>();
         assert_eq!(
             rows,
             [
-                (2, "a".to_owned(), 2, Some(HashKey(7))),
-                (3, "b".to_owned(), 1, None),
-                (5, "d".to_owned(), 1, None),
+                (2, "a".to_owned(), 2, Some(HashKey(7)), 1),
+                (3, "b".to_owned(), 1, None, 1),
+                (5, "d".to_owned(), 1, None, 1),
+                // The weight defaults to the fanout.
+                (6, "e".to_owned(), 4, None, 4),
+                (7, "f".to_owned(), 9, Some(HashKey(3)), 2),
             ]
         );
     }
@@ -223,7 +235,8 @@ mod tests {
 
     #[test]
     fn refuses_repeats_and_bad_fields() {
-        let rows = read("a,1,5\na,1\nb,1,5\nc,0\nd,1,256\ne,1,1,1\n,1\n");
+        let rows =
+            read("a,1,5\na,1\nb,1,5\nc,0\nd,1,256\ne,1,1,1,1\n,1\nf,3,,4\ng,,,1025\nh,,,x\n");
         let why: Vec<String> = rows
             .into_iter()
             .map(|r| r.1.err().unwrap_or_default())
@@ -233,12 +246,22 @@ mod tests {
         assert_eq!(why[2], "hash key 5 appears twice in the file");
         assert!(why[3].starts_with("weight must be between 1"), "{}", why[3]);
         assert!(why[4].starts_with("hash key 256 is outside"), "{}", why[4]);
-        assert_eq!(why[5], "4 columns; expected account,weight[,hash_key]");
+        assert_eq!(
+            why[5],
+            "5 columns; expected account,weight[,hash_key[,fanout]]"
+        );
         assert!(
             why[6].starts_with("account id must be 1 to 256 bytes"),
             "{}",
             why[6]
         );
+        assert!(
+            why[7].starts_with("weight 3 is below fanout 4"),
+            "{}",
+            why[7]
+        );
+        assert_eq!(why[8], "fanout must be between 1 and 1024, got 1025");
+        assert_eq!(why[9], "fanout \"x\" is not a whole number");
     }
 
     /// csv drops a byte-order mark that starts the file (spreadsheets write one).

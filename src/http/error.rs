@@ -137,9 +137,11 @@ impl From<keyspace::Error> for ApiError {
             keyspace::Error::KeyTaken(_) | keyspace::Error::KeyNotHeld(_) => {
                 ApiError::internal(&err)
             }
-            keyspace::Error::Tiling(_) | keyspace::Error::ListShards(_) => {
-                ApiError::unprocessable(err.to_string())
-            }
+            keyspace::Error::Tiling(_)
+            | keyspace::Error::ListShards(_)
+            | keyspace::Error::Weight { .. }
+            | keyspace::Error::Fanout { .. }
+            | keyspace::Error::WeightBelowFanout { .. } => ApiError::unprocessable(err.to_string()),
             _ => ApiError::bad_request(err.to_string()),
         }
     }

@@ -1,4 +1,4 @@
-//! `/keys`: allocate, look up, reweight, release and list assignments.
+//! `/keys`: allocate, look up, change (weight, fanout), release and list assignments.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -30,12 +30,22 @@ pub fn batch_router() -> OpenApiRouter<AppState> {
 /// Most accounts one batch may allocate.
 pub const MAX_BATCH: usize = 10_000;
 
-/// An account's hash key.
+/// An account's hash keys.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Assignment {
     pub account: String,
-    /// Send this as the record's `ExplicitHashKey`.
+    /// Send this as the record's `ExplicitHashKey`; with several keys, key 0
+    /// (`hash_keys[0]`).
     pub hash_key: HashKey,
+    /// Every key of the account, by index (`fanout` of them). A record whose order matters
+    /// within a sub-key goes under `hash_keys[index]` with `index` the sub-key's jump hash
+    /// (see the README's "Hot accounts"); any other record under any of them.
+    pub hash_keys: Vec<HashKey>,
+    /// How many keys the account holds, 1..=1024.
+    #[schema(minimum = 1, maximum = 1024)]
+    pub fanout: u32,
+    /// The account's weight; key `i` carries ⌊weight/fanout⌋, plus 1 when
+    /// `i < weight mod fanout`.
     pub weight: u64,
     /// When the account first got a key (RFC 3339).
     #[schema(format = DateTime)]
@@ -45,8 +55,10 @@ pub struct Assignment {
 impl From<store::Assignment> for Assignment {
     fn from(a: store::Assignment) -> Self {
         Assignment {
+            hash_key: a.hash_key(),
+            hash_keys: a.hash_keys.as_slice().to_vec(),
+            fanout: a.fanout(),
             account: a.account.into_string(),
-            hash_key: a.hash_key,
             weight: a.weight,
             created_at: super::timestamp(a.created_at),
         }
@@ -59,6 +71,8 @@ impl From<store::Assignment> for Assignment {
 struct AssignmentRef<'a> {
     account: &'a str,
     hash_key: HashKey,
+    hash_keys: &'a [HashKey],
+    fanout: u32,
     weight: u64,
     created_at: super::Timestamp,
 }
@@ -67,7 +81,9 @@ impl<'a> From<&'a store::Assignment> for AssignmentRef<'a> {
     fn from(a: &'a store::Assignment) -> Self {
         AssignmentRef {
             account: a.account.as_str(),
-            hash_key: a.hash_key,
+            hash_key: a.hash_key(),
+            hash_keys: a.hash_keys.as_slice(),
+            fanout: a.fanout(),
             weight: a.weight,
             created_at: super::Timestamp(a.created_at),
         }
@@ -82,15 +98,25 @@ pub struct AllocateRequest {
     #[schema(minimum = 1, maximum = 1000000)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub weight: Option<u64>,
+    /// How many keys the account holds, 1..=1024 (default 1), on distinct shards: for an
+    /// account that produces more than one shard takes. Weight defaults to the fanout.
+    #[schema(minimum = 1, maximum = 1024)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub fanout: Option<u64>,
 }
 
-/// A new weight for an account.
+/// A new weight for an account, a new fanout, or both (at least one).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ReweightRequest {
     #[schema(minimum = 1, maximum = 1000000)]
-    #[serde(deserialize_with = "whole_number::required")]
-    pub weight: u64,
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub weight: Option<u64>,
+    /// Growing keeps keys `0..k` and adds the rest; shrinking releases the keys with
+    /// index at or above the new fanout.
+    #[schema(minimum = 1, maximum = 1024)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub fanout: Option<u64>,
 }
 
 /// Most assignments one page of `GET /keys` holds.
@@ -144,10 +170,14 @@ pub struct BatchRequest {
 pub struct BatchItem {
     #[schema(value_type = AccountId)]
     pub account: String,
-    /// 1..=1000000, default 1.
+    /// 1..=1000000, default the fanout.
     #[schema(minimum = 1, maximum = 1000000)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub weight: Option<u64>,
+    /// 1..=1024, default 1.
+    #[schema(minimum = 1, maximum = 1024)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub fanout: Option<u64>,
 }
 
 super::extract::objects_only!(AllocateRequest, ReweightRequest, BatchRequest, BatchItem);
@@ -191,7 +221,7 @@ async fn allocate_batch(
     for (i, item) in body.accounts.into_iter().enumerate() {
         let bad = |e: keyspace::Error| ApiError::unprocessable(format!("accounts[{i}]: {e}"));
         let account = AccountId::parse(item.account).map_err(bad)?;
-        let weight = keyspace::check_weight(item.weight.unwrap_or(1)).map_err(bad)?;
+        let (weight, fanout) = weight_and_fanout(item.weight, item.fanout).map_err(bad)?;
         if !seen.insert(account.clone()) {
             return Err(ApiError::unprocessable(format!(
                 "accounts[{i}]: {account} appears twice"
@@ -200,6 +230,7 @@ async fn allocate_batch(
         requests.push(NewAccount {
             account,
             weight,
+            fanout,
             key: None,
         });
     }
@@ -225,14 +256,14 @@ async fn allocate_batch(
 #[utoipa::path(
     post, path = "/keys/{account}", tag = "keys",
     params(AccountPath),
-    request_body(content = Option<AllocateRequest>, description = "Optional (an empty body is fine); weight defaults to 1"),
+    request_body(content = Option<AllocateRequest>, description = "Optional (an empty body is fine); fanout defaults to 1, weight to the fanout"),
     responses(
         (status = 201, description = "New assignment, committed", body = Assignment),
         (status = 200, description = "The account already had this assignment", body = Assignment),
         (status = 400, description = "Invalid account id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body, weight or fanout, or a weight below the fanout", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -242,11 +273,10 @@ async fn allocate(
     OptionalJson(body): OptionalJson<AllocateRequest>,
 ) -> Result<(StatusCode, Json<Assignment>), ApiError> {
     let account = account_id(account)?;
-    let weight = body.and_then(|b| b.weight).unwrap_or(1);
-    let weight =
-        keyspace::check_weight(weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    let body = body.unwrap_or_default();
+    let (weight, fanout) = weight_and_fanout(body.weight, body.fanout)?;
     Ok(
-        match in_time(&state, state.registry.allocate(account, weight)).await? {
+        match in_time(&state, state.registry.allocate(account, weight, fanout)).await? {
             Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
             Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
         },
@@ -295,27 +325,53 @@ async fn lookup(
     })
 }
 
-/// A strong entity tag for an assignment: what it answers, nothing else. Hex digits
-/// written by hand: this is on every lookup.
+/// A strong entity tag for an assignment: what it answers, nothing else (an account
+/// with several keys adds a digest of all of them). Hex digits written by hand: this is
+/// on every lookup.
 fn etag(a: &store::Assignment) -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    let keys = a.hash_keys.as_slice();
+    let digest = (keys.len() > 1).then(|| {
+        use md5::{Digest, Md5};
+        let mut md5 = Md5::new();
+        for key in keys {
+            md5.update(key.to_be_bytes());
+        }
+        u128::from_be_bytes(md5.finalize().into())
+    });
     let fields = [
-        (a.hash_key.0, 32),
-        (u128::from(a.weight), 16),
-        (u128::from(a.created_at as u64), 16),
+        (Some(a.hash_key().0), 32),
+        (Some(u128::from(a.weight)), 16),
+        (Some(u128::from(a.created_at as u64)), 16),
+        (digest, 32),
     ];
-    let mut tag = [b'"'; 1 + 32 + 16 + 16 + 1];
+    let mut tag = [b'"'; 1 + 32 + 16 + 16 + 32 + 1];
     let mut at = 1;
     for (value, digits) in fields {
+        let Some(value) = value else { continue };
         for nibble in (0..digits).rev() {
             tag[at] = HEX[((value >> (4 * nibble)) & 0xf) as usize];
             at += 1;
         }
     }
-    HeaderValue::from_bytes(&tag).expect("quotes and hex digits")
+    tag[at] = b'"';
+    HeaderValue::from_bytes(&tag[..=at]).expect("quotes and hex digits")
 }
 
-/// Change an account's weight; its hash key stays.
+/// A request's weight and fanout, checked: fanout defaults to 1, weight to the fanout,
+/// and the weight must be at least the fanout (each key carries at least 1).
+fn weight_and_fanout(
+    weight: Option<u64>,
+    fanout: Option<u64>,
+) -> Result<(u64, u32), keyspace::Error> {
+    let fanout = keyspace::check_fanout(fanout.unwrap_or(1))?;
+    let weight = keyspace::check_weight(weight.unwrap_or(u64::from(fanout)))?;
+    keyspace::check_shares(weight, fanout)?;
+    Ok((weight, fanout))
+}
+
+/// Change an account's weight, its fanout, or both; key `i` stays for every `i` below
+/// both fanouts.
 #[utoipa::path(
     patch, path = "/keys/{account}", tag = "keys",
     params(AccountPath),
@@ -325,7 +381,7 @@ fn etag(a: &store::Assignment) -> HeaderValue {
         (status = 400, description = "Invalid account id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid body or weight", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body, weight or fanout, neither given, or a weight below the fanout", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -335,10 +391,15 @@ async fn reweight(
     Json(body): Json<ReweightRequest>,
 ) -> Result<Json<Assignment>, ApiError> {
     let account = account_id(account)?;
-    let weight =
-        keyspace::check_weight(body.weight).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    if body.weight.is_none() && body.fanout.is_none() {
+        return Err(ApiError::unprocessable(
+            "give a weight, a fanout, or both".to_owned(),
+        ));
+    }
+    let weight = body.weight.map(keyspace::check_weight).transpose()?;
+    let fanout = body.fanout.map(keyspace::check_fanout).transpose()?;
     Ok(Json(
-        in_time(&state, state.registry.reweight(account, weight))
+        in_time(&state, state.registry.update(account, weight, fanout))
             .await?
             .into(),
     ))
@@ -412,7 +473,7 @@ mod tests {
             let Ok(account) = AccountId::parse(account) else {
                 return Ok(());
             };
-            let a = store::Assignment { account, hash_key: HashKey(key), weight, created_at };
+            let a = store::Assignment { account, hash_keys: store::HashKeys::One(HashKey(key)), weight, created_at };
             prop_assert_eq!(
                 serde_json::to_string(&AssignmentRef::from(&a)).unwrap(),
                 serde_json::to_string(&Assignment::from(a)).unwrap()

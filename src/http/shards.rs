@@ -28,9 +28,15 @@ pub struct ShardOfParams {
     /// A hash key (decimal, at most 2^128 - 1).
     #[param(pattern = r"^[0-9]{1,39}$")]
     pub hash_key: Option<String>,
-    /// An account: its assigned hash key.
+    /// An account: its assigned hash key (key 0, or the one `index` or `sub_key` picks).
     #[param(value_type = Option<AccountId>)]
     pub account: Option<String>,
+    /// With `account`: which of its keys, `0..fanout`.
+    #[param(minimum = 0, maximum = 1023)]
+    pub index: Option<u32>,
+    /// With `account`: the key a record of this sub-key goes under (the jump hash of its
+    /// MD5 over the account's fanout; see the README's "Hot accounts").
+    pub sub_key: Option<String>,
     /// A partition key: its MD5 hash, as Kinesis computes it.
     pub partition_key: Option<String>,
     /// Number of shards of a uniform map, 1..=10000 (or give `stream`).
@@ -44,6 +50,9 @@ pub struct ShardOfParams {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ShardOf {
     pub hash_key: HashKey,
+    /// When `index` or `sub_key` chose among an account's keys: which one `hash_key` is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
     pub shard_index: usize,
     pub shard_id: String,
     pub starting_hash_key: HashKey,
@@ -67,18 +76,21 @@ impl MapParams {
     }
 }
 
-/// One shard's share of the accounts.
+/// One shard's share of the keys (an account of fanout K holds K keys, each with its
+/// share of the weight).
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ShardLoad {
     pub shard_index: usize,
     pub shard_id: String,
     pub starting_hash_key: HashKey,
     pub ending_hash_key: HashKey,
-    /// Accounts whose keyspread key lands here.
+    /// Keys keyspread handed out that land here: one per account, K for an account of
+    /// fanout K.
     pub accounts: u64,
     /// Their weight.
     pub weight: u64,
-    /// Accounts that would land here if Kinesis MD5-hashed their names.
+    /// Keys that would land here if Kinesis MD5-hashed the account names as partition
+    /// keys (`account#0` .. `account#K-1` for an account of fanout K).
     pub md5_accounts: u64,
     /// Their weight.
     pub md5_weight: u64,
@@ -120,15 +132,37 @@ async fn shard_of(
     Query(q): Query<ShardOfParams>,
 ) -> Result<Json<ShardOf>, ApiError> {
     let keyspace = state.registry.keyspace();
+    if q.account.is_none() && (q.index.is_some() || q.sub_key.is_some()) {
+        return Err(ApiError::bad_request(
+            "`index` and `sub_key` choose among an `account`'s keys: give the account",
+        ));
+    }
+    let mut index = None;
     let key = match (q.hash_key, q.account, q.partition_key) {
         (Some(k), None, None) => keyspace.parse(&k)?,
         (None, Some(account), None) => {
             let account = AccountId::parse(account)?;
-            state
+            let a = state
                 .registry
                 .lookup(account.as_str())
-                .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))?
-                .hash_key
+                .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))?;
+            let asked = q.index.is_some() || q.sub_key.is_some();
+            let i = match (q.index, q.sub_key) {
+                (None, None) => 0,
+                (Some(i), None) if i < a.fanout() => i,
+                (Some(i), None) => {
+                    return Err(ApiError::bad_request(format!(
+                        "account {account} has {} keys: index must be below that, got {i}",
+                        a.fanout()
+                    )));
+                }
+                (None, Some(sub_key)) => keyspace::sub_key_index(&sub_key, a.fanout()),
+                (Some(_), Some(_)) => {
+                    return Err(ApiError::bad_request("give `index` or `sub_key`, not both"));
+                }
+            };
+            index = asked.then_some(i);
+            a.hash_keys.as_slice()[i as usize]
         }
         (None, None, Some(pk)) => keyspace::md5_hash(&pk, keyspace),
         _ => {
@@ -138,6 +172,7 @@ async fn shard_of(
         }
     };
     let map = state.registry.resolve(&map_spec(q.shards, q.stream)?)?;
+    let key_index = index;
     let Shard {
         index,
         id,
@@ -146,6 +181,7 @@ async fn shard_of(
     } = map.shard_of(key);
     Ok(Json(ShardOf {
         hash_key: key,
+        index: key_index,
         shard_index: index,
         shard_id: id,
         starting_hash_key: start,

@@ -8,6 +8,7 @@
 
 use super::balance::ShardBalance;
 use super::shards::ShardMap;
+use super::spread::{self, Spread};
 use super::tree::{KeyTree, Load};
 use super::{Error, HashKey, Keyspace};
 
@@ -199,6 +200,114 @@ impl Allocator {
         }
     }
 
+    /// What an account's several keys must spread over: the balanced map, else segments.
+    pub fn spread(&self) -> Spread<'_> {
+        match &self.balance {
+            Some(balance) => Spread::Shards(balance.map()),
+            None => Spread::Segments(self.keyspace),
+        }
+    }
+
+    /// Places a new account's keys in index order (key `i` of weight `weights[i]`) so that
+    /// they spread, and holds them. All or nothing.
+    pub fn allocate_keys(&mut self, weights: &[u64]) -> Result<Vec<HashKey>, Error> {
+        let mut keys = Vec::with_capacity(weights.len());
+        self.extend_keys(&mut keys, weights)?;
+        Ok(keys)
+    }
+
+    /// Grows an account's `keys` (held, spread, by index) by one key per weight, each
+    /// where the spread rule allows it: on the lightest shard its round has not used, or
+    /// without a map in the lightest free segment of its level. All or nothing.
+    pub fn extend_keys(&mut self, keys: &mut Vec<HashKey>, weights: &[u64]) -> Result<(), Error> {
+        let held = keys.len();
+        let mut segments = SegmentLoads::default();
+        for &weight in weights {
+            let picked = if keys.is_empty() {
+                self.next_key()
+            } else if self.balance.is_some() {
+                self.next_key_on_shards(keys)
+            } else {
+                segments.next_key(self, keys)
+            };
+            match picked.and_then(|key| self.insert(key, weight).map(|()| key)) {
+                Ok(key) => {
+                    segments.record(self.keyspace, key, weight);
+                    keys.push(key);
+                }
+                Err(err) => {
+                    for key in keys.drain(held..) {
+                        self.remove(key).expect("held a moment ago");
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The key for index `keys.len()`: in the lightest shard its round has not used.
+    fn next_key_on_shards(&self, keys: &[HashKey]) -> Result<HashKey, Error> {
+        let balance = self.balance.as_ref().expect("balanced on a map");
+        let map = balance.map();
+        let first = keys.len() / map.len() * map.len();
+        let used: std::collections::HashSet<usize> =
+            keys[first..].iter().map(|k| map.index_of(*k)).collect();
+        for (index, lo, hi) in balance.lightest_first_indexed() {
+            if used.contains(&index) {
+                continue;
+            }
+            match self.next_key_in(lo, hi) {
+                Err(Error::Full { .. }) => continue,
+                picked => return picked,
+            }
+        }
+        Err(Error::Full {
+            lo: HashKey(0),
+            hi: self.keyspace.max(),
+        })
+    }
+
+    /// A new key for index `i` of an account holding `keys` (where `keys[i]`, if there,
+    /// is ignored): in the lightest part of `[lo, hi]` the spread rule allows, if any.
+    pub fn next_key_for(
+        &self,
+        keys: &[HashKey],
+        i: usize,
+        lo: HashKey,
+        hi: HashKey,
+    ) -> Result<HashKey, Error> {
+        let spread = self.spread();
+        let mut parts: Vec<(Load, HashKey, HashKey)> = match spread {
+            // Whole shards are allowed or not: each its own part.
+            Spread::Shards(map) => spread
+                .allowed_in(keys, i, lo, hi)
+                .into_iter()
+                .flat_map(|(a, b)| {
+                    let (first, last) = (map.index_of(a), map.index_of(b));
+                    (first..=last).map(move |s| {
+                        let shard = map.shard(s);
+                        (shard.start.max(a), shard.end.min(b))
+                    })
+                })
+                .map(|(a, b)| (self.load_in(a, b), a, b))
+                .collect(),
+            Spread::Segments(_) => spread
+                .allowed_in(keys, i, lo, hi)
+                .into_iter()
+                .map(|(a, b)| (self.load_in(a, b), a, b))
+                .collect(),
+        };
+        parts.sort_by_key(|(load, a, _)| (load.weight, load.count, *a));
+        for (_, a, b) in parts {
+            match self.next_key_in(a, b) {
+                Err(Error::Full { .. }) => continue,
+                picked => return picked,
+            }
+        }
+        Err(Error::Full { lo, hi })
+    }
+
     /// Holds `key` with `weight`: a key the walk chose, or one imported from elsewhere.
     pub fn insert(&mut self, key: HashKey, weight: u64) -> Result<(), Error> {
         self.keyspace.check(key)?;
@@ -232,6 +341,70 @@ impl Allocator {
         self.remove(key)?;
         self.insert(key, weight)
     }
+}
+
+/// Loads of the segments of one level, kept while one account's keys are placed: each
+/// new key goes to the lightest segment of its level that holds none of the earlier keys.
+#[derive(Debug, Default)]
+struct SegmentLoads {
+    level: Option<u32>,
+    loads: Vec<Load>,
+}
+
+impl SegmentLoads {
+    /// The key for index `keys.len()` (at least 1) without a map.
+    fn next_key(&mut self, alloc: &Allocator, keys: &[HashKey]) -> Result<HashKey, Error> {
+        let keyspace = alloc.keyspace;
+        let level = spread::level(keys.len()).min(keyspace.bits());
+        if self.level != Some(level) {
+            self.level = Some(level);
+            self.loads = (0..1u128 << level)
+                .map(|s| {
+                    let (lo, hi) = segment_bounds(keyspace, level, s);
+                    alloc.load_in(lo, hi)
+                })
+                .collect();
+        }
+        let shift = keyspace.bits() - level;
+        let taken: std::collections::HashSet<u128> = keys
+            .iter()
+            .map(|k| k.0.checked_shr(shift).unwrap_or(0))
+            .collect();
+        let mut free: Vec<(u64, u64, usize)> = (0..self.loads.len())
+            .filter(|s| !taken.contains(&(*s as u128)))
+            .map(|s| (self.loads[s].weight, self.loads[s].count, s))
+            .collect();
+        free.sort_unstable();
+        for (_, _, s) in free {
+            let (lo, hi) = segment_bounds(keyspace, level, s as u128);
+            match alloc.next_key_in(lo, hi) {
+                Err(Error::Full { .. }) => continue,
+                picked => return picked,
+            }
+        }
+        Err(Error::Full {
+            lo: HashKey(0),
+            hi: keyspace.max(),
+        })
+    }
+
+    /// Counts a key just held.
+    fn record(&mut self, keyspace: Keyspace, key: HashKey, weight: u64) {
+        if let Some(level) = self.level {
+            let s = key.0.checked_shr(keyspace.bits() - level).unwrap_or(0) as usize;
+            self.loads[s] = self.loads[s] + Load::one(weight);
+        }
+    }
+}
+
+/// The inclusive range of segment `s` of `level` (at most the keyspace's width).
+fn segment_bounds(keyspace: Keyspace, level: u32, s: u128) -> (HashKey, HashKey) {
+    let shift = keyspace.bits() - level;
+    if shift >= 128 {
+        return (HashKey(0), keyspace.max());
+    }
+    let start = s << shift;
+    (HashKey(start), HashKey(start + ((1u128 << shift) - 1)))
 }
 
 /// Whether every free slot of the block `[start, start + 2^k)` is held, one slot fewer

@@ -39,6 +39,14 @@ impl ShardBalance {
         })
     }
 
+    /// Shards from lightest to heaviest, as `(index, start, end)`.
+    pub fn lightest_first_indexed(&self) -> impl Iterator<Item = (usize, HashKey, HashKey)> + '_ {
+        self.order.iter().map(|(_, _, i)| {
+            let shard = self.map.shard(*i);
+            (*i, shard.start, shard.end)
+        })
+    }
+
     /// Records a key of `weight` arriving or leaving.
     pub fn record(&mut self, key: HashKey, weight: u64, arriving: bool) {
         let i = self.map.index_of(key);

@@ -11,6 +11,9 @@ mod rebalance;
 mod selector;
 mod shards;
 mod split;
+mod spread;
+#[cfg(test)]
+mod spread_model;
 mod tree;
 
 pub use account::AccountId;
@@ -23,6 +26,7 @@ pub use rebalance::{Holding, Move, Plan, plan};
 pub use selector::{jump, sub_key_index};
 pub use shards::{MAX_SHARDS, Shard, ShardMap, Skew, md5_hash};
 pub use split::{Reshard, SplitPlan, load_in, split_plan};
+pub use spread::Spread;
 pub use tree::{KeyTree, Load};
 
 /// Everything that can go wrong in the pure core.
@@ -44,6 +48,13 @@ pub enum Error {
     ShardCount { got: u64, max: u64 },
     #[error("weight must be between 1 and {max}, got {got}", max = crate::keyspace::MAX_WEIGHT)]
     Weight { got: u64 },
+    #[error("fanout must be between 1 and {max}, got {got}", max = crate::keyspace::MAX_FANOUT)]
+    Fanout { got: u64 },
+    #[error(
+        "weight {weight} is below fanout {fanout}: each of an account's keys carries a share of \
+         its weight, at least 1, so the weight must be at least the fanout"
+    )]
+    WeightBelowFanout { weight: u64, fanout: u32 },
     #[error("the open shards do not tile the keyspace: {0}")]
     Tiling(String),
     #[error("not list-shards output: {0}")]
@@ -58,6 +69,33 @@ pub enum Error {
 
 /// The heaviest weight one account may carry.
 pub const MAX_WEIGHT: u64 = 1_000_000;
+
+/// The most keys one account may hold.
+pub const MAX_FANOUT: u32 = 1024;
+
+/// Checks a fanout against `1..=MAX_FANOUT`.
+pub fn check_fanout(fanout: u64) -> Result<u32, Error> {
+    match u32::try_from(fanout) {
+        Ok(k) if (1..=MAX_FANOUT).contains(&k) => Ok(k),
+        _ => Err(Error::Fanout { got: fanout }),
+    }
+}
+
+/// Checks that an account of `weight` can spread it over `fanout` keys, at least 1 each.
+pub fn check_shares(weight: u64, fanout: u32) -> Result<(), Error> {
+    if weight >= u64::from(fanout) {
+        Ok(())
+    } else {
+        Err(Error::WeightBelowFanout { weight, fanout })
+    }
+}
+
+/// The weight key `index` of an account of `weight` and `fanout` carries: ⌊w/K⌋, plus 1
+/// for the first `w mod K` keys, so the keys' weights sum to the account's.
+pub fn key_weight(weight: u64, fanout: u32, index: u32) -> u64 {
+    let k = u64::from(fanout);
+    weight / k + u64::from(u64::from(index) < weight % k)
+}
 
 /// Checks an account weight against `1..=MAX_WEIGHT`.
 pub fn check_weight(weight: u64) -> Result<u64, Error> {

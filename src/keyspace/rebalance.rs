@@ -1,27 +1,34 @@
-//! Rebalance planning: the fewest moves that bring every shard to at most ceil(n / shards)
-//! accounts, each to a key the balanced walk picks inside its new shard.
+//! Rebalance planning: the fewest moves of single keys that bring every shard to at most
+//! ceil(keys / shards) keys, each to a key the balanced walk picks inside its new shard,
+//! never where an account's other keys forbid it (see [`Spread`](super::Spread)).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 use super::shards::{ShardMap, Skew};
+use super::spread::Spread;
 use super::tree::Load;
-use super::{Allocator, HashKey};
+use super::{Allocator, Error, HashKey};
 
-/// An account's current key, as the planner sees it.
+/// One key of an account, as the planner sees it.
 #[derive(Debug, Clone)]
 pub struct Holding<'a> {
     pub account: &'a str,
+    /// Which of the account's keys this is, `0..fanout`.
+    pub index: u32,
+    pub fanout: u32,
     pub key: HashKey,
+    /// This key's share of the account's weight.
     pub weight: u64,
     /// Creation time; the newest accounts move first, as producers have cached them least.
     pub created_at: i64,
 }
 
-/// One account moving from one key to another.
+/// One key of an account moving to another.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Move {
     pub account: String,
+    pub index: u32,
     pub from: HashKey,
     pub to: HashKey,
     pub from_shard: usize,
@@ -32,19 +39,24 @@ pub struct Move {
 /// A rebalance plan and what it does to the shards.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
-    /// Most accounts a shard may hold afterwards: ceil(accounts / shards).
+    /// Most keys a shard may hold afterwards: ceil(keys / shards).
     pub cap: u64,
+    /// The moves that spread again the keys of accounts a map change left unspread, then
+    /// the moves that balance the shards.
     pub moves: Vec<Move>,
+    /// How many of `moves`, from the first, mend spread.
+    pub mends: usize,
     pub before: Skew,
     pub after: Skew,
     /// False when some shard stays above `cap` because every further move would have
-    /// made the heaviest shard heavier (only possible with unequal weights).
+    /// made the heaviest shard heavier (only possible with unequal weights) or would have
+    /// stacked an account's keys; or when an account could not be spread again.
     pub complete: bool,
 }
 
 impl Plan {
     /// Performs the moves on `alloc`, in order.
-    pub fn apply(&self, alloc: &mut Allocator) -> Result<(), super::Error> {
+    pub fn apply(&self, alloc: &mut Allocator) -> Result<(), Error> {
         for m in &self.moves {
             alloc.remove(m.from)?;
             alloc.insert(m.to, m.weight)?;
@@ -63,7 +75,9 @@ impl Plan {
     }
 }
 
-/// Plans a rebalance of `holdings` (every held key of `alloc`) over `map`.
+/// Plans a rebalance of `holdings` (every held key of `alloc`) over `map`: first the moves
+/// that spread every account's keys again (see [`Spread::misplaced`]), then the fewest
+/// moves that bring the shards within `cap`.
 ///
 /// `alloc` is left exactly as it was; call [`Plan::apply`] once the moves are durable.
 pub fn plan<'a>(
@@ -71,14 +85,64 @@ pub fn plan<'a>(
     map: &ShardMap,
     holdings: impl IntoIterator<Item = Holding<'a>>,
 ) -> Plan {
+    let mut holdings: Vec<Holding<'a>> = holdings.into_iter().collect();
     let mut loads: Vec<Load> = map.iter().map(|s| alloc.load_in(s.start, s.end)).collect();
     let before = Skew::of(&loads);
     let cap = before.accounts.div_ceil(before.shards);
     let heaviest = before.max_weight;
+    let mut plan = Plan {
+        cap,
+        moves: Vec::new(),
+        mends: 0,
+        before,
+        after: Skew::of(&loads),
+        complete: true,
+    };
+
+    // The keys of every account that has several, by index.
+    let mut fanned: HashMap<&'a str, Vec<HashKey>> = HashMap::new();
+    for h in holdings.iter().filter(|h| h.fanout > 1) {
+        let keys = fanned
+            .entry(h.account)
+            .or_insert_with(|| vec![HashKey(0); h.fanout as usize]);
+        keys[h.index as usize] = h.key;
+    }
+    let mut names: Vec<&'a str> = fanned.keys().copied().collect();
+    names.sort_unstable();
+    for name in names {
+        let keys = fanned.get_mut(name).expect("listed");
+        let Some(moved) = mend(alloc, keys) else {
+            plan.complete = false;
+            continue;
+        };
+        for (index, from, to) in moved {
+            let m = Move {
+                account: name.to_owned(),
+                index: index as u32,
+                from,
+                to,
+                from_shard: map.index_of(from),
+                to_shard: map.index_of(to),
+                weight: alloc.weight(to).expect("just placed"),
+            };
+            loads[m.from_shard] = loads[m.from_shard] - Load::one(m.weight);
+            loads[m.to_shard] = loads[m.to_shard] + Load::one(m.weight);
+            plan.moves.push(m);
+        }
+    }
+    plan.mends = plan.moves.len();
+    // Holdings see where the mends put their keys.
+    for h in holdings.iter_mut().filter(|h| h.fanout > 1) {
+        h.key = fanned[h.account][h.index as usize];
+    }
 
     let mut leaving = over_cap_holdings(map, &loads, cap, holdings);
     // Heaviest movers first, into the lightest shards: keeps the heaviest shard from growing.
-    leaving.sort_by(|a, b| b.weight.cmp(&a.weight).then(a.account.cmp(b.account)));
+    leaving.sort_by(|a, b| {
+        b.0.weight
+            .cmp(&a.0.weight)
+            .then(a.0.account.cmp(b.0.account))
+    });
 
     let mut targets: BinaryHeap<Reverse<(u64, u64, usize)>> = loads
         .iter()
@@ -86,18 +150,32 @@ pub fn plan<'a>(
         .filter(|(_, l)| l.count < cap)
         .map(|(i, l)| Reverse((l.weight, l.count, i)))
         .collect();
-    let mut plan = Plan {
-        cap,
-        moves: Vec::new(),
-        before,
-        after: Skew::of(&loads),
-        complete: true,
-    };
-    for holding in leaving {
-        let Some(m) = place(alloc, map, &mut targets, &loads, heaviest, &holding) else {
+    // Keys moved already: a spare offered to several of its shard's leavers moves once.
+    let mut moved: std::collections::HashSet<(&'a str, u32)> = std::collections::HashSet::new();
+    for (holding, spares) in leaving {
+        // The holding chosen to leave, else the next candidate of its shard: an account's
+        // other keys may leave it nowhere to go.
+        let mut placed = None;
+        let candidates = std::iter::once(holding).chain(spares);
+        for h in candidates.filter(|h| !moved.contains(&(h.account, h.index))) {
+            let keys = fanned.get(h.account);
+            match place(alloc, map, &mut targets, &loads, heaviest, &h, keys) {
+                Placed::Moved(m) => {
+                    placed = Some((h, m));
+                    break;
+                }
+                Placed::NowhereFor => continue,
+                Placed::TooHeavy => break,
+            }
+        }
+        let Some((h, m)) = placed else {
             plan.complete = false;
             continue;
         };
+        moved.insert((h.account, h.index));
+        if let Some(keys) = fanned.get_mut(h.account) {
+            keys[h.index as usize] = m.to;
+        }
         loads[m.from_shard] = loads[m.from_shard] - Load::one(m.weight);
         loads[m.to_shard] = loads[m.to_shard] + Load::one(m.weight);
         let target = loads[m.to_shard];
@@ -111,13 +189,60 @@ pub fn plan<'a>(
     plan
 }
 
-/// The holdings that must leave their shard, chosen per shard: lightest first, then newest.
+/// Moves the keys of one account that break the spread rule, on `alloc` and in `keys`;
+/// answers `(index, from, to)` per move, or `None` (nothing moved) when no key is free
+/// where one must go.
+///
+/// On a map, each misplaced key goes to the lightest shard no other key of its round
+/// holds: there always is one, and no other key needs to move. Without one, keys are
+/// taken in index order, each that shares a segment with an earlier one going to the
+/// lightest segment of its level the earlier ones leave free.
+fn mend(alloc: &mut Allocator, keys: &mut [HashKey]) -> Option<Vec<(usize, HashKey, HashKey)>> {
+    let on_shards = matches!(alloc.spread(), Spread::Shards(_));
+    let max = alloc.keyspace().max();
+    let mut moved = Vec::new();
+    let candidates: Vec<usize> = if on_shards {
+        alloc.spread().misplaced(keys)
+    } else {
+        (1..keys.len()).collect()
+    };
+    for i in candidates {
+        let spread = alloc.spread();
+        let avoid = if on_shards {
+            &keys[..]
+        } else {
+            if !(0..i).any(|j| spread.conflict(i, keys[i], j, keys[j])) {
+                continue;
+            }
+            &keys[..i]
+        };
+        let Ok(to) = alloc.next_key_for(avoid, i, HashKey(0), max) else {
+            for &(_, from, to) in moved.iter().rev() {
+                let weight = alloc.remove(to).expect("placed");
+                alloc.insert(from, weight).expect("freed");
+            }
+            for &(index, from, _) in &moved {
+                keys[index] = from;
+            }
+            return None;
+        };
+        let from = keys[i];
+        let weight = alloc.remove(from).expect("holding is held");
+        alloc.insert(to, weight).expect("walk picks a free key");
+        keys[i] = to;
+        moved.push((i, from, to));
+    }
+    Some(moved)
+}
+
+/// Per shard over `cap`, the holdings that leave it (lightest first, then newest), each
+/// with the shard's remaining candidates should it have nowhere to go.
 fn over_cap_holdings<'a>(
     map: &ShardMap,
     loads: &[Load],
     cap: u64,
-    holdings: impl IntoIterator<Item = Holding<'a>>,
-) -> Vec<Holding<'a>> {
+    holdings: Vec<Holding<'a>>,
+) -> Vec<(Holding<'a>, Vec<Holding<'a>>)> {
     let mut per_shard: Vec<Vec<Holding<'a>>> = vec![Vec::new(); loads.len()];
     for h in holdings {
         let shard = map.index_of(h.key);
@@ -129,19 +254,33 @@ fn over_cap_holdings<'a>(
     for (shard, mut held) in per_shard.into_iter().enumerate() {
         let excess = (loads[shard].count.saturating_sub(cap)) as usize;
         held.sort_by(|a, b| {
-            (a.weight, Reverse(a.created_at), a.account).cmp(&(
+            (a.weight, Reverse(a.created_at), a.account, a.index).cmp(&(
                 b.weight,
                 Reverse(b.created_at),
                 b.account,
+                b.index,
             ))
         });
-        leaving.extend(held.into_iter().take(excess));
+        let spares = held.split_off(excess.min(held.len()));
+        // Only keys of accounts with several can be stuck: the others never need a spare.
+        let spares: Vec<Holding<'a>> = spares.into_iter().filter(|h| h.fanout > 1).collect();
+        leaving.extend(held.into_iter().map(|h| (h, spares.clone())));
     }
     leaving
 }
 
-/// Moves one holding into the lightest shard that still has room, if that keeps every
-/// shard at or below `heaviest`; the move is performed on `alloc`.
+/// What became of one holding offered a target.
+enum Placed {
+    Moved(Move),
+    /// Its account's other keys forbid every shard with room.
+    NowhereFor,
+    /// Every shard with room would become heavier than the heaviest is now.
+    TooHeavy,
+}
+
+/// Moves one holding into the lightest shard that still has room and that its account's
+/// other keys (`keys`, if it has several) allow, if that keeps every shard at or below
+/// `heaviest`; the move is performed on `alloc`.
 fn place(
     alloc: &mut Allocator,
     map: &ShardMap,
@@ -149,39 +288,55 @@ fn place(
     loads: &[Load],
     heaviest: u64,
     holding: &Holding<'_>,
-) -> Option<Move> {
+    keys: Option<&Vec<HashKey>>,
+) -> Placed {
+    let mut passed = Vec::new();
+    let mut outcome = Placed::NowhereFor;
     while let Some(Reverse((weight, count, shard))) = targets.pop() {
         if loads[shard] != (Load { count, weight }) {
             continue; // stale heap entry
         }
         if weight + holding.weight > heaviest {
             // The lightest target is too heavy, so every other one is as well.
-            targets.push(Reverse((weight, count, shard)));
-            return None;
+            passed.push((weight, count, shard));
+            outcome = Placed::TooHeavy;
+            break;
         }
         let range = map.shard(shard);
         alloc.remove(holding.key).expect("holding is held");
-        match alloc.next_key_in(range.start, range.end) {
+        let picked = match keys {
+            Some(keys) => alloc.next_key_for(keys, holding.index as usize, range.start, range.end),
+            None => alloc.next_key_in(range.start, range.end),
+        };
+        match picked {
             Ok(to) => {
                 alloc
                     .insert(to, holding.weight)
                     .expect("walk picks a free key");
-                return Some(Move {
+                outcome = Placed::Moved(Move {
                     account: holding.account.to_owned(),
+                    index: holding.index,
                     from: holding.key,
                     to,
                     from_shard: map.index_of(holding.key),
                     to_shard: shard,
                     weight: holding.weight,
                 });
+                break;
             }
-            // Every key of this shard is held (tiny keyspaces only): drop it as a target.
-            Err(_) => alloc
-                .insert(holding.key, holding.weight)
-                .expect("key was just freed"),
+            // Forbidden for this key, or every key of it held: offered to the next key.
+            Err(_) => {
+                alloc
+                    .insert(holding.key, holding.weight)
+                    .expect("key was just freed");
+                passed.push((weight, count, shard));
+            }
         }
     }
-    None
+    for entry in passed {
+        targets.push(Reverse(entry));
+    }
+    outcome
 }
 
 #[cfg(test)]
@@ -213,6 +368,8 @@ mod tests {
             let map = ShardMap::uniform(self.alloc.keyspace(), shards).unwrap();
             let holdings = self.held.iter().enumerate().map(|(i, (a, k, w))| Holding {
                 account: a,
+                index: 0,
+                fanout: 1,
                 key: *k,
                 weight: *w,
                 created_at: i as i64,

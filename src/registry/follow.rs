@@ -12,8 +12,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::streams::Stream;
-use super::{Entry, Error, Registry, Writer};
-use crate::store::{CHANNEL, Change, Event, Store, StreamRow, Tx};
+use super::{Accounts, Entry, Error, Registry, Writer};
+use crate::keyspace::{self, Allocator};
+use crate::store::{CHANNEL, Change, Event, HashKeys, Store, StoreError, StreamRow, Tx};
 
 /// Longest a replica goes without looking for other replicas' changes.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -112,9 +113,9 @@ impl Registry {
         events: Vec<Event>,
         streams: Option<Streams>,
     ) -> Result<(), Error> {
-        for event in events {
-            let at = event.at;
-            self.apply_event(w, event)?;
+        let times: Vec<i64> = events.iter().map(|e| e.at).collect();
+        self.apply_events(w, events)?;
+        for at in times {
             self.count_followed(at);
         }
         if let Some(streams) = streams {
@@ -123,45 +124,21 @@ impl Registry {
         Ok(())
     }
 
-    /// Applies one committed change to memory. Stream changes are applied by reloading
-    /// the streams table (see [`Registry::reload_streams`]).
-    pub(super) fn apply_event(&self, w: &mut Writer, event: Event) -> Result<(), Error> {
+    /// Applies committed changes to memory, in order, all under one hold of the accounts
+    /// lock: a lookup sees none of them or all (a transaction's keys of one account, say).
+    /// Stream changes are applied by reloading the streams table (see
+    /// [`Registry::reload_streams`]).
+    pub(super) fn apply_events(&self, w: &mut Writer, events: Vec<Event>) -> Result<(), Error> {
+        let Some(last) = events.last().map(|e| e.id) else {
+            return Ok(());
+        };
         let mut accounts = self.accounts.write().expect("accounts lock poisoned");
-        match event.change {
-            Change::Allocate {
-                account,
-                key,
-                weight,
-            } => {
-                w.alloc.insert(key, weight)?;
-                let entry = Entry {
-                    hash_key: key,
-                    weight,
-                    created_at: event.at,
-                };
-                accounts.insert(account, entry);
-            }
-            Change::Release { account, key } => {
-                w.alloc.remove(key)?;
-                accounts.remove(account.as_str());
-            }
-            Change::Move { account, from, to } => {
-                let weight = w.alloc.remove(from)?;
-                w.alloc.insert(to, weight)?;
-                if let Some(e) = accounts.get_mut(account.as_str()) {
-                    e.hash_key = to;
-                }
-            }
-            Change::Reweight { account, weight } => {
-                if let Some(e) = accounts.get_mut(account.as_str()) {
-                    w.alloc.set_weight(e.hash_key, weight)?;
-                    e.weight = weight;
-                }
-            }
-            Change::StreamPut { .. } | Change::StreamDelete { .. } => {}
+        for event in events {
+            apply_change(&mut w.alloc, &mut accounts, event.change, event.at)?;
+            w.last_event = event.id;
         }
-        w.last_event = event.id;
-        self.count_applied(w, event.id);
+        drop(accounts);
+        self.count_applied(w, last);
         Ok(())
     }
 
@@ -196,6 +173,108 @@ impl Registry {
             w.alloc.balance_on(primary);
         }
     }
+}
+
+/// Applies one change about an account's key to the tree and the accounts.
+///
+/// An account's keys are `0..k` at every moment: keys are added at index k and released
+/// from the top, and key 0 comes first and goes last.
+fn apply_change(
+    alloc: &mut Allocator,
+    accounts: &mut Accounts,
+    change: Change,
+    at: i64,
+) -> Result<(), Error> {
+    let corrupt = |detail: String| Error::Store(StoreError::Corrupt(detail));
+    match change {
+        Change::Allocate {
+            account,
+            index,
+            key,
+            weight,
+        } => {
+            alloc.insert(key, weight)?;
+            if index == 0 {
+                let entry = Entry {
+                    keys: HashKeys::One(key),
+                    weight,
+                    created_at: at,
+                };
+                accounts.insert(account, entry);
+                return Ok(());
+            }
+            let e = accounts
+                .get_mut(account.as_str())
+                .ok_or_else(|| corrupt(format!("key {index} of {account}, which has none")))?;
+            let mut keys = e.keys.as_slice().to_vec();
+            if keys.len() != index as usize {
+                return Err(corrupt(format!(
+                    "key {index} of {account}, which has {}",
+                    keys.len()
+                )));
+            }
+            keys.push(key);
+            e.keys = HashKeys::from_vec(keys);
+            e.weight += weight;
+        }
+        Change::Release {
+            account,
+            index,
+            key,
+        } => {
+            let weight = alloc.remove(key)?;
+            if let Some(e) = accounts.get_mut(account.as_str()) {
+                let mut keys = e.keys.as_slice().to_vec();
+                if keys.len() != index as usize + 1 {
+                    return Err(corrupt(format!(
+                        "release of key {index} of {account}, which has {}",
+                        keys.len()
+                    )));
+                }
+                if index == 0 {
+                    accounts.remove(account.as_str());
+                } else {
+                    keys.pop();
+                    e.keys = HashKeys::from_vec(keys);
+                    e.weight -= weight;
+                }
+            }
+        }
+        Change::Move {
+            account,
+            index,
+            from,
+            to,
+        } => {
+            let weight = alloc.remove(from)?;
+            alloc.insert(to, weight)?;
+            if let Some(e) = accounts.get_mut(account.as_str()) {
+                let mut keys = e.keys.as_slice().to_vec();
+                if let Some(key) = keys.get_mut(index as usize) {
+                    *key = to;
+                }
+                e.keys = HashKeys::from_vec(keys);
+            }
+        }
+        Change::Reweight {
+            account,
+            index,
+            weight,
+        } => {
+            if let Some(e) = accounts.get_mut(account.as_str()) {
+                let key = *e
+                    .keys
+                    .as_slice()
+                    .get(index as usize)
+                    .ok_or_else(|| corrupt(format!("reweight of key {index} of {account}")))?;
+                let before = alloc.weight(key).ok_or(keyspace::Error::KeyNotHeld(key))?;
+                alloc.set_weight(key, weight)?;
+                e.weight = e.weight - before + weight;
+            }
+        }
+        Change::StreamPut { .. } | Change::StreamDelete { .. } => {}
+    }
+    Ok(())
 }
 
 /// Registered streams by name, as memory holds them.

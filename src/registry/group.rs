@@ -311,7 +311,7 @@ mod tests {
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..64 {
             let registry = Arc::clone(&registry);
-            tasks.spawn(async move { registry.allocate(account(i), 1).await });
+            tasks.spawn(async move { registry.allocate(account(i), 1, 1).await });
         }
         while let Some(answer) = tasks.join_next().await {
             assert!(matches!(answer.unwrap(), Ok(Allocated::Created(_))));
@@ -331,10 +331,10 @@ mod tests {
         let (_dir, store, registry) = open().await;
         let mut keys = HashMap::new();
         for i in 0..64 {
-            let Allocated::Created(a) = registry.allocate(account(i), 1).await.unwrap() else {
+            let Allocated::Created(a) = registry.allocate(account(i), 1, 1).await.unwrap() else {
                 panic!("acct-{i} existed");
             };
-            keys.insert(a.account, a.hash_key);
+            keys.insert(a.account.clone(), a.hash_key());
         }
         let before = registry.transactions();
         // Every account released once, acct-0 twice, and one that never had a key.
@@ -347,7 +347,7 @@ mod tests {
         while let Some(answer) = tasks.join_next().await {
             match answer.unwrap() {
                 (_, Ok(a)) => {
-                    assert_eq!(Some(&a.hash_key), keys.get(&a.account), "{}", a.account);
+                    assert_eq!(Some(&a.hash_key()), keys.get(&a.account), "{}", a.account);
                     released.push(a.account);
                 }
                 (i, Err(Error::NotFound(a))) => {

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
-use crate::store::{Assignment, Change, Event, LoggedEvent, Store, StoreError};
+use crate::store::{Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, Store, StoreError};
 
 mod follow;
 mod group;
@@ -56,12 +56,15 @@ impl From<StoreError> for Error {
     }
 }
 
-/// An account to give a hash key.
+/// An account to give its hash keys.
 #[derive(Debug, Clone)]
 pub struct NewAccount {
     pub account: AccountId,
+    /// The account's weight, at least `fanout`: its keys share it.
     pub weight: u64,
-    /// The key it already has elsewhere (an import), or `None` for the walk's pick.
+    /// How many keys it holds, 1..=[`keyspace::MAX_FANOUT`].
+    pub fanout: u32,
+    /// The key 0 it already has elsewhere (an import), or `None` for the walk's pick.
     pub key: Option<HashKey>,
 }
 
@@ -73,9 +76,10 @@ pub enum Allocated {
 }
 
 /// An assignment as the lookup map holds it (the account is the map's key).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
-    hash_key: HashKey,
+    keys: HashKeys,
+    /// The account's weight: the sum of its keys'.
     weight: u64,
     created_at: i64,
 }
@@ -109,20 +113,47 @@ pub struct Registry {
     metrics: metrics::Metrics,
 }
 
-/// Files every stored assignment by account.
-fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<Assignment>>) -> Accounts {
+/// Files every stored key row by account: key 0 makes the entry, the keys of accounts
+/// that fan out are added once every row is read (rows come in no particular order).
+fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<KeyRow>>) -> Result<Accounts, Error> {
     let mut accounts = Accounts::with_capacity_and_hasher(count, Default::default());
+    let mut more: HashMap<AccountId, Vec<(u32, HashKey, u64)>> = HashMap::new();
     for batch in batches {
-        for a in batch {
-            let entry = Entry {
-                hash_key: a.hash_key,
-                weight: a.weight,
-                created_at: a.created_at,
-            };
-            accounts.insert(a.account, entry);
+        for row in batch {
+            if row.index == 0 {
+                let entry = Entry {
+                    keys: HashKeys::One(row.hash_key),
+                    weight: row.weight,
+                    created_at: row.created_at,
+                };
+                accounts.insert(row.account, entry);
+            } else {
+                more.entry(row.account)
+                    .or_default()
+                    .push((row.index, row.hash_key, row.weight));
+            }
         }
     }
-    accounts
+    for (account, mut rows) in more {
+        rows.sort_unstable_by_key(|(index, ..)| *index);
+        let corrupt = |detail: String| Error::Store(StoreError::Corrupt(detail));
+        let entry = accounts
+            .get_mut(account.as_str())
+            .ok_or_else(|| corrupt(format!("account {account} has keys but no key 0")))?;
+        let mut keys = vec![entry.keys.as_slice()[0]];
+        for (index, key, weight) in rows {
+            if index as usize != keys.len() {
+                return Err(corrupt(format!(
+                    "account {account} lacks key {}",
+                    keys.len()
+                )));
+            }
+            keys.push(key);
+            entry.weight += weight;
+        }
+        entry.keys = HashKeys::from_vec(keys);
+    }
+    Ok(accounts)
 }
 
 impl Registry {
@@ -163,7 +194,7 @@ impl Registry {
         let alloc = tokio::task::spawn_blocking(move || Allocator::with_keys(keyspace, keys))
             .await
             .expect("tree build")?;
-        let accounts = accounts.await.expect("the filing thread answers");
+        let accounts = accounts.await.expect("the filing thread answers")?;
         tracing::info!(
             accounts = accounts.len(),
             streams = streams.len(),
@@ -214,11 +245,11 @@ impl Registry {
             .read()
             .expect("accounts lock poisoned")
             .get(account.as_str())
-            .copied();
+            .cloned();
         match held {
             Some(e) => Ok(Assignment {
                 account,
-                hash_key: e.hash_key,
+                hash_keys: e.keys,
                 weight: e.weight,
                 created_at: e.created_at,
             }),
@@ -231,7 +262,7 @@ impl Registry {
         self.writer.lock().await.alloc.weight(key).is_some()
     }
 
-    /// Number of accounts held.
+    /// Number of accounts held (an account that fans out counts once).
     pub fn len(&self) -> usize {
         self.accounts.read().expect("accounts lock poisoned").len()
     }
@@ -240,7 +271,7 @@ impl Registry {
         self.len() == 0
     }
 
-    /// Gives `account` a hash key, or answers the one it has.
+    /// Gives `account` its `fanout` hash keys, spread, or answers the ones it has.
     ///
     /// Decided against the database like every change, never from memory alone: another
     /// replica may have released the account a moment ago.
@@ -248,10 +279,13 @@ impl Registry {
         self: &Arc<Self>,
         account: AccountId,
         weight: u64,
+        fanout: u32,
     ) -> Result<Allocated, Error> {
+        keyspace::check_shares(weight, fanout)?;
         let request = NewAccount {
             account,
             weight,
+            fanout,
             key: None,
         };
         self.allocate_in_group(request).await
@@ -278,10 +312,11 @@ impl Registry {
             } else {
                 this.store.insert_if_current(w.last_event, &new, now).await
             };
+            let accounts = |new: &[KeyRow]| new.iter().filter(|r| r.index == 0).count();
             let (answers, new, ids) = match written {
                 Ok(_) if new.is_empty() => return Ok(answers),
                 Ok(ids) => {
-                    this.count_committed(started, Committed::Allocations(new.len()));
+                    this.count_committed(started, Committed::Allocations(accounts(&new)));
                     (answers, new, ids)
                 }
                 Err(StoreError::LogMoved) => {
@@ -291,27 +326,23 @@ impl Registry {
                         return Ok(answers);
                     }
                     let ids = tx.insert_many(&new, now).await?;
-                    this.commit(&mut w, tx, Committed::Allocations(new.len()))
+                    this.commit(&mut w, tx, Committed::Allocations(accounts(&new)))
                         .await?;
                     (answers, new, ids)
                 }
                 Err(err) => return Err(err.into()),
             };
-            for (id, a) in ids.into_iter().zip(new) {
-                let change = Change::Allocate {
-                    account: a.account,
-                    key: a.hash_key,
-                    weight: a.weight,
-                };
-                this.apply_event(
-                    &mut w,
-                    Event {
-                        id,
-                        at: now,
-                        change,
-                    },
-                )?;
-            }
+            let events = ids.into_iter().zip(new).map(|(id, row)| Event {
+                id,
+                at: now,
+                change: Change::Allocate {
+                    account: row.account,
+                    index: row.index,
+                    key: row.hash_key,
+                    weight: row.weight,
+                },
+            });
+            this.apply_events(&mut w, events.collect())?;
             Ok(answers)
         })
         .await
@@ -327,36 +358,32 @@ impl Registry {
         }
     }
 
-    /// Picks keys for the accounts without one, as if they came one by one (each new key
-    /// steers the next pick), and answers what each request gets with the assignments to
+    /// Picks keys for the accounts without any, as if they came one by one (each new key
+    /// steers the next pick), and answers what each request gets with the key rows to
     /// write. The tree is left as it was: the committed events update it.
     fn pick(
         &self,
         w: &mut Writer,
         requests: &[NewAccount],
         now: i64,
-    ) -> Result<(Vec<Allocated>, Vec<Assignment>), Error> {
+    ) -> Result<(Vec<Allocated>, Vec<KeyRow>), Error> {
         let mut answers = Vec::with_capacity(requests.len());
-        let mut new: Vec<Assignment> = Vec::new();
+        let mut new: Vec<KeyRow> = Vec::new();
         let mut failed = None;
         for request in requests {
             if let Some(existing) = self.lookup(request.account.as_str()) {
                 answers.push(Allocated::Existing(existing));
                 continue;
             }
-            let key = match request.key {
-                Some(key) => Ok(key),
-                None => w.alloc.next_key(),
-            };
-            match key.and_then(|key| w.alloc.insert(key, request.weight).map(|()| key)) {
-                Ok(hash_key) => {
+            match place(&mut w.alloc, request) {
+                Ok(keys) => {
                     let a = Assignment {
                         account: request.account.clone(),
-                        hash_key,
+                        hash_keys: HashKeys::from_vec(keys),
                         weight: request.weight,
                         created_at: now,
                     };
-                    new.push(a.clone());
+                    new.extend(a.rows());
                     answers.push(Allocated::Created(a));
                 }
                 Err(err) => {
@@ -365,8 +392,8 @@ impl Registry {
                 }
             }
         }
-        for a in &new {
-            w.alloc.remove(a.hash_key).expect("held a moment ago");
+        for row in &new {
+            w.alloc.remove(row.hash_key).expect("held a moment ago");
         }
         match failed {
             Some(err) => Err(err.into()),
@@ -394,12 +421,15 @@ impl Registry {
             let mut tx = this.begin(&mut w).await?;
             let at = now_ms();
             let mut answers = Vec::with_capacity(accounts.len());
-            let mut gone = Vec::new();
+            let mut gone: Vec<KeyRow> = Vec::new();
+            let mut released = 0;
             for account in accounts {
                 match this.lookup(account.as_str()) {
                     Some(a) => {
-                        answers.push(Ok(a.clone()));
-                        gone.push(a);
+                        // Highest index first: every moment's keys are `0..k`.
+                        gone.extend(held_rows(&w.alloc, &a).into_iter().rev());
+                        answers.push(Ok(a));
+                        released += 1;
                     }
                     None => answers.push(Err(Error::NotFound(account))),
                 }
@@ -408,46 +438,114 @@ impl Registry {
                 return Ok(answers);
             }
             let ids = tx.delete_many(&gone, at).await?;
-            this.commit(&mut w, tx, Committed::Releases(gone.len()))
+            this.commit(&mut w, tx, Committed::Releases(released))
                 .await?;
-            for (id, a) in ids.into_iter().zip(gone) {
-                let change = Change::Release {
-                    account: a.account,
-                    key: a.hash_key,
-                };
-                this.apply_event(&mut w, Event { id, at, change })?;
-            }
+            let events = ids.into_iter().zip(gone).map(|(id, row)| Event {
+                id,
+                at,
+                change: Change::Release {
+                    account: row.account,
+                    index: row.index,
+                    key: row.hash_key,
+                },
+            });
+            this.apply_events(&mut w, events.collect())?;
             Ok(answers)
         })
         .await
     }
 
-    /// Changes `account`'s weight; its hash key stays.
-    pub async fn reweight(
+    /// Changes `account`'s weight, its fanout, or both; key `i` stays for every `i` below
+    /// both fanouts. Growing adds keys where the spread rule allows; shrinking releases
+    /// the keys with index at or above the new fanout. One transaction, one event per key.
+    pub async fn update(
         self: &Arc<Self>,
         account: AccountId,
-        weight: u64,
+        weight: Option<u64>,
+        fanout: Option<u32>,
     ) -> Result<Assignment, Error> {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
             let mut tx = this.begin(&mut w).await?;
-            let mut a = this
+            let a = this
                 .lookup(account.as_str())
                 .ok_or(Error::NotFound(account))?;
-            if a.weight == weight {
+            let (weight, fanout) = (weight.unwrap_or(a.weight), fanout.unwrap_or(a.fanout()));
+            keyspace::check_shares(weight, fanout)?;
+            if (weight, fanout) == (a.weight, a.fanout()) {
                 return Ok(a);
             }
-            a.weight = weight;
+            let held = held_rows(&w.alloc, &a);
+            let kept = held.len().min(fanout as usize);
+            let share = |i: usize| keyspace::key_weight(weight, fanout, i as u32);
+            let gone: Vec<KeyRow> = held[kept..].iter().rev().cloned().collect();
+            let reweighted: Vec<KeyRow> = held[..kept]
+                .iter()
+                .filter(|row| row.weight != share(row.index as usize))
+                .map(|row| KeyRow {
+                    weight: share(row.index as usize),
+                    ..row.clone()
+                })
+                .collect();
+            let mut keys: Vec<HashKey> = held[..kept].iter().map(|r| r.hash_key).collect();
+            let weights: Vec<u64> = (kept..fanout as usize).map(share).collect();
+            w.alloc.extend_keys(&mut keys, &weights)?;
             let at = now_ms();
-            let id = tx.reweight(&a, at).await?;
+            let added: Vec<KeyRow> = keys[kept..]
+                .iter()
+                .enumerate()
+                .map(|(n, key)| KeyRow {
+                    account: a.account.clone(),
+                    index: (kept + n) as u32,
+                    hash_key: *key,
+                    weight: weights[n],
+                    created_at: at,
+                })
+                .collect();
+            for row in &added {
+                w.alloc.remove(row.hash_key).expect("held a moment ago");
+            }
+            let mut events = Vec::with_capacity(gone.len() + reweighted.len() + added.len());
+            let ids = tx.delete_many(&gone, at).await?;
+            events.extend(ids.into_iter().zip(&gone).map(|(id, row)| Event {
+                id,
+                at,
+                change: Change::Release {
+                    account: row.account.clone(),
+                    index: row.index,
+                    key: row.hash_key,
+                },
+            }));
+            let ids = tx.reweight(&reweighted, at).await?;
+            events.extend(ids.into_iter().zip(&reweighted).map(|(id, row)| Event {
+                id,
+                at,
+                change: Change::Reweight {
+                    account: row.account.clone(),
+                    index: row.index,
+                    weight: row.weight,
+                },
+            }));
+            let ids = tx.insert_many(&added, at).await?;
+            events.extend(ids.into_iter().zip(&added).map(|(id, row)| Event {
+                id,
+                at,
+                change: Change::Allocate {
+                    account: row.account.clone(),
+                    index: row.index,
+                    key: row.hash_key,
+                    weight: row.weight,
+                },
+            }));
             this.commit(&mut w, tx, Committed::Reweight).await?;
-            let change = Change::Reweight {
-                account: a.account.clone(),
+            this.apply_events(&mut w, events)?;
+            Ok(Assignment {
+                account: a.account,
+                hash_keys: HashKeys::from_vec(keys),
                 weight,
-            };
-            this.apply_event(&mut w, Event { id, at, change })?;
-            Ok(a)
+                created_at: a.created_at,
+            })
         })
         .await
     }
@@ -487,10 +585,38 @@ pub(crate) async fn detached<T: Send + 'static>(
 fn assignment(id: &AccountId, e: &Entry) -> Assignment {
     Assignment {
         account: id.clone(),
-        hash_key: e.hash_key,
+        hash_keys: e.keys.clone(),
         weight: e.weight,
         created_at: e.created_at,
     }
+}
+
+/// The rows that store `a`, each with the weight its key holds in the tree.
+fn held_rows(alloc: &Allocator, a: &Assignment) -> Vec<KeyRow> {
+    let mut rows = a.rows();
+    for row in &mut rows {
+        if let Some(weight) = alloc.weight(row.hash_key) {
+            row.weight = weight;
+        }
+    }
+    rows
+}
+
+/// Places `request`'s keys (its own key 0, if it brings one) and holds them.
+fn place(alloc: &mut Allocator, request: &NewAccount) -> Result<Vec<HashKey>, keyspace::Error> {
+    let weights: Vec<u64> = (0..request.fanout)
+        .map(|i| keyspace::key_weight(request.weight, request.fanout, i))
+        .collect();
+    let Some(key) = request.key else {
+        return alloc.allocate_keys(&weights);
+    };
+    alloc.insert(key, weights[0])?;
+    let mut keys = vec![key];
+    if let Err(err) = alloc.extend_keys(&mut keys, &weights[1..]) {
+        alloc.remove(key).expect("held a moment ago");
+        return Err(err);
+    }
+    Ok(keys)
 }
 
 pub(crate) fn now_ms() -> i64 {

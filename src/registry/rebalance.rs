@@ -57,8 +57,10 @@ impl Registry {
             let w = self.writer.blocking_lock();
             let map = self.resolve(spec)?;
             let accounts = self.accounts.read().expect("accounts lock poisoned");
-            let accounts: Vec<(AccountId, Entry)> =
-                accounts.iter().map(|(id, e)| (id.clone(), *e)).collect();
+            let accounts: Vec<(AccountId, Entry)> = accounts
+                .iter()
+                .map(|(id, e)| (id.clone(), e.clone()))
+                .collect();
             (map, w.alloc.clone(), accounts, w.last_event)
         };
         let plan = plan_for(&mut alloc, &map, accounts.iter().map(|(id, e)| (id, e)));
@@ -80,21 +82,31 @@ impl Registry {
             .collect()
     }
 
-    /// Accounts and weight per shard had the account names been MD5-hashed by Kinesis.
-    /// Blocks: the names are copied under the accounts lock and hashed after releasing it,
-    /// so lookups and changes never wait on the hashing.
+    /// Keys and weight per shard had the account names been MD5-hashed by Kinesis: the
+    /// name itself for an account of one key, `name#0` .. `name#K-1` (seed 001's suffixes)
+    /// for one of K, each with its key's share. Blocks: the names are copied under the
+    /// accounts lock and hashed after releasing it, so lookups and changes never wait on
+    /// the hashing.
     pub fn md5_loads(&self, map: &ShardMap) -> Vec<Load> {
-        let named: Vec<(AccountId, u64)> = {
+        let named: Vec<(AccountId, u64, u32)> = {
             let accounts = self.accounts.read().expect("accounts lock poisoned");
             accounts
                 .iter()
-                .map(|(id, e)| (id.clone(), e.weight))
+                .map(|(id, e)| (id.clone(), e.weight, e.keys.len() as u32))
                 .collect()
         };
         let mut loads = vec![Load::default(); map.len()];
-        for (id, weight) in named {
-            let shard = map.index_of(keyspace::md5_hash(id.as_str(), self.keyspace));
-            loads[shard] = loads[shard] + Load::one(weight);
+        for (id, weight, fanout) in named {
+            if fanout == 1 {
+                let shard = map.index_of(keyspace::md5_hash(id.as_str(), self.keyspace));
+                loads[shard] = loads[shard] + Load::one(weight);
+                continue;
+            }
+            for i in 0..fanout {
+                let key = keyspace::md5_hash(&format!("{id}#{i}"), self.keyspace);
+                let shard = map.index_of(key);
+                loads[shard] = loads[shard] + Load::one(keyspace::key_weight(weight, fanout, i));
+            }
         }
         loads
     }
@@ -128,14 +140,19 @@ impl Registry {
                 .await?;
             // The moves' events are numbered up to `last`, one each, in order.
             let first = last - plan.moves.len() as i64 + 1;
-            for (id, m) in (first..=last).zip(&plan.moves) {
-                let change = Change::Move {
-                    account: AccountId::parse(m.account.clone())?,
-                    from: m.from,
-                    to: m.to,
-                };
-                this.apply_event(&mut w, Event { id, at, change })?;
-            }
+            let events = (first..=last)
+                .zip(&plan.moves)
+                .map(|(id, m)| {
+                    let change = Change::Move {
+                        account: AccountId::parse(m.account.clone())?,
+                        index: m.index,
+                        from: m.from,
+                        to: m.to,
+                    };
+                    Ok(Event { id, at, change })
+                })
+                .collect::<Result<Vec<_>, Error>>()?;
+            this.apply_events(&mut w, events)?;
             Ok(plan)
         })
         .await
@@ -154,11 +171,20 @@ fn plan_for<'a>(
     map: &ShardMap,
     accounts: impl Iterator<Item = (&'a AccountId, &'a Entry)>,
 ) -> Plan {
-    let holdings = accounts.map(|(id, e)| Holding {
-        account: id.as_str(),
-        key: e.hash_key,
-        weight: e.weight,
-        created_at: e.created_at,
+    let holdings = accounts.flat_map(|(id, e)| {
+        let fanout = e.keys.len() as u32;
+        e.keys
+            .as_slice()
+            .iter()
+            .enumerate()
+            .map(move |(i, key)| Holding {
+                account: id.as_str(),
+                index: i as u32,
+                fanout,
+                key: *key,
+                weight: keyspace::key_weight(e.weight, fanout, i as u32),
+                created_at: e.created_at,
+            })
     });
     keyspace::plan(alloc, map, holdings)
 }
@@ -193,6 +219,7 @@ mod tests {
         let plan = Plan {
             cap: 0,
             moves: Vec::new(),
+            mends: 0,
             before: keyspace::Skew::of(&[]),
             after: keyspace::Skew::of(&[]),
             complete: true,

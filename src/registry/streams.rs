@@ -239,7 +239,7 @@ impl Registry {
     ) -> Result<(), Error> {
         let rows = tx.load_streams().await?;
         self.commit(w, tx, Committed::Stream).await?;
-        self.apply_event(w, event)?;
+        self.apply_events(w, vec![event])?;
         self.reload_streams(w, rows)
     }
 }

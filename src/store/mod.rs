@@ -32,14 +32,133 @@ fn additive(mut migrations: sqlx::migrate::Migrator) -> sqlx::migrate::Migrator 
     migrations
 }
 
-/// One account's hash key, as committed.
+/// One of an account's keys, as committed: a row of the `assignments` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Assignment {
+pub struct KeyRow {
     pub account: AccountId,
+    /// Which of the account's keys, `0..fanout`.
+    pub index: u32,
     pub hash_key: HashKey,
+    /// This key's share of the account's weight.
     pub weight: u64,
     /// Unix milliseconds.
     pub created_at: i64,
+}
+
+/// An account's hash keys, by index: one for most accounts, kept inline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKeys {
+    One(HashKey),
+    Many(std::sync::Arc<[HashKey]>),
+}
+
+impl HashKeys {
+    pub fn from_vec(keys: Vec<HashKey>) -> Self {
+        match keys.as_slice() {
+            [one] => HashKeys::One(*one),
+            _ => HashKeys::Many(keys.into()),
+        }
+    }
+
+    pub fn as_slice(&self) -> &[HashKey] {
+        match self {
+            HashKeys::One(key) => std::slice::from_ref(key),
+            HashKeys::Many(keys) => keys,
+        }
+    }
+
+    /// The account's fanout.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+}
+
+/// One account's hash keys, as committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub account: AccountId,
+    /// By index; as many as the account's fanout, at least one.
+    pub hash_keys: HashKeys,
+    /// The account's weight: the sum of its keys'.
+    pub weight: u64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+impl Assignment {
+    /// Key 0: the account's only key unless it fans out.
+    pub fn hash_key(&self) -> HashKey {
+        self.hash_keys.as_slice()[0]
+    }
+
+    pub fn fanout(&self) -> u32 {
+        self.hash_keys.len() as u32
+    }
+
+    /// The rows that store it.
+    pub fn rows(&self) -> Vec<KeyRow> {
+        let fanout = self.fanout();
+        self.hash_keys
+            .as_slice()
+            .iter()
+            .enumerate()
+            .map(|(i, key)| KeyRow {
+                account: self.account.clone(),
+                index: i as u32,
+                hash_key: *key,
+                weight: crate::keyspace::key_weight(self.weight, fanout, i as u32),
+                created_at: self.created_at,
+            })
+            .collect()
+    }
+}
+
+/// Groups rows sorted by account and index into assignments (the first row of an account
+/// gives its creation time).
+fn group_rows(rows: Vec<KeyRow>) -> Result<Vec<Assignment>> {
+    let mut out: Vec<(Assignment, Vec<HashKey>)> = Vec::new();
+    for row in rows {
+        match out.last_mut() {
+            Some((a, keys)) if a.account == row.account => {
+                if row.index as usize != keys.len() {
+                    return Err(StoreError::Corrupt(format!(
+                        "account {}: key {} follows key {}",
+                        row.account,
+                        row.index,
+                        keys.len() - 1
+                    )));
+                }
+                keys.push(row.hash_key);
+                a.weight += row.weight;
+            }
+            _ => {
+                if row.index != 0 {
+                    return Err(StoreError::Corrupt(format!(
+                        "account {} has key {} but no key 0",
+                        row.account, row.index
+                    )));
+                }
+                let a = Assignment {
+                    account: row.account,
+                    hash_keys: HashKeys::One(row.hash_key),
+                    weight: row.weight,
+                    created_at: row.created_at,
+                };
+                out.push((a, vec![row.hash_key]));
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(mut a, keys)| {
+            a.hash_keys = HashKeys::from_vec(keys);
+            a
+        })
+        .collect())
 }
 
 /// A registered stream, as committed.
@@ -84,22 +203,29 @@ pub struct LoggedEvent {
 /// What an event did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
+    /// Every account event is about one of the account's keys, `index`.
     Allocate {
         account: AccountId,
+        index: u32,
         key: HashKey,
+        /// The key's share of the account's weight.
         weight: u64,
     },
     Release {
         account: AccountId,
+        index: u32,
         key: HashKey,
     },
     Move {
         account: AccountId,
+        index: u32,
         from: HashKey,
         to: HashKey,
     },
     Reweight {
         account: AccountId,
+        index: u32,
+        /// The key's new share of the account's weight.
         weight: u64,
     },
     StreamPut {
@@ -194,7 +320,7 @@ pub enum Store {
 /// Rows [`Tx::scan_assignments`] hands over at a time.
 pub const SCAN_BATCH: usize = 16_384;
 
-const ASSIGNMENT_COLUMNS: &str = "SELECT account, hash_key, weight, created_at FROM assignments";
+const KEY_COLUMNS: &str = "SELECT account, idx, hash_key, weight, created_at FROM assignments";
 
 /// A write transaction holding the database's write lock; dropped without
 /// [`Tx::commit`], it rolls back.
@@ -271,7 +397,7 @@ impl Store {
 
     /// Up to `limit` assignments with account greater than `after`, by account.
     pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
-        on_backend!(self, c => list(after, limit))
+        group_rows(on_backend!(self, c => list(after, limit))?)
     }
 
     /// Longest a change is waited for before its client is answered 503, or `None` when
@@ -289,16 +415,11 @@ impl Store {
         on_backend!(self, c => ping())
     }
 
-    /// Inserts new assignments and logs `allocate` for each, as [`Tx::insert_many`] does, in
+    /// Inserts new keys and logs `allocate` for each, as [`Tx::insert_many`] does, in
     /// a write transaction of its own, provided no event was logged after `seen`;
     /// otherwise fails with [`StoreError::LogMoved`] and changes nothing. Answers the event
     /// ids in the order of `new`. On Postgres this is one round trip.
-    pub async fn insert_if_current(
-        &self,
-        seen: i64,
-        new: &[Assignment],
-        at: i64,
-    ) -> Result<Vec<i64>> {
+    pub async fn insert_if_current(&self, seen: i64, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
         match self {
             Store::Sqlite(_) => {
                 let mut tx = self.begin().await?;
@@ -344,16 +465,13 @@ impl Tx {
         in_tx!(self, load_streams())
     }
 
-    /// Hands every assignment to `each`, [`SCAN_BATCH`] at a time, for rebuilding the
-    /// tree; stops early when `each` answers false.
-    pub async fn scan_assignments(
-        &mut self,
-        each: impl FnMut(Vec<Assignment>) -> bool,
-    ) -> Result<()> {
+    /// Hands every key row to `each`, [`SCAN_BATCH`] at a time, for rebuilding the
+    /// tree; stops early when `each` answers false. Rows come in no particular order.
+    pub async fn scan_assignments(&mut self, each: impl FnMut(Vec<KeyRow>) -> bool) -> Result<()> {
         in_tx!(self, scan_assignments(each))
     }
 
-    /// How many assignments there are.
+    /// How many key rows there are.
     pub async fn count_assignments(&mut self) -> Result<i64> {
         in_tx!(self, count_assignments())
     }
@@ -363,21 +481,22 @@ impl Tx {
         in_tx!(self, last_event_id())
     }
 
-    /// Inserts new assignments and logs `allocate` for each; answers the event ids in
-    /// the order of `new`.
-    pub async fn insert_many(&mut self, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
+    /// Inserts new keys and logs `allocate` for each; answers the event ids in the order
+    /// of `new`.
+    pub async fn insert_many(&mut self, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
         in_tx!(self, insert_many(new, at))
     }
 
-    /// Deletes assignments, each stored as given, and logs `release` for each; answers
-    /// the event ids in order, or [`StoreError::Stale`] if a row had changed.
-    pub async fn delete_many(&mut self, gone: &[Assignment], at: i64) -> Result<Vec<i64>> {
+    /// Deletes keys, each stored as given, and logs `release` for each; answers the event
+    /// ids in order, or [`StoreError::Stale`] if a row had changed.
+    pub async fn delete_many(&mut self, gone: &[KeyRow], at: i64) -> Result<Vec<i64>> {
         in_tx!(self, delete_many(gone, at))
     }
 
-    /// Changes an assignment's weight and logs `reweight`; answers the event id.
-    pub async fn reweight(&mut self, assignment: &Assignment, at: i64) -> Result<i64> {
-        in_tx!(self, reweight(assignment, at))
+    /// Sets each key's weight to the one given and logs `reweight` for each; answers the
+    /// event ids in order.
+    pub async fn reweight(&mut self, rows: &[KeyRow], at: i64) -> Result<Vec<i64>> {
+        in_tx!(self, reweight(rows, at))
     }
 
     /// Applies moves in order with a `move` event each; answers the last event's id.
@@ -425,13 +544,16 @@ fn decode_weight(weight: i64) -> Result<u64> {
     u64::try_from(weight).map_err(|_| StoreError::Corrupt(format!("weight {weight}")))
 }
 
-fn decode_assignment(
+fn decode_row(
     account: String,
+    index: i64,
     key: &[u8],
     weight: i64,
     created_at: i64,
-) -> Result<Assignment> {
-    Ok(Assignment {
+) -> Result<KeyRow> {
+    Ok(KeyRow {
+        index: u32::try_from(index)
+            .map_err(|_| StoreError::Corrupt(format!("account {account}: key index {index}")))?,
         account: decode_account(account)?,
         hash_key: decode_key(key)?,
         weight: decode_weight(weight)?,
@@ -451,6 +573,7 @@ struct EventRow {
     weight: Option<i64>,
     stream: Option<String>,
     shard_count: Option<i64>,
+    idx: i64,
 }
 
 impl EventRow {
@@ -466,7 +589,10 @@ impl EventRow {
             weight,
             stream,
             shard_count,
+            idx,
         } = self;
+        let index = u32::try_from(idx)
+            .map_err(|_| StoreError::Corrupt(format!("event {id}: key index {idx}")))?;
         let corrupt = || StoreError::Corrupt(format!("event {id} ({kind}) lacks a column"));
         let some_key = |k: Option<HashKey>| k.ok_or_else(corrupt);
         let key = |k: &Option<Vec<u8>>| k.as_deref().map(decode_key).transpose();
@@ -482,20 +608,24 @@ impl EventRow {
         let change = match kind.as_str() {
             "allocate" => Change::Allocate {
                 account: account()?,
+                index,
                 key: some_key(key_after)?,
                 weight: some_weight()?,
             },
             "release" => Change::Release {
                 account: account()?,
+                index,
                 key: some_key(key_before)?,
             },
             "move" => Change::Move {
                 account: account()?,
+                index,
                 from: some_key(key_before)?,
                 to: some_key(key_after)?,
             },
             "reweight" => Change::Reweight {
                 account: account()?,
+                index,
                 weight: some_weight()?,
             },
             "stream_put" => Change::StreamPut {

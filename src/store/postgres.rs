@@ -10,65 +10,68 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 super::queries::queries!(Postgres);
 
-/// Inserts new assignments and an `allocate` event each in one statement (migration
-/// 0004's `keyspread_insert_allocations`); answers the event ids in the order of `new`.
+/// Inserts new keys and an `allocate` event each in one statement (migration 0008's
+/// `keyspread_insert_keys`); answers the event ids in the order of `new`.
 ///
 /// The rows travel as arrays, so the statement's text is the same for any number of
 /// rows: prepared once per connection, one round trip per call.
-pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
+pub async fn insert_many(conn: &mut Conn, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
     let columns = Columns::of(new);
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT account, id FROM keyspread_insert_allocations($1, $2, $3, $4, $5)")
-            .bind(&columns.accounts)
-            .bind(&columns.keys)
-            .bind(&columns.weights)
-            .bind(&columns.created)
-            .bind(at)
-            .fetch_all(&mut *conn)
-            .await?;
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT account, idx, id FROM keyspread_insert_keys($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&columns.accounts)
+    .bind(&columns.indices)
+    .bind(&columns.keys)
+    .bind(&columns.weights)
+    .bind(&columns.created)
+    .bind(at)
+    .fetch_all(&mut *conn)
+    .await?;
     columns.ids_in_order(rows)
 }
 
-/// Inserts new assignments as [`insert_many`] does, in a transaction of its own that holds
-/// the write lock, provided no event was logged after `seen`; answers the event ids in the
-/// order of `new`. One round trip: migration 0004's `keyspread_allocate` does it all.
+/// Inserts new keys as [`insert_many`] does, in a transaction of its own that holds the
+/// write lock, provided no event was logged after `seen`; answers the event ids in the
+/// order of `new`. One round trip: migration 0008's `keyspread_allocate_keys` does it all.
 pub async fn insert_if_current(
     pool: &PgPool,
     seen: i64,
-    new: &[Assignment],
+    new: &[KeyRow],
     at: i64,
 ) -> Result<Vec<i64>> {
     let columns = Columns::of(new);
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT account, id FROM keyspread_allocate($1, $2, $3, $4, $5, $6, $7)")
-            .bind(WRITE_LOCK)
-            .bind(seen)
-            .bind(&columns.accounts)
-            .bind(&columns.keys)
-            .bind(&columns.weights)
-            .bind(&columns.created)
-            .bind(at)
-            .fetch_all(pool)
-            .await
-            .map_err(|err| match &err {
-                sqlx::Error::Database(db)
-                    if db.code().as_deref() == Some(SERIALIZATION_FAILURE) =>
-                {
-                    StoreError::LogMoved
-                }
-                _ => err.into(),
-            })?;
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT account, idx, id FROM keyspread_allocate_keys($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(WRITE_LOCK)
+    .bind(seen)
+    .bind(&columns.accounts)
+    .bind(&columns.indices)
+    .bind(&columns.keys)
+    .bind(&columns.weights)
+    .bind(&columns.created)
+    .bind(at)
+    .fetch_all(pool)
+    .await
+    .map_err(|err| match &err {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(SERIALIZATION_FAILURE) => {
+            StoreError::LogMoved
+        }
+        _ => err.into(),
+    })?;
     columns.ids_in_order(rows)
 }
 
-/// Deletes each assignment, which must be stored as given, and logs `release` for it, in
-/// one round trip (migration 0006's `keyspread_delete_assignments`); answers the event
-/// ids in the order of `gone`, or [`StoreError::Stale`] if a row had changed.
-pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Result<Vec<i64>> {
+/// Deletes each key, which must be stored as given, and logs `release` for it, in one
+/// round trip (migration 0008's `keyspread_delete_keys`); answers the event ids in the
+/// order of `gone`, or [`StoreError::Stale`] if a row had changed.
+pub async fn delete_many(conn: &mut Conn, gone: &[KeyRow], at: i64) -> Result<Vec<i64>> {
     let columns = Columns::of(gone);
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT account, id FROM keyspread_delete_assignments($1, $2, $3, $4)")
+    let rows: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT account, idx, id FROM keyspread_delete_keys($1, $2, $3, $4, $5)")
             .bind(&columns.accounts)
+            .bind(&columns.indices)
             .bind(&columns.keys)
             .bind(&columns.weights)
             .bind(at)
@@ -80,65 +83,88 @@ pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Resul
     columns.ids_in_order(rows)
 }
 
-/// The SQLSTATE `keyspread_allocate` fails with when the log moved on.
+/// The SQLSTATE `keyspread_allocate_keys` fails with when the log moved on.
 const SERIALIZATION_FAILURE: &str = "40001";
 
-/// Assignments as the column arrays the statements take.
+/// Key rows as the column arrays the statements take.
 struct Columns<'a> {
     accounts: Vec<&'a str>,
+    indices: Vec<i64>,
     keys: Vec<Vec<u8>>,
     weights: Vec<i64>,
     created: Vec<i64>,
 }
 
 impl<'a> Columns<'a> {
-    fn of(new: &'a [Assignment]) -> Self {
+    fn of(rows: &'a [KeyRow]) -> Self {
         Columns {
-            accounts: new.iter().map(|a| a.account.as_str()).collect(),
-            keys: new
+            accounts: rows.iter().map(|r| r.account.as_str()).collect(),
+            indices: rows.iter().map(|r| i64::from(r.index)).collect(),
+            keys: rows
                 .iter()
-                .map(|a| a.hash_key.to_be_bytes().to_vec())
+                .map(|r| r.hash_key.to_be_bytes().to_vec())
                 .collect(),
-            weights: new.iter().map(|a| a.weight as i64).collect(),
-            created: new.iter().map(|a| a.created_at).collect(),
+            weights: rows.iter().map(|r| r.weight as i64).collect(),
+            created: rows.iter().map(|r| r.created_at).collect(),
         }
     }
 
-    /// The event ids of `(account, id)` rows, in the order of the accounts.
-    fn ids_in_order(&self, rows: Vec<(String, i64)>) -> Result<Vec<i64>> {
-        // Accounts are unique (the primary key): each returned row names its own.
-        let ids: std::collections::HashMap<String, i64> = rows.into_iter().collect();
+    /// The event ids of `(account, idx, id)` rows, in the order of the key rows.
+    fn ids_in_order(&self, rows: Vec<(String, i64, i64)>) -> Result<Vec<i64>> {
+        // (account, idx) is the primary key: each returned row names its own.
+        let ids: std::collections::HashMap<(String, i64), i64> = rows
+            .into_iter()
+            .map(|(account, idx, id)| ((account, idx), id))
+            .collect();
         self.accounts
             .iter()
-            .map(|account| {
-                ids.get(*account).copied().ok_or_else(|| {
-                    StoreError::Corrupt(format!("no event id came back for {account:?}"))
-                })
+            .zip(&self.indices)
+            .map(|(account, idx)| {
+                ids.get(&((*account).to_owned(), *idx))
+                    .copied()
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "no event id came back for {account:?} key {idx}"
+                        ))
+                    })
             })
             .collect()
     }
 }
 
-/// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, paging
-/// by account so that no read holds more than one batch.
+/// Hands every key row to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, paging
+/// by account and index so that no read holds more than one batch.
 pub async fn scan_assignments(
     conn: &mut Conn,
-    mut each: impl FnMut(Vec<Assignment>) -> bool,
+    mut each: impl FnMut(Vec<KeyRow>) -> bool,
 ) -> Result<()> {
     let sql = format!(
-        "{ASSIGNMENT_COLUMNS} WHERE account > $1 ORDER BY account LIMIT {}",
+        "{KEY_COLUMNS} WHERE (account, idx) > ($1, $2) ORDER BY account, idx LIMIT {}",
         super::SCAN_BATCH
     );
-    let mut after = String::new();
+    let (mut after, mut after_idx) = (String::new(), -1i64);
     loop {
-        let rows = sqlx::query(&sql).bind(&after).fetch_all(&mut *conn).await?;
+        let rows = sqlx::query(&sql)
+            .bind(&after)
+            .bind(after_idx)
+            .fetch_all(&mut *conn)
+            .await?;
         let Some(last) = rows.last() else {
             return Ok(());
         };
         after = last.try_get(0)?;
+        after_idx = last.try_get(1)?;
         let batch = rows
             .iter()
-            .map(|r| decode_assignment(r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))
+            .map(|r| {
+                decode_row(
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    r.try_get(2)?,
+                    r.try_get(3)?,
+                    r.try_get(4)?,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         if !each(batch) {
             return Ok(());

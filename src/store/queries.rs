@@ -16,13 +16,13 @@ macro_rules! queries {
 
         use crate::keyspace::Move;
         use crate::store::{
-            Assignment, EventRow, LoggedEvent, Result, StoreError, StreamRow, decode_assignment,
+            EventRow, KeyRow, LoggedEvent, Result, StoreError, StreamRow, decode_row,
             decode_shards, encode_shards,
         };
 
         type Conn = <$db as sqlx::Database>::Connection;
 
-        use crate::store::ASSIGNMENT_COLUMNS;
+        use crate::store::KEY_COLUMNS;
 
         pub async fn bind_keyspace(conn: &mut Conn, bits: u32) -> Result<()> {
             const STORED: &str = "SELECT value FROM meta WHERE name = 'keyspace_bits'";
@@ -53,14 +53,27 @@ macro_rules! queries {
             Ok(sqlx::query_scalar("SELECT COUNT(*) FROM assignments").fetch_one(&mut *conn).await?)
         }
 
-        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
-            let rows = sqlx::query(&format!("{ASSIGNMENT_COLUMNS} WHERE account > $1 ORDER BY account LIMIT $2"))
-                .bind(after.unwrap_or(""))
-                .bind(i64::from(limit))
-                .fetch_all(&mut *conn)
-                .await?;
+        /// Every key row of the first `limit` accounts after `after`, by account and index.
+        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32) -> Result<Vec<KeyRow>> {
+            let rows = sqlx::query(&format!(
+                "{KEY_COLUMNS} WHERE account IN \
+                 (SELECT account FROM assignments WHERE account > $1 AND idx = 0 ORDER BY account LIMIT $2) \
+                 ORDER BY account, idx"
+            ))
+            .bind(after.unwrap_or(""))
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?;
             rows.iter()
-                .map(|r| decode_assignment(r.try_get(0)?, &r.try_get::<Vec<u8>, _>(1)?, r.try_get(2)?, r.try_get(3)?))
+                .map(|r| {
+                    decode_row(
+                        r.try_get(0)?,
+                        r.try_get::<i64, _>(1)?,
+                        &r.try_get::<Vec<u8>, _>(2)?,
+                        r.try_get(3)?,
+                        r.try_get(4)?,
+                    )
+                })
                 .collect()
         }
 
@@ -70,7 +83,7 @@ macro_rules! queries {
 
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows: Vec<EventRow> = sqlx::query_as(
-                "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count \
+                "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx \
                  FROM events WHERE id > $1 ORDER BY id LIMIT $2",
             )
             .bind(after)
@@ -80,16 +93,21 @@ macro_rules! queries {
             rows.into_iter().map(EventRow::decode).collect()
         }
 
-        pub async fn reweight(conn: &mut Conn, a: &Assignment, at: i64) -> Result<i64> {
-            let key = a.hash_key.to_be_bytes();
-            let done = sqlx::query("UPDATE assignments SET weight = $1 WHERE account = $2 AND hash_key = $3")
-                .bind(a.weight as i64)
-                .bind(a.account.as_str())
-                .bind(key.to_vec())
-                .execute(&mut *conn)
-                .await?;
-            crate::store::changed_one(done.rows_affected())?;
-            log(conn, at, "reweight", a.account.as_str(), Some(key), Some(key), a.weight).await
+        pub async fn reweight(conn: &mut Conn, rows: &[KeyRow], at: i64) -> Result<Vec<i64>> {
+            let mut ids = Vec::with_capacity(rows.len());
+            for row in rows {
+                let key = row.hash_key.to_be_bytes();
+                let done = sqlx::query("UPDATE assignments SET weight = $1 WHERE account = $2 AND idx = $3 AND hash_key = $4")
+                    .bind(row.weight as i64)
+                    .bind(row.account.as_str())
+                    .bind(i64::from(row.index))
+                    .bind(key.to_vec())
+                    .execute(&mut *conn)
+                    .await?;
+                crate::store::changed_one(done.rows_affected())?;
+                ids.push(log(conn, at, "reweight", row.account.as_str(), row.index, Some(key), Some(key), row.weight).await?);
+            }
+            Ok(ids)
         }
 
         pub async fn apply_moves(conn: &mut Conn, moves: &[Move], at: i64) -> Result<i64> {
@@ -102,7 +120,7 @@ macro_rules! queries {
                     .execute(&mut *conn)
                     .await?;
                 crate::store::changed_one(done.rows_affected())?;
-                id = log(conn, at, "move", &m.account, Some(m.from.to_be_bytes()), Some(m.to.to_be_bytes()), m.weight).await?;
+                id = log(conn, at, "move", &m.account, m.index, Some(m.from.to_be_bytes()), Some(m.to.to_be_bytes()), m.weight).await?;
             }
             Ok(id)
         }
@@ -162,22 +180,25 @@ macro_rules! queries {
             Ok(())
         }
 
+        #[allow(clippy::too_many_arguments)]
         async fn log(
             conn: &mut Conn,
             at: i64,
             kind: &str,
             account: &str,
+            index: u32,
             before: Option<[u8; 16]>,
             after: Option<[u8; 16]>,
             weight: u64,
         ) -> Result<i64> {
             Ok(sqlx::query_scalar(
-                "INSERT INTO events (at, kind, account, key_before, key_after, weight) \
-                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+                "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
             )
             .bind(at)
             .bind(kind)
             .bind(account)
+            .bind(i64::from(index))
             .bind(before.map(|b| b.to_vec()))
             .bind(after.map(|b| b.to_vec()))
             .bind(weight as i64)

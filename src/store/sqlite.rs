@@ -8,20 +8,21 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 super::queries::queries!(Sqlite);
 
-/// Inserts new assignments and an `allocate` event each, a few hundred rows per
-/// statement; answers the event ids in the order of `new`.
+/// Inserts new keys and an `allocate` event each, a few hundred rows per statement;
+/// answers the event ids in the order of `new`.
 ///
 /// Under the write lock a statement's rows take consecutive ids, so the last one tells
 /// them all; asking for `RETURNING id` would send each id from sqlx's connection thread
 /// on its own, one hand-off per row.
-pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result<Vec<i64>> {
+pub async fn insert_many(conn: &mut Conn, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
     let mut ids = Vec::with_capacity(new.len());
-    for chunk in new.chunks(500) {
+    for chunk in new.chunks(400) {
         sqlx::QueryBuilder::<Sqlite>::new(
-            "INSERT INTO assignments (account, hash_key, weight, created_at) ",
+            "INSERT INTO assignments (account, idx, hash_key, weight, created_at) ",
         )
         .push_values(chunk, |mut row, a| {
             row.push_bind(a.account.as_str())
+                .push_bind(i64::from(a.index))
                 .push_bind(a.hash_key.to_be_bytes().to_vec())
                 .push_bind(a.weight as i64)
                 .push_bind(a.created_at);
@@ -30,12 +31,13 @@ pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result
         .execute(&mut *conn)
         .await?;
         let done = sqlx::QueryBuilder::<Sqlite>::new(
-            "INSERT INTO events (at, kind, account, key_after, weight) ",
+            "INSERT INTO events (at, kind, account, idx, key_after, weight) ",
         )
         .push_values(chunk, |mut row, a| {
             row.push_bind(at)
                 .push_bind("allocate")
                 .push_bind(a.account.as_str())
+                .push_bind(i64::from(a.index))
                 .push_bind(a.hash_key.to_be_bytes().to_vec())
                 .push_bind(a.weight as i64);
         })
@@ -48,18 +50,21 @@ pub async fn insert_many(conn: &mut Conn, new: &[Assignment], at: i64) -> Result
     Ok(ids)
 }
 
-/// Deletes each assignment, which must be stored as given, and logs `release` for it;
-/// answers the event ids in the order of `gone`, or [`StoreError::Stale`] if a row had
-/// changed. One statement per row: SQLite's statements cost no round trip.
-pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Result<Vec<i64>> {
+/// Deletes each key, which must be stored as given, and logs `release` for it; answers
+/// the event ids in the order of `gone`, or [`StoreError::Stale`] if a row had changed.
+/// One statement per row: SQLite's statements cost no round trip.
+pub async fn delete_many(conn: &mut Conn, gone: &[KeyRow], at: i64) -> Result<Vec<i64>> {
     let mut ids = Vec::with_capacity(gone.len());
     for a in gone {
         let key = a.hash_key.to_be_bytes();
-        let done = sqlx::query("DELETE FROM assignments WHERE account = $1 AND hash_key = $2")
-            .bind(a.account.as_str())
-            .bind(key.to_vec())
-            .execute(&mut *conn)
-            .await?;
+        let done = sqlx::query(
+            "DELETE FROM assignments WHERE account = $1 AND idx = $2 AND hash_key = $3",
+        )
+        .bind(a.account.as_str())
+        .bind(i64::from(a.index))
+        .bind(key.to_vec())
+        .execute(&mut *conn)
+        .await?;
         super::changed_one(done.rows_affected())?;
         ids.push(
             log(
@@ -67,6 +72,7 @@ pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Resul
                 at,
                 "release",
                 a.account.as_str(),
+                a.index,
                 Some(key),
                 None,
                 a.weight,
@@ -77,25 +83,26 @@ pub async fn delete_many(conn: &mut Conn, gone: &[Assignment], at: i64) -> Resul
     Ok(ids)
 }
 
-/// Hands every assignment to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, stepping
+/// Hands every key row to `each`, [`SCAN_BATCH`](super::SCAN_BATCH) at a time, stepping
 /// one statement through SQLite's C API (see [`raw_sqlite`](super::raw_sqlite) for why).
 ///
 /// The read runs on the calling thread without yielding: it is start-up's, before the
 /// server accepts anything.
 pub async fn scan_assignments(
     tx: &mut Transaction<'static, Sqlite>,
-    mut each: impl FnMut(Vec<Assignment>) -> bool,
+    mut each: impl FnMut(Vec<KeyRow>) -> bool,
 ) -> Result<()> {
     let mut handle = tx.lock_handle().await?;
-    let mut rows = super::raw_sqlite::Statement::prepare(&mut handle, ASSIGNMENT_COLUMNS)?;
+    let mut rows = super::raw_sqlite::Statement::prepare(&mut handle, KEY_COLUMNS)?;
     let mut batch = Vec::with_capacity(super::SCAN_BATCH);
     while rows.step()? {
         let account = rows.text(0)?.to_owned();
-        batch.push(decode_assignment(
+        batch.push(decode_row(
             account,
-            rows.bytes(1),
-            rows.int(2),
+            rows.int(1),
+            rows.bytes(2),
             rows.int(3),
+            rows.int(4),
         )?);
         if batch.len() == super::SCAN_BATCH {
             let full = std::mem::replace(&mut batch, Vec::with_capacity(super::SCAN_BATCH));
