@@ -28,6 +28,7 @@ mod reshard;
 mod schemathesis;
 mod secrets;
 mod shards;
+mod simulate;
 mod store;
 mod streams;
 mod sub_key;
