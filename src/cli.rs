@@ -165,20 +165,36 @@ enum Pass {
     Keyless,
 }
 
-/// `keyspread import`: moves an existing table of `account,weight[,hash_key]` rows (a
-/// header line is skipped) into keyspread, keeping the keys rows bring; one transaction
+/// `keyspread import`: moves an existing table of `account,weight[,hash_key[,fanout]]` rows
+/// (a header line is skipped) into keyspread, keeping the keys rows bring; one transaction
 /// per 10,000 rows. `open` is called twice: the rows that bring a key are placed in a first
-/// pass over the file, the others in a second. `progress` is called after each transaction
-/// with the rows handled so far.
+/// pass over the file, the others in a second. A row that brings key 0 of several gets its
+/// other keys once every brought key is placed, so that none of them takes one a later row
+/// brings. `progress` is called after each transaction with the rows handled so far.
 pub async fn import<R: std::io::Read>(
     registry: &std::sync::Arc<crate::registry::Registry>,
     open: impl Fn() -> std::io::Result<R>,
     mut progress: impl FnMut(u64),
 ) -> Result<ImportSummary, String> {
     let mut summary = ImportSummary::default();
+    let mut grow_later = Vec::new();
     for pass in [Pass::Keyed, Pass::Keyless] {
         let csv = open().map_err(|e| format!("cannot read the file: {e}"))?;
-        import_pass(registry, csv, pass, &mut summary, &mut progress).await?;
+        import_pass(
+            registry,
+            csv,
+            pass,
+            &mut summary,
+            &mut grow_later,
+            &mut progress,
+        )
+        .await?;
+    }
+    for (account, fanout) in grow_later {
+        registry
+            .update(account, None, Some(fanout))
+            .await
+            .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
     }
     Ok(summary)
 }
@@ -189,6 +205,7 @@ async fn import_pass(
     csv: impl std::io::Read,
     pass: Pass,
     summary: &mut ImportSummary,
+    grow_later: &mut Vec<(crate::keyspace::AccountId, u32)>,
     progress: &mut impl FnMut(u64),
 ) -> Result<(), String> {
     let mut rows = Rows::new(csv, registry.keyspace());
@@ -213,6 +230,9 @@ async fn import_pass(
                     {
                         let why = format!("hash key {key} is already held by another account");
                         summary.refused.push((line, why));
+                    } else if row.key.is_some() && row.fanout > 1 {
+                        grow_later.push((row.account.clone(), row.fanout));
+                        chunk.push(crate::registry::NewAccount { fanout: 1, ..row });
                     } else {
                         chunk.push(row);
                     }

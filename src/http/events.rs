@@ -56,6 +56,9 @@ pub struct EventBody {
     /// The account, for account events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
+    /// For account events: which of the account's keys changed (0 unless it has several).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
     /// The stream, for stream events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream: Option<String>,
@@ -65,8 +68,8 @@ pub struct EventBody {
     /// The account's key after the change (allocate, move, reweight).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_after: Option<HashKey>,
-    /// The account's weight: the new one for allocate and reweight, the one it had for
-    /// release and move.
+    /// The key's weight (its share of the account's): the new one for allocate and
+    /// reweight, the one it had for release and move.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<u64>,
     /// For `stream_put`: how many open shards the new map has. The map itself is not in
@@ -78,18 +81,26 @@ pub struct EventBody {
 impl From<LoggedEvent> for EventBody {
     fn from(logged: LoggedEvent) -> Self {
         let (kind, account, stream) = match logged.event.change {
-            Change::Allocate { account, .. } => (EventKind::Allocate, Some(account), None),
-            Change::Release { account, .. } => (EventKind::Release, Some(account), None),
-            Change::Move { account, .. } => (EventKind::Move, Some(account), None),
-            Change::Reweight { account, .. } => (EventKind::Reweight, Some(account), None),
+            Change::Allocate { account, index, .. } => {
+                (EventKind::Allocate, Some((account, index)), None)
+            }
+            Change::Release { account, index, .. } => {
+                (EventKind::Release, Some((account, index)), None)
+            }
+            Change::Move { account, index, .. } => (EventKind::Move, Some((account, index)), None),
+            Change::Reweight { account, index, .. } => {
+                (EventKind::Reweight, Some((account, index)), None)
+            }
             Change::StreamPut { stream } => (EventKind::StreamPut, None, Some(stream)),
             Change::StreamDelete { stream } => (EventKind::StreamDelete, None, Some(stream)),
         };
+        let (account, index) = account.unzip();
         EventBody {
             id: logged.event.id,
             kind,
             at: super::timestamp(logged.event.at),
             account: account.map(AccountId::into_string),
+            index,
             stream,
             key_before: logged.key_before,
             key_after: logged.key_after,

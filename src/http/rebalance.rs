@@ -21,10 +21,12 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(apply))
 }
 
-/// One account moving to a key in another shard.
+/// One of an account's keys moving to a key in another shard.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct MoveBody {
     pub account: String,
+    /// Which of the account's keys moves (0 unless it has several).
+    pub index: u32,
     pub from: HashKey,
     pub to: HashKey,
     pub from_shard: usize,
@@ -36,11 +38,16 @@ pub struct MoveBody {
 pub struct RebalancePlan {
     /// Names this plan and the state it was computed on; pass it to `POST /rebalance`.
     pub plan_id: String,
-    /// Most accounts any shard holds after the plan: ceil(accounts / shards).
+    /// Most keys any shard holds after the plan: ceil(keys / shards) (one key per
+    /// account, K for an account of fanout K).
     pub cap: u64,
     /// False when some shard stays above `cap` because any further move would have made
-    /// the heaviest shard heavier (only with unequal weights).
+    /// the heaviest shard heavier (only with unequal weights) or stacked an account's
+    /// keys on one shard.
     pub complete: bool,
+    /// The first `mends` moves spread again the keys of accounts that no longer lie on
+    /// distinct shards of the primary map (after a change of its map); the rest balance.
+    pub mends: usize,
     pub moves: Vec<MoveBody>,
     pub before: Skew,
     pub after: Skew,
@@ -52,11 +59,13 @@ impl RebalancePlan {
             plan_id,
             cap: plan.cap,
             complete: plan.complete,
+            mends: plan.mends,
             moves: plan
                 .moves
                 .into_iter()
                 .map(|m| MoveBody {
                     account: m.account,
+                    index: m.index,
                     from: m.from,
                     to: m.to,
                     from_shard: m.from_shard,

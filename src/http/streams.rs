@@ -190,9 +190,15 @@ pub struct StreamChange {
     /// Accounts per shard on the new map.
     pub after: Vec<ShardCount>,
     pub after_skew: Skew,
-    /// The moves that would bring every shard to at most ceil(accounts / shards); not
+    /// The moves that would bring every shard to at most ceil(keys / shards); not
     /// applied: `POST /rebalance` with its `plan_id` applies it.
     pub rebalance: RebalancePlan,
+    /// Accounts with several keys that no longer lie on distinct shards of the primary
+    /// map (a map change can leave them so): the rebalance plan's first `mends` moves
+    /// spread them again. 0 when every account is spread.
+    pub unspread_accounts: usize,
+    /// Up to 20 of them, by name.
+    pub unspread_sample: Vec<String>,
 }
 
 /// A stream name in a path.
@@ -311,6 +317,13 @@ async fn put_stream(
         StatusCode::CREATED
     };
     let (plan_id, plan) = change.rebalance;
+    let mut unspread: Vec<String> = plan.moves[..plan.mends]
+        .iter()
+        .map(|m| m.account.clone())
+        .collect();
+    unspread.dedup();
+    let unspread_accounts = unspread.len();
+    unspread.truncate(20);
     Ok((
         status,
         Json(StreamChange {
@@ -322,6 +335,8 @@ async fn put_stream(
             after_skew: Skew::of(&change.after),
             after: ShardCount::of_map(&change.stream.map, &change.after),
             rebalance: RebalancePlan::new(plan_id, plan),
+            unspread_accounts,
+            unspread_sample: unspread,
         }),
     ))
 }

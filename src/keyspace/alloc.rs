@@ -277,11 +277,22 @@ impl Allocator {
         lo: HashKey,
         hi: HashKey,
     ) -> Result<HashKey, Error> {
-        let spread = self.spread();
-        let mut parts: Vec<(Load, HashKey, HashKey)> = match spread {
+        self.next_key_outside(&self.spread().forbidden(keys, i), lo, hi)
+    }
+
+    /// A new key in the lightest part of `[lo, hi]` outside the `forbidden` ranges (as
+    /// [`Spread::forbidden`] answers them), if any: on the balanced map, in the lightest
+    /// allowed shard.
+    pub fn next_key_outside(
+        &self,
+        forbidden: &[(HashKey, HashKey)],
+        lo: HashKey,
+        hi: HashKey,
+    ) -> Result<HashKey, Error> {
+        let allowed = spread::allowed_in(forbidden, lo, hi);
+        let mut parts: Vec<(Load, HashKey, HashKey)> = match self.spread() {
             // Whole shards are allowed or not: each its own part.
-            Spread::Shards(map) => spread
-                .allowed_in(keys, i, lo, hi)
+            Spread::Shards(map) => allowed
                 .into_iter()
                 .flat_map(|(a, b)| {
                     let (first, last) = (map.index_of(a), map.index_of(b));
@@ -292,8 +303,7 @@ impl Allocator {
                 })
                 .map(|(a, b)| (self.load_in(a, b), a, b))
                 .collect(),
-            Spread::Segments(_) => spread
-                .allowed_in(keys, i, lo, hi)
+            Spread::Segments(_) => allowed
                 .into_iter()
                 .map(|(a, b)| (self.load_in(a, b), a, b))
                 .collect(),
@@ -344,11 +354,14 @@ impl Allocator {
 }
 
 /// Loads of the segments of one level, kept while one account's keys are placed: each
-/// new key goes to the lightest segment of its level that holds none of the earlier keys.
+/// new key goes to the lightest segment of its level that holds none of the earlier keys
+/// (O(2^level) a key, 2^level ≤ 2 × fanout).
 #[derive(Debug, Default)]
 struct SegmentLoads {
     level: Option<u32>,
     loads: Vec<Load>,
+    /// Segments holding one of the account's keys, or with no free key left.
+    closed: Vec<bool>,
 }
 
 impl SegmentLoads {
@@ -364,37 +377,42 @@ impl SegmentLoads {
                     alloc.load_in(lo, hi)
                 })
                 .collect();
+            self.closed = vec![false; self.loads.len()];
+            for key in keys {
+                self.closed[segment_of(keyspace, level, *key)] = true;
+            }
         }
-        let shift = keyspace.bits() - level;
-        let taken: std::collections::HashSet<u128> = keys
-            .iter()
-            .map(|k| k.0.checked_shr(shift).unwrap_or(0))
-            .collect();
-        let mut free: Vec<(u64, u64, usize)> = (0..self.loads.len())
-            .filter(|s| !taken.contains(&(*s as u128)))
-            .map(|s| (self.loads[s].weight, self.loads[s].count, s))
-            .collect();
-        free.sort_unstable();
-        for (_, _, s) in free {
+        loop {
+            let lightest = (0..self.loads.len())
+                .filter(|&s| !self.closed[s])
+                .min_by_key(|&s| (self.loads[s].weight, self.loads[s].count, s));
+            let Some(s) = lightest else {
+                return Err(Error::Full {
+                    lo: HashKey(0),
+                    hi: keyspace.max(),
+                });
+            };
             let (lo, hi) = segment_bounds(keyspace, level, s as u128);
             match alloc.next_key_in(lo, hi) {
-                Err(Error::Full { .. }) => continue,
+                Err(Error::Full { .. }) => self.closed[s] = true,
                 picked => return picked,
             }
         }
-        Err(Error::Full {
-            lo: HashKey(0),
-            hi: keyspace.max(),
-        })
     }
 
-    /// Counts a key just held.
+    /// Counts a key of the account just held.
     fn record(&mut self, keyspace: Keyspace, key: HashKey, weight: u64) {
         if let Some(level) = self.level {
-            let s = key.0.checked_shr(keyspace.bits() - level).unwrap_or(0) as usize;
+            let s = segment_of(keyspace, level, key);
             self.loads[s] = self.loads[s] + Load::one(weight);
+            self.closed[s] = true;
         }
     }
+}
+
+/// Which segment of `level` (at most the keyspace's width) `key` lies in.
+fn segment_of(keyspace: Keyspace, level: u32, key: HashKey) -> usize {
+    key.0.checked_shr(keyspace.bits() - level).unwrap_or(0) as usize
 }
 
 /// The inclusive range of segment `s` of `level` (at most the keyspace's width).

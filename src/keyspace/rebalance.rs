@@ -111,6 +111,9 @@ pub fn plan<'a>(
     names.sort_unstable();
     for name in names {
         let keys = fanned.get_mut(name).expect("listed");
+        if alloc.spread().holds(keys) {
+            continue;
+        }
         let Some(moved) = mend(alloc, keys) else {
             plan.complete = false;
             continue;
@@ -136,13 +139,9 @@ pub fn plan<'a>(
         h.key = fanned[h.account][h.index as usize];
     }
 
-    let mut leaving = over_cap_holdings(map, &loads, cap, holdings);
+    let (mut leaving, spares) = over_cap_holdings(map, &loads, cap, holdings);
     // Heaviest movers first, into the lightest shards: keeps the heaviest shard from growing.
-    leaving.sort_by(|a, b| {
-        b.0.weight
-            .cmp(&a.0.weight)
-            .then(a.0.account.cmp(b.0.account))
-    });
+    leaving.sort_by(|a, b| b.weight.cmp(&a.weight).then(a.account.cmp(b.account)));
 
     let mut targets: BinaryHeap<Reverse<(u64, u64, usize)>> = loads
         .iter()
@@ -152,14 +151,25 @@ pub fn plan<'a>(
         .collect();
     // Keys moved already: a spare offered to several of its shard's leavers moves once.
     let mut moved: std::collections::HashSet<(&'a str, u32)> = std::collections::HashSet::new();
-    for (holding, spares) in leaving {
+    for holding in leaving {
         // The holding chosen to leave, else the next candidate of its shard: an account's
         // other keys may leave it nowhere to go.
         let mut placed = None;
-        let candidates = std::iter::once(holding).chain(spares);
+        let shard = map.index_of(holding.key);
+        let candidates = std::iter::once(holding).chain(spares[shard].iter().cloned());
         for h in candidates.filter(|h| !moved.contains(&(h.account, h.index))) {
-            let keys = fanned.get(h.account);
-            match place(alloc, map, &mut targets, &loads, heaviest, &h, keys) {
+            let forbidden = fanned
+                .get(h.account)
+                .map(|keys| alloc.spread().forbidden(keys, h.index as usize));
+            match place(
+                alloc,
+                map,
+                &mut targets,
+                &loads,
+                heaviest,
+                &h,
+                forbidden.as_deref(),
+            ) {
                 Placed::Moved(m) => {
                     placed = Some((h, m));
                     break;
@@ -235,14 +245,14 @@ fn mend(alloc: &mut Allocator, keys: &mut [HashKey]) -> Option<Vec<(usize, HashK
     Some(moved)
 }
 
-/// Per shard over `cap`, the holdings that leave it (lightest first, then newest), each
-/// with the shard's remaining candidates should it have nowhere to go.
+/// The holdings that leave a shard over `cap` (per shard: lightest first, then newest),
+/// and per shard the remaining candidates, should one of them have nowhere to go.
 fn over_cap_holdings<'a>(
     map: &ShardMap,
     loads: &[Load],
     cap: u64,
     holdings: Vec<Holding<'a>>,
-) -> Vec<(Holding<'a>, Vec<Holding<'a>>)> {
+) -> (Vec<Holding<'a>>, Vec<Vec<Holding<'a>>>) {
     let mut per_shard: Vec<Vec<Holding<'a>>> = vec![Vec::new(); loads.len()];
     for h in holdings {
         let shard = map.index_of(h.key);
@@ -251,6 +261,7 @@ fn over_cap_holdings<'a>(
         }
     }
     let mut leaving = Vec::new();
+    let mut spares = Vec::with_capacity(loads.len());
     for (shard, mut held) in per_shard.into_iter().enumerate() {
         let excess = (loads[shard].count.saturating_sub(cap)) as usize;
         held.sort_by(|a, b| {
@@ -261,12 +272,13 @@ fn over_cap_holdings<'a>(
                 b.index,
             ))
         });
-        let spares = held.split_off(excess.min(held.len()));
-        // Only keys of accounts with several can be stuck: the others never need a spare.
-        let spares: Vec<Holding<'a>> = spares.into_iter().filter(|h| h.fanout > 1).collect();
-        leaving.extend(held.into_iter().map(|h| (h, spares.clone())));
+        let rest = held.split_off(excess.min(held.len()));
+        leaving.extend(held);
+        // Keys of accounts with one key are never stuck: only those of fanned-out ones
+        // may need a spare.
+        spares.push(rest.into_iter().filter(|h| h.fanout > 1).collect());
     }
-    leaving
+    (leaving, spares)
 }
 
 /// What became of one holding offered a target.
@@ -279,8 +291,8 @@ enum Placed {
 }
 
 /// Moves one holding into the lightest shard that still has room and that its account's
-/// other keys (`keys`, if it has several) allow, if that keeps every shard at or below
-/// `heaviest`; the move is performed on `alloc`.
+/// other keys allow (outside `forbidden`, if it has several), if that keeps every shard at
+/// or below `heaviest`; the move is performed on `alloc`.
 fn place(
     alloc: &mut Allocator,
     map: &ShardMap,
@@ -288,7 +300,7 @@ fn place(
     loads: &[Load],
     heaviest: u64,
     holding: &Holding<'_>,
-    keys: Option<&Vec<HashKey>>,
+    forbidden: Option<&[(HashKey, HashKey)]>,
 ) -> Placed {
     let mut passed = Vec::new();
     let mut outcome = Placed::NowhereFor;
@@ -304,8 +316,8 @@ fn place(
         }
         let range = map.shard(shard);
         alloc.remove(holding.key).expect("holding is held");
-        let picked = match keys {
-            Some(keys) => alloc.next_key_for(keys, holding.index as usize, range.start, range.end),
+        let picked = match forbidden {
+            Some(forbidden) => alloc.next_key_outside(forbidden, range.start, range.end),
             None => alloc.next_key_in(range.start, range.end),
         };
         match picked {

@@ -40,9 +40,19 @@ impl Spread<'_> {
         }
     }
 
-    /// Whether `keys` (by index) obey the rule for every prefix.
+    /// Whether `keys` (by index) obey the rule for every prefix. O(K log K).
     pub fn holds(&self, keys: &[HashKey]) -> bool {
-        self.misplaced(keys).is_empty()
+        match *self {
+            Spread::Shards(_) => self.misplaced(keys).is_empty(),
+            // The longest prefix of each level decides it: keys 0..min(K, 2^L) on distinct
+            // segments of level L (a shorter prefix of the level is a subset of it).
+            Spread::Segments(keyspace) => (0..=level(keys.len().saturating_sub(1))).all(|l| {
+                let n = keys.len().min(1 << l);
+                let distinct: std::collections::HashSet<u128> =
+                    keys[..n].iter().map(|k| segment(keyspace, *k, l)).collect();
+                distinct.len() == n
+            }),
+        }
     }
 
     /// The indices to move so that `keys` obey the rule again: scanning in index order,
@@ -115,28 +125,38 @@ impl Spread<'_> {
         lo: HashKey,
         hi: HashKey,
     ) -> Vec<(HashKey, HashKey)> {
-        let mut allowed = Vec::new();
-        let mut next = Some(lo.0);
-        for (f_lo, f_hi) in self.forbidden(keys, i) {
-            let Some(from) = next else { break };
-            if f_hi.0 < from {
-                continue;
-            }
-            if f_lo.0 > hi.0 {
-                break;
-            }
-            if f_lo.0 > from {
-                allowed.push((HashKey(from), HashKey(f_lo.0 - 1)));
-            }
-            next = f_hi.0.checked_add(1);
-        }
-        if let Some(from) = next
-            && from <= hi.0
-        {
-            allowed.push((HashKey(from), hi));
-        }
-        allowed
+        allowed_in(&self.forbidden(keys, i), lo, hi)
     }
+}
+
+/// `[lo, hi]` less the `forbidden` ranges (sorted, disjoint, inclusive).
+pub fn allowed_in(
+    forbidden: &[(HashKey, HashKey)],
+    lo: HashKey,
+    hi: HashKey,
+) -> Vec<(HashKey, HashKey)> {
+    let mut allowed = Vec::new();
+    let mut next = Some(lo.0);
+    let first = forbidden.partition_point(|(_, f_hi)| f_hi.0 < lo.0);
+    for &(f_lo, f_hi) in &forbidden[first..] {
+        let Some(from) = next else { break };
+        if f_hi.0 < from {
+            continue;
+        }
+        if f_lo.0 > hi.0 {
+            break;
+        }
+        if f_lo.0 > from {
+            allowed.push((HashKey(from), HashKey(f_lo.0 - 1)));
+        }
+        next = f_hi.0.checked_add(1);
+    }
+    if let Some(from) = next
+        && from <= hi.0
+    {
+        allowed.push((HashKey(from), hi));
+    }
+    allowed
 }
 
 /// The segment level key `i` is compared at: ⌈log2 (i + 1)⌉.

@@ -111,3 +111,46 @@ async fn a_keyless_row_never_takes_a_key_a_later_row_brings() {
         assert_ne!(imported(&app, "a").await["hash_key"], first_pick, "{csv:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_takes_a_fanout_column() {
+    let app = spawn_app().await;
+    let key = (1u128 << 127) + 12345;
+    let csv = format!(
+        "account,weight,hash_key,fanout\n\
+         hot,10,,4\n\
+         keyed,6,{key},3\n\
+         plain,2\n\
+         light,2,,3\n"
+    );
+    let out = import(&app, &csv).await;
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        report.contains("line 5: weight 2 is below fanout 3"),
+        "{report}"
+    );
+    let hot = imported(&app, "hot").await;
+    assert_eq!(
+        (&hot["fanout"], &hot["weight"]),
+        (&4.into(), &10.into()),
+        "{hot}"
+    );
+    assert_eq!(hot["hash_keys"].as_array().unwrap().len(), 4);
+    let keyed = imported(&app, "keyed").await;
+    assert_eq!(keyed["fanout"], 3, "{keyed}");
+    assert_eq!(
+        keyed["hash_keys"][0],
+        key.to_string(),
+        "key 0 is the row's own"
+    );
+    // Without a primary stream, keys 0 and 1 lie in distinct halves, 2 in a third quarter.
+    let quarters: Vec<u128> = keyed["hash_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().parse::<u128>().unwrap() >> 126)
+        .collect();
+    assert_ne!(quarters[0] >> 1, quarters[1] >> 1, "{quarters:?}");
+    assert!(!quarters[..2].contains(&quarters[2]), "{quarters:?}");
+    assert_eq!(imported(&app, "plain").await["fanout"], 1);
+}

@@ -9,6 +9,8 @@ mod bounds;
 mod crash;
 mod cross_site;
 mod errors;
+mod fanout;
+mod fanout_kinesis;
 mod follow;
 mod forwarded;
 mod heavy;

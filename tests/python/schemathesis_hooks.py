@@ -16,6 +16,13 @@ each brought about here by the function named, with why the document cannot say 
   `list_keys` and `batch`). `maxLength` counts characters, not bytes: 256 characters may be 1,024 bytes.
 - POST /keys/batch: no account twice (`batch`). `uniqueItems` compares whole items: two items
   with the same account and different weights are unique to it.
+- GET /shard-of: `index` and `sub_key` choose among an `account`'s keys, so they come with
+  `account` only, not both, and `index` is below the account's fanout (`shard_of`): two
+  parameters again, and the fanout is the account's, not the document's.
+- POST /keys/{account}, POST /keys/batch items, PATCH /keys/{account}: the weight is at least
+  the fanout (each key carries at least 1), and a PATCH gives at least one of them
+  (`shares`). A bound relating two properties is again beyond JSON Schema; "at least one"
+  is an `anyOf` of `required` lists that utoipa's derive does not produce.
 - PUT /streams/{name}: the open shards of `Shards` tile [0, 2^128) with no gap or overlap,
   and exactly one of `Shards`, `shard_count` is given (`put_stream`). Tiling relates the
   values of different items, which no JSON Schema keyword does. "Exactly one" could be a
@@ -25,7 +32,7 @@ each brought about here by the function named, with why the document cannot say 
 A request that the schema allows but that breaks one of them is rightly refused (400 or 422),
 which the positive_data_acceptance check would report. So positive cases are brought within
 these rules before they are sent; negative cases are sent as generated. One more hook keeps
-shard counts small in every case, for run time only (see `sizes`). Loaded by
+shard counts and fanouts small in every case, for run time only (see `sizes`). Loaded by
 tests/api/schemathesis.rs through SCHEMATHESIS_HOOKS.
 """
 
@@ -41,6 +48,10 @@ ACCOUNT_BYTES = 256
 LIMIT = 100_000
 MAX_SHARDS = 1_000
 MAX_STREAM_SHARDS = 64
+MAX_FANOUT = 1024
+# Fanouts up to 1024 are valid, but every registered map then re-plans tens of thousands
+# of keys in the debug build; valid fanouts are lowered to this, for run time only.
+MOST_KEYS = 16
 
 
 def exactly_one(params, names, default):
@@ -59,22 +70,59 @@ def shard_of(case):
     if "account" in query:
         query["account"] = fit(query["account"])
     exactly_one(query, ["shards", "stream"], ("shards", 4))
+    if "account" not in query:
+        query.pop("index", None)
+        query.pop("sub_key", None)
+    elif query.get("index") is not None:
+        # Every account has key 0; which others it has is its own.
+        query["index"] = 0
+        query.pop("sub_key", None)
     key = query.get("hash_key")
     if isinstance(key, str) and key.isdigit():
         query["hash_key"] = str(int(key) % KEYSPACE)
+
+
+def shares(body, patch=False):
+    """At least one of weight and fanout in a PATCH; the weight at least the fanout."""
+    if not isinstance(body, dict):
+        return
+    if patch and body.get("weight") is None and body.get("fanout") is None:
+        body["weight"] = 1
+    fanout, weight = body.get("fanout"), body.get("weight")
+    number = (int, float)
+    if isinstance(fanout, number):
+        if weight is None and patch:
+            body["weight"] = fanout
+        elif isinstance(weight, number) and weight < fanout:
+            body["weight"] = fanout
+    elif patch and isinstance(weight, number) and weight < MAX_FANOUT:
+        # A new weight alone must be at least the account's fanout, whatever it is.
+        body["weight"] = MAX_FANOUT
+
+
+def allocate(case):
+    account_path(case)
+    shares(case.body)
+
+
+def reweight(case):
+    account_path(case)
+    shares(case.body, patch=True)
 
 
 def map_params(case):
     exactly_one(case.query, ["shards", "stream"], ("shards", 4))
 
 
-def cap(params, name, most):
+def cap(params, name, most, limit=LIMIT):
     """Lowers a valid count above `most` to `most`; invalid ones stay as generated."""
     # Some phases hand over query values already written as strings.
     value = params.get(name)
     if isinstance(value, str) and value.isdigit():
         value = int(value)
-    if isinstance(value, int) and most < value <= LIMIT:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and most < value <= limit:
         params[name] = most
 
 
@@ -105,6 +153,7 @@ def batch(case):
         item["account"] = fit(item["account"])
         if item["account"] not in seen:
             seen.add(item["account"])
+            shares(item)
             items.append(item)
     case.body["accounts"] = items
 
@@ -127,8 +176,8 @@ RULES = {
     ("GET", "/keys"): list_keys,
     ("POST", "/keys/batch"): batch,
     ("GET", "/keys/{account}"): account_path,
-    ("POST", "/keys/{account}"): account_path,
-    ("PATCH", "/keys/{account}"): account_path,
+    ("POST", "/keys/{account}"): allocate,
+    ("PATCH", "/keys/{account}"): reweight,
     ("DELETE", "/keys/{account}"): account_path,
     ("PUT", "/streams/{name}"): put_stream,
 }
@@ -141,6 +190,11 @@ def sizes(case):
             for name in ("shards", "target"):
                 cap(params, name, MAX_SHARDS)
             cap(params, "shard_count", MAX_STREAM_SHARDS)
+            cap(params, "fanout", MOST_KEYS, MAX_FANOUT)
+    if isinstance(case.body, dict) and isinstance(case.body.get("accounts"), list):
+        for item in case.body["accounts"]:
+            if isinstance(item, dict):
+                cap(item, "fanout", MOST_KEYS, MAX_FANOUT)
 
 
 @schemathesis.hook

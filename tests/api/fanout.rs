@@ -1,0 +1,433 @@
+//! Hot accounts: several keys per account, on distinct shards, through every change.
+
+use std::collections::{BTreeMap, HashMap};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, assert_problem, spawn_app};
+
+/// The account's keys as the answer lists them, checked against `hash_key` and `fanout`.
+fn keys_of(answer: &Value) -> Vec<u128> {
+    let keys: Vec<u128> = answer["hash_keys"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no hash_keys in {answer}"))
+        .iter()
+        .map(|k| k.as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(answer["hash_key"], answer["hash_keys"][0], "{answer}");
+    assert_eq!(
+        answer["fanout"].as_u64(),
+        Some(keys.len() as u64),
+        "{answer}"
+    );
+    keys
+}
+
+async fn etag_of(app: &TestApp, account: &str) -> String {
+    let response = reqwest::get(app.url(&format!("/keys/{account}")))
+        .await
+        .unwrap();
+    response.headers()["etag"].to_str().unwrap().to_owned()
+}
+
+async fn patch(app: &TestApp, path: &str, body: Value) -> crate::helpers::Answer {
+    app.call(Method::PATCH, path, Some(body)).await
+}
+
+/// The shard id each of `account`'s keys lands on in `stream`, by index, as shard-of says.
+async fn shards_of(app: &TestApp, account: &str, stream: &str, fanout: usize) -> Vec<String> {
+    let mut shards = Vec::new();
+    for i in 0..fanout {
+        let a = app
+            .get(&format!(
+                "/shard-of?account={account}&index={i}&stream={stream}"
+            ))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.body["index"], i);
+        shards.push(a.body["shard_id"].as_str().unwrap().to_owned());
+    }
+    shards
+}
+
+/// Whether keys `0..k` lie on min(k, S) shards with ⌊k/S⌋ or ⌈k/S⌉ each, for every k.
+fn spread_on(shards: &[String], s: usize) -> bool {
+    (1..=shards.len()).all(|k| {
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for shard in &shards[..k] {
+            *counts.entry(shard).or_default() += 1;
+        }
+        counts.len() == k.min(s) && counts.values().all(|&c| c == k / s || c == k.div_ceil(s))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanned_out_keys_lie_on_distinct_shards_of_the_primary_stream() {
+    let app = spawn_app().await;
+    let put = app
+        .call(
+            Method::PUT,
+            "/streams/orders",
+            Some(json!({"shard_count": 4, "primary": true})),
+        )
+        .await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    app.post("/keys/quiet", None).await;
+
+    let hot = app.post("/keys/hot", Some(json!({"fanout": 4}))).await;
+    assert_eq!(hot.status, 201, "{}", hot.body);
+    assert_eq!(hot.body["weight"], 4, "the weight defaults to the fanout");
+    assert_eq!(keys_of(&hot.body).len(), 4);
+    let shards = shards_of(&app, "hot", "orders", 4).await;
+    assert!(spread_on(&shards, 4), "{shards:?}");
+
+    let hotter = app
+        .post("/keys/hotter", Some(json!({"fanout": 10, "weight": 25})))
+        .await;
+    assert_eq!(hotter.status, 201, "{}", hotter.body);
+    let shards = shards_of(&app, "hotter", "orders", 10).await;
+    assert!(spread_on(&shards, 4), "{shards:?}");
+
+    // Idempotent: the same keys again, whatever the body asks.
+    let again = app.post("/keys/hotter", Some(json!({"fanout": 2}))).await;
+    assert_eq!((again.status, &again.body), (200, &hotter.body));
+    let lookup = app.get("/keys/hotter").await;
+    assert_eq!(lookup.body, hotter.body);
+
+    // Balance counts keys: 1 + 4 + 10 keys over 4 shards, at most ceil(15 / 4) each.
+    let d = app.get("/distribution?stream=orders").await;
+    assert_eq!(d.body["skew"]["accounts"], 15, "{}", d.body);
+    assert_eq!(d.body["skew"]["weight"], 1 + 4 + 25);
+    assert!(d.body["skew"]["max"].as_u64().unwrap() <= 4, "{}", d.body);
+    // The MD5 comparison hashes `hot#0`..`hot#3` and so on: as many keys, the same weight.
+    assert_eq!(d.body["md5_skew"]["accounts"], 15);
+    assert_eq!(d.body["md5_skew"]["weight"], 1 + 4 + 25);
+
+    // Every key survives a restart, with its index.
+    let app = app.restart().await;
+    assert_eq!(app.get("/keys/hotter").await.body, hotter.body);
+    assert_eq!(shards_of(&app, "hotter", "orders", 10).await, shards);
+
+    // Events name each key's index; an allocation of K keys is K events.
+    let events = app.get("/events?limit=1000").await;
+    let hotter_events: Vec<(String, u64, u64)> = events.body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["account"] == "hotter")
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["index"].as_u64().unwrap(),
+                e["weight"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64, u64)> = (0..10)
+        .map(|i| ("allocate".to_owned(), i, if i < 5 { 3 } else { 2 }))
+        .collect();
+    assert_eq!(
+        hotter_events, expected,
+        "25 over 10 keys: 3 for the first 5, 2 after"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_grows_from_the_top_and_shrinks_from_the_top() {
+    let app = spawn_app().await;
+    let first = app.post("/keys/acct", Some(json!({"fanout": 2}))).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let two = keys_of(&first.body);
+    // Without a primary stream: two keys in distinct halves of the keyspace.
+    assert_ne!(two[0] >> 127, two[1] >> 127, "{two:?}");
+    let etag = etag_of(&app, "acct").await;
+
+    let grown = patch(&app, "/keys/acct", json!({"fanout": 5, "weight": 11})).await;
+    assert_eq!(grown.status, 200, "{}", grown.body);
+    let five = keys_of(&grown.body);
+    assert_eq!(&five[..2], &two[..], "growing keeps keys 0..k");
+    assert_eq!(grown.body["weight"], 11);
+    // Distinct segments of the uniform map of 8 shards, for every prefix.
+    for k in 1..=5usize {
+        let level = usize::BITS - (k - 1).leading_zeros();
+        let mut segments: Vec<u128> = five[..k]
+            .iter()
+            .map(|key| key.checked_shr(128 - level).unwrap_or(0))
+            .collect();
+        segments.sort();
+        segments.dedup();
+        assert_eq!(segments.len(), k, "{five:?}");
+    }
+    assert_eq!(app.get("/keys/acct").await.body, grown.body);
+    assert_ne!(
+        etag_of(&app, "acct").await,
+        etag,
+        "the ETag follows the keys"
+    );
+
+    let shrunk = patch(&app, "/keys/acct", json!({"fanout": 3})).await;
+    assert_eq!(shrunk.status, 200, "{}", shrunk.body);
+    assert_eq!(
+        keys_of(&shrunk.body),
+        five[..3],
+        "shrinking keeps keys 0..K"
+    );
+    // Weight only: the keys stay.
+    let reweighted = patch(&app, "/keys/acct", json!({"weight": 3})).await;
+    assert_eq!(keys_of(&reweighted.body), five[..3]);
+
+    // The log of the shrink: keys 4 then 3 released, then the kept keys' new shares.
+    let events = app.get("/events?limit=1000").await.body["events"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let tail: Vec<(&str, u64)> = events
+        .iter()
+        .filter(|e| e["account"] == "acct")
+        .map(|e| (e["kind"].as_str().unwrap(), e["index"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            ("allocate", 0),
+            ("allocate", 1),
+            ("reweight", 0),
+            ("reweight", 1),
+            ("allocate", 2),
+            ("allocate", 3),
+            ("allocate", 4),
+            ("release", 4),
+            ("release", 3),
+            ("reweight", 0),
+            ("reweight", 1),
+            ("reweight", 2),
+            ("reweight", 0),
+            ("reweight", 1),
+            ("reweight", 2),
+        ]
+    );
+
+    // The released keys are free again: another account may get them.
+    let mut held: Vec<u128> = Vec::new();
+    for i in 0..40 {
+        let a = app.post(&format!("/keys/other-{i}"), None).await;
+        held.extend(keys_of(&a.body));
+    }
+    assert!(
+        five[3..].iter().any(|k| held.contains(k)),
+        "released keys are handed out again"
+    );
+
+    // Releasing the account frees all its keys; it is gone.
+    assert_eq!(app.delete("/keys/acct").await.status, 204);
+    assert_eq!(app.get("/keys/acct").await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_and_fanout_are_checked() {
+    let app = spawn_app().await;
+    for (body, needle) in [
+        (
+            json!({"fanout": 0}),
+            "fanout must be between 1 and 1024, got 0",
+        ),
+        (
+            json!({"fanout": 1025}),
+            "fanout must be between 1 and 1024, got 1025",
+        ),
+        (
+            json!({"fanout": 3, "weight": 2}),
+            "weight 2 is below fanout 3",
+        ),
+        (json!({"fanout": "2"}), "fanout"),
+    ] {
+        assert_problem(&app.post("/keys/bad", Some(body)).await, 422, needle);
+    }
+    app.post("/keys/acct", Some(json!({"fanout": 4}))).await;
+    assert_problem(
+        &patch(&app, "/keys/acct", json!({})).await,
+        422,
+        "give a weight, a fanout, or both",
+    );
+    assert_problem(
+        &patch(&app, "/keys/acct", json!({"weight": 3})).await,
+        422,
+        "weight 3 is below fanout 4",
+    );
+    assert_problem(
+        &patch(&app, "/keys/acct", json!({"fanout": 9})).await,
+        422,
+        "weight 4 is below fanout 9",
+    );
+    assert_problem(
+        &patch(&app, "/keys/nobody", json!({"fanout": 2})).await,
+        404,
+        "nobody",
+    );
+    let batch = app
+        .post(
+            "/keys/batch",
+            Some(json!({"accounts": [{"account": "b1", "fanout": 3}, {"account": "b2", "fanout": 0}]})),
+        )
+        .await;
+    assert_problem(
+        &batch,
+        422,
+        "accounts[1]: fanout must be between 1 and 1024",
+    );
+    assert_eq!(app.get("/keys/b1").await.status, 404, "all or nothing");
+
+    // Shard-of: index within the fanout, sub_key by the jump hash, both only with an account.
+    for (query, status, needle) in [
+        ("account=acct&index=4&shards=4", 400, "index must be below"),
+        ("account=acct&index=1&sub_key=x&shards=4", 400, "not both"),
+        ("hash_key=5&index=1&shards=4", 400, "give the account"),
+    ] {
+        assert_problem(
+            &app.get(&format!("/shard-of?{query}")).await,
+            status,
+            needle,
+        );
+    }
+    let keys = keys_of(&app.get("/keys/acct").await.body);
+    // DESIGN.md's vector: "order-1" goes to key 3 of 4.
+    let by_sub_key = app
+        .get("/shard-of?account=acct&sub_key=order-1&shards=4")
+        .await;
+    assert_eq!(by_sub_key.body["index"], 3, "{}", by_sub_key.body);
+    assert_eq!(by_sub_key.body["hash_key"], keys[3].to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_and_imports_take_fanouts() {
+    let app = spawn_app().await;
+    let batch = app
+        .post(
+            "/keys/batch",
+            Some(json!({"accounts": [
+                {"account": "b1", "fanout": 3},
+                {"account": "b2"},
+                {"account": "b3", "fanout": 16, "weight": 100},
+            ]})),
+        )
+        .await;
+    assert_eq!(batch.status, 200, "{}", batch.body);
+    let fanouts: Vec<u64> = batch.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| keys_of(a).len() as u64)
+        .collect();
+    assert_eq!(fanouts, [3, 1, 16]);
+    let mut all: Vec<u128> = batch.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(keys_of)
+        .collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 20, "no key held twice");
+    // Paging lists each account once, with all its keys.
+    let page = app.get("/keys?limit=2").await;
+    let listed: Vec<(String, usize)> = page.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["account"].as_str().unwrap().to_owned(), keys_of(a).len()))
+        .collect();
+    assert_eq!(listed, [("b1".to_owned(), 3), ("b2".to_owned(), 1)]);
+    assert_eq!(page.body["next"], "b2");
+    let rest = app.get("/keys?after=b2").await;
+    assert_eq!(keys_of(&rest.body["items"][0]).len(), 16);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_change_that_breaks_spread_says_so_and_the_rebalance_mends_it() {
+    let app = spawn_app().await;
+    // No primary: key 0 at 2^127, key 1 at 2^126 (the walk's picks in each half).
+    let a = app.post("/keys/acct", Some(json!({"fanout": 2}))).await;
+    let keys = keys_of(&a.body);
+    assert_eq!(keys, [1u128 << 127, 1u128 << 126]);
+    // A primary whose second shard holds both keys.
+    let cut = (1u128 << 126) - 1;
+    let listed = json!({"Shards": [
+        {"ShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": cut.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
+        {"ShardId": "shardId-000000000001",
+         "HashKeyRange": {"StartingHashKey": (cut + 1).to_string(), "EndingHashKey": u128::MAX.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
+    ], "primary": true});
+    let put = app.call(Method::PUT, "/streams/s", Some(listed)).await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    assert_eq!(put.body["unspread_accounts"], 1, "{}", put.body);
+    assert_eq!(put.body["unspread_sample"], json!(["acct"]));
+    assert_eq!(put.body["rebalance"]["mends"], 1);
+    let preview = app.get("/rebalance/preview?stream=s").await;
+    let moves = preview.body["moves"].as_array().unwrap();
+    assert_eq!(moves[0]["account"], "acct");
+    assert_eq!(
+        moves[0]["index"], 1,
+        "the later key moves: {}",
+        preview.body
+    );
+    let applied = app
+        .post(
+            "/rebalance",
+            Some(json!({"plan_id": preview.body["plan_id"]})),
+        )
+        .await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    let shards = shards_of(&app, "acct", "s", 2).await;
+    assert!(spread_on(&shards, 2), "{shards:?}");
+    assert_eq!(
+        keys_of(&app.get("/keys/acct").await.body)[0],
+        keys[0],
+        "key 0 stayed"
+    );
+    // Spread again: nothing left to mend.
+    let preview = app.get("/rebalance/preview?stream=s").await;
+    assert_eq!(preview.body["mends"], 0, "{}", preview.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_moves_single_keys_and_never_stacks_an_account() {
+    let app = spawn_app().await;
+    // Accounts allocated before any stream, then a 3-shard primary: uneven, and some
+    // accounts' keys share shards.
+    for (name, fanout) in [("a", 4), ("b", 1), ("c", 7), ("d", 2), ("e", 1), ("f", 5)] {
+        let a = app
+            .post(&format!("/keys/{name}"), Some(json!({"fanout": fanout})))
+            .await;
+        assert_eq!(a.status, 201);
+    }
+    let put = app
+        .call(
+            Method::PUT,
+            "/streams/s",
+            Some(json!({"shard_count": 3, "primary": true})),
+        )
+        .await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    let plan = &put.body["rebalance"];
+    let applied = app
+        .post("/rebalance", Some(json!({"plan_id": plan["plan_id"]})))
+        .await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    assert_eq!(applied.body["complete"], true);
+    let mut per_shard: BTreeMap<String, usize> = BTreeMap::new();
+    for (name, fanout) in [("a", 4), ("b", 1), ("c", 7), ("d", 2), ("e", 1), ("f", 5)] {
+        let shards = shards_of(&app, name, "s", fanout).await;
+        assert!(spread_on(&shards, 3), "{name}: {shards:?}");
+        for s in shards {
+            *per_shard.entry(s).or_default() += 1;
+        }
+    }
+    // 20 keys over 3 shards: 6 or 7 each.
+    assert!(
+        per_shard.values().all(|&n| n == 6 || n == 7),
+        "{per_shard:?}"
+    );
+}
