@@ -6,8 +6,10 @@ use std::path::Path;
 use crate::config::Token;
 use crate::keyspace::{self, Allocator, Keyspace, ListShards, Load, ShardMap, Skew};
 
+mod fanout;
 mod rows;
 
+pub use fanout::{FanoutFigures, fanout_figures, simulate_fanout};
 pub use rows::{Row, Rows};
 
 /// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a

@@ -46,12 +46,21 @@ enum Command {
     Openapi,
     /// Compare MD5 of account names with keyspread's keys over a uniform map.
     Simulate {
-        /// Accounts, named "1".."N" as in the seed example.
-        #[arg(long)]
-        accounts: u64,
+        /// Accounts, named "1".."N" as in the seed example; with --fanout, the accounts whose
+        /// load is compared (default 100).
+        #[arg(long, required_unless_present = "fanout")]
+        accounts: Option<u64>,
         /// Shards of the uniform map.
         #[arg(long)]
         shards: u64,
+        /// Keys per account: compare MD5 of "account#0".."account#{K-1}" with keyspread's
+        /// placement of an account's K keys.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        fanout: Option<u32>,
+        /// With --fanout, accounts tried for the share on distinct shards.
+        #[arg(long, default_value_t = 10_000, requires = "fanout",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        trials: u64,
     },
     /// Manage the streams a running keyspread knows.
     #[command(subcommand)]
@@ -120,9 +129,25 @@ async fn main() -> ExitCode {
             println!("{}", http::openapi_json());
             ExitCode::SUCCESS
         }
-        Command::Simulate { accounts, shards } => {
-            report(cli::simulate(accounts, shards, Keyspace::KINESIS).map_err(|e| e.to_string()))
-        }
+        Command::Simulate {
+            accounts,
+            shards,
+            fanout,
+            trials,
+        } => report(
+            match (fanout, accounts) {
+                (Some(fanout), accounts) => cli::simulate_fanout(
+                    fanout,
+                    shards,
+                    accounts.unwrap_or(100),
+                    trials,
+                    Keyspace::KINESIS,
+                ),
+                (None, Some(accounts)) => cli::simulate(accounts, shards, Keyspace::KINESIS),
+                (None, None) => unreachable!("clap requires --accounts without --fanout"),
+            }
+            .map_err(|e| e.to_string()),
+        ),
         Command::Streams(StreamsCommand::Put {
             name,
             file,

@@ -30,6 +30,8 @@ mod reshard;
 mod schemathesis;
 mod secrets;
 mod shards;
+mod simulate;
 mod store;
 mod streams;
+mod sub_key;
 mod truth;

@@ -59,7 +59,7 @@ async fn generated_python_client_drives_the_live_server() {
 
 /// The program `var` names (found on PATH like any command), else `default`,
 /// which must exist.
-fn tool(var: &str, default: PathBuf) -> PathBuf {
+pub fn tool(var: &str, default: PathBuf) -> PathBuf {
     if let Some(program) = std::env::var_os(var) {
         return PathBuf::from(program);
     }
@@ -71,7 +71,7 @@ fn tool(var: &str, default: PathBuf) -> PathBuf {
     default
 }
 
-fn assert_success(what: &str, output: &Output) {
+pub fn assert_success(what: &str, output: &Output) {
     assert!(
         output.status.success(),
         "{what} failed ({})\n--- stdout\n{}\n--- stderr\n{}",
