@@ -247,7 +247,7 @@ def jump(key, buckets):
     while j < buckets:
         b = j
         key = (key * 2862933555777941757 + 1) % 2**64
-        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+        j = int((b + 1) * (1 << 31) / ((key >> 33) + 1))
     return b
 
 
