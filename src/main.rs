@@ -30,8 +30,8 @@ enum Command {
     Serve(ServeConfig),
     /// Create or upgrade the database schema, then exit (`serve` also does this).
     Migrate(DatabaseArgs),
-    /// Move an existing table into keyspread: a CSV of account,weight[,hash_key] rows;
-    /// rows that bring a hash key keep it.
+    /// Move an existing table into keyspread: a CSV of account,weight[,hash_key[,fanout]]
+    /// rows; rows that bring a hash key keep it (as key 0 of their fanout).
     Import {
         /// The CSV file.
         file: PathBuf,

@@ -249,15 +249,16 @@ pub fn md5_hash(partition_key: &str, keyspace: Keyspace) -> HashKey {
 pub struct Skew {
     /// Number of shards.
     pub shards: u64,
-    /// Number of accounts over all shards.
+    /// Number of keys over all shards: one per account, K for an account of fanout K.
     pub accounts: u64,
-    /// Accounts on the fullest shard.
+    /// Keys on the fullest shard.
     pub max: u64,
-    /// Accounts on the emptiest shard.
+    /// Keys on the emptiest shard.
     pub min: u64,
-    /// `max` divided by the mean accounts per shard; 1.0 is perfect, 0 when there are none.
+    /// `max` divided by the mean keys per shard; 1.0 is perfect, 0 when there are none.
     pub max_over_mean: f64,
-    /// Sum of the account weights over all shards.
+    /// Sum of the keys' weights over all shards (each account's weight, shared among its
+    /// keys).
     pub weight: u64,
     /// Weight of the heaviest shard.
     pub max_weight: u64,
