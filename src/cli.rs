@@ -155,6 +155,9 @@ pub struct ImportSummary {
 /// Rows per transaction: large enough to amortize the commit, small enough to show progress.
 const IMPORT_CHUNK: usize = 10_000;
 
+/// Most keys one import transaction places, over its rows' fanouts.
+const IMPORT_CHUNK_KEYS: u64 = 65_536;
+
 /// The two passes over an import file. Rows that bring their key go first, so that no row
 /// left to the walk takes a key a later row of the file brings.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -199,7 +202,8 @@ pub async fn import<R: std::io::Read>(
     Ok(summary)
 }
 
-/// One pass over the file: places the rows `pass` handles, in chunks of [`IMPORT_CHUNK`].
+/// One pass over the file: places the rows `pass` handles, in chunks of [`IMPORT_CHUNK`]
+/// rows or [`IMPORT_CHUNK_KEYS`] keys.
 async fn import_pass(
     registry: &std::sync::Arc<crate::registry::Registry>,
     csv: impl std::io::Read,
@@ -210,6 +214,7 @@ async fn import_pass(
 ) -> Result<(), String> {
     let mut rows = Rows::new(csv, registry.keyspace());
     let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
+    let mut keys = 0u64;
     loop {
         let next = rows.next().transpose()?;
         let more = next.is_some();
@@ -232,14 +237,18 @@ async fn import_pass(
                         summary.refused.push((line, why));
                     } else if row.key.is_some() && row.fanout > 1 {
                         grow_later.push((row.account.clone(), row.fanout));
+                        keys += 1;
                         chunk.push(crate::registry::NewAccount { fanout: 1, ..row });
                     } else {
+                        keys += u64::from(row.fanout);
                         chunk.push(row);
                     }
                 }
             }
         }
-        if chunk.len() >= IMPORT_CHUNK || (!more && !chunk.is_empty()) {
+        let full = chunk.len() >= IMPORT_CHUNK || keys >= IMPORT_CHUNK_KEYS;
+        if full || (!more && !chunk.is_empty()) {
+            keys = 0;
             place(registry, std::mem::take(&mut chunk), pass, summary).await?;
             progress(summary.rows);
         }

@@ -30,6 +30,10 @@ pub fn batch_router() -> OpenApiRouter<AppState> {
 /// Most accounts one batch may allocate.
 pub const MAX_BATCH: usize = 10_000;
 
+/// Most keys one batch may allocate, over all its accounts' fanouts: one transaction's
+/// work and memory stay bounded (64 accounts of the largest fanout).
+pub const MAX_BATCH_KEYS: u64 = 65_536;
+
 /// An account's hash keys.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Assignment {
@@ -192,7 +196,8 @@ pub struct BatchAnswer {
     pub existing: usize,
 }
 
-/// Allocate hash keys for up to 10,000 accounts in one transaction (idempotent).
+/// Allocate hash keys for up to 10,000 accounts (65,536 keys over their fanouts) in one
+/// transaction (idempotent).
 #[utoipa::path(
     post, path = "/keys/batch", tag = "keys",
     request_body = BatchRequest,
@@ -202,7 +207,7 @@ pub struct BatchAnswer {
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 4 MiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid, duplicate or too many accounts (the detail names the first)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid, duplicate or too many accounts, or more than 65,536 keys in all (the detail names the first)", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -218,6 +223,7 @@ async fn allocate_batch(
     }
     let mut seen = std::collections::HashSet::with_capacity(n);
     let mut requests = Vec::with_capacity(n);
+    let mut keys = 0u64;
     for (i, item) in body.accounts.into_iter().enumerate() {
         let bad = |e: keyspace::Error| ApiError::unprocessable(format!("accounts[{i}]: {e}"));
         let account = AccountId::parse(item.account).map_err(bad)?;
@@ -225,6 +231,13 @@ async fn allocate_batch(
         if !seen.insert(account.clone()) {
             return Err(ApiError::unprocessable(format!(
                 "accounts[{i}]: {account} appears twice"
+            )));
+        }
+        keys += u64::from(fanout);
+        if keys > MAX_BATCH_KEYS {
+            return Err(ApiError::unprocessable(format!(
+                "accounts[{i}]: a batch holds at most {MAX_BATCH_KEYS} keys over all its \
+                 accounts' fanouts; send the rest in another batch"
             )));
         }
         requests.push(NewAccount {

@@ -277,6 +277,18 @@ async fn weight_and_fanout_are_checked() {
         "accounts[1]: fanout must be between 1 and 1024",
     );
     assert_eq!(app.get("/keys/b1").await.status, 404, "all or nothing");
+    // One transaction's work is bounded by keys, not only by accounts.
+    let greedy: Vec<Value> = (0..65)
+        .map(|i| json!({"account": format!("g{i}"), "fanout": 1024}))
+        .collect();
+    let batch = app
+        .post("/keys/batch", Some(json!({"accounts": greedy})))
+        .await;
+    assert_problem(
+        &batch,
+        422,
+        "accounts[64]: a batch holds at most 65536 keys",
+    );
 
     // Shard-of: index within the fanout, sub_key by the jump hash, both only with an account.
     for (query, status, needle) in [
