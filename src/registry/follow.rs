@@ -171,7 +171,28 @@ impl Registry {
             _ => false,
         };
         if !unchanged {
+            drop(current);
             w.alloc.balance_on(primary);
+            self.warn_unspread(w);
+        }
+    }
+
+    /// Logs how many accounts with several keys the map new keys balance on leaves
+    /// unspread: a rebalance over it mends them (its first `mends` moves).
+    fn warn_unspread(&self, w: &Writer) {
+        let accounts = self.accounts.read().expect("accounts lock poisoned");
+        let spread = w.alloc.spread();
+        let mut unspread = accounts
+            .iter()
+            .filter(|(_, e)| e.keys.len() > 1 && !spread.holds(e.keys.as_slice()))
+            .map(|(id, _)| id.as_str());
+        if let Some(first) = unspread.next() {
+            let count = 1 + unspread.count();
+            tracing::warn!(
+                accounts = count,
+                example = first,
+                "the new primary map leaves accounts' keys sharing shards; a rebalance over it spreads them again"
+            );
         }
     }
 }

@@ -509,3 +509,47 @@ async fn a_fanout_that_does_not_fit_writes_nothing() {
     let rest = patch(&app, "/keys/hot", json!({"fanout": 1023, "weight": 1023})).await;
     assert_eq!(rest.status, 200, "{}", rest.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_map_that_leaves_accounts_unspread_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _postgres) = crate::helpers::fresh_database(dir.path()).await;
+    let log = dir.path().join("server.log");
+    let mut server = crate::process::Server::spawn(&url, &log);
+    let client = reqwest::Client::new();
+    server.wait_ready(&client).await;
+    let post = client
+        .post(format!("{}/keys/acct", server.url))
+        .json(&json!({"fanout": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(post.status(), 201);
+    // Both keys (2^127 and 2^126) on the second shard of the new primary map.
+    let cut = (1u128 << 126) - 1;
+    let listed = json!({"Shards": [
+        {"ShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": cut.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
+        {"ShardId": "shardId-000000000001",
+         "HashKeyRange": {"StartingHashKey": (cut + 1).to_string(), "EndingHashKey": u128::MAX.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
+    ], "primary": true});
+    let put = client
+        .put(format!("{}/streams/s", server.url))
+        .json(&listed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    server.kill();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("leaves accounts' keys sharing shards"))
+        .unwrap_or_else(|| panic!("no warning in the log:\n{text}"));
+    assert!(
+        line.contains("accounts=1") && line.contains("example=\"acct\""),
+        "{line}"
+    );
+}
