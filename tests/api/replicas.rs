@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Db, backend, fresh_database};
 use crate::process::{Rng, Server};
-use crate::replay::check_store;
+use crate::replay::{Held, check_store};
 
 const REPLICAS: usize = 3;
 const CLIENTS: u64 = 64;
@@ -168,10 +168,10 @@ async fn load(api: &Api) -> Counts {
     total
 }
 
-/// Accounts per shard of the uniform 4-shard map.
-fn per_shard(stored: &BTreeMap<String, (u128, i64)>) -> Vec<u64> {
+/// Keys per shard of the uniform 4-shard map.
+fn per_shard(stored: &Held) -> Vec<u64> {
     let mut counts = vec![0; SHARDS];
-    for (k, _) in stored.values() {
+    for (k, _) in stored.values().flatten() {
         counts[((k / STEP) as usize).min(SHARDS - 1)] += 1;
     }
     counts
@@ -210,7 +210,7 @@ async fn replicas_never_disagree_and_follow_each_other() {
 
     tokio::time::sleep(LAG_BOUND).await;
     let mut db = Db::connect(&url).await;
-    let stored = check_store(&db.assignments().await, &db.events().await);
+    let stored = check_store(&db.key_rows().await, &db.indexed_events().await);
     let expected = per_shard(&stored);
     for i in 0..REPLICAS {
         let (status, body) = api.get(i, "/distribution?shards=4").await;
@@ -227,8 +227,12 @@ async fn replicas_never_disagree_and_follow_each_other() {
     let body = json!({"plan_id": plan["plan_id"]});
     let (status, applied) = api.call(0, Method::POST, "/rebalance", Some(body)).await;
     assert_eq!(status, 200, "{applied}");
-    let stored = check_store(&db.assignments().await, &db.events().await);
-    let cap = stored.len().div_ceil(SHARDS) as u64;
+    let stored = check_store(&db.key_rows().await, &db.indexed_events().await);
+    let cap = stored
+        .values()
+        .map(Vec::len)
+        .sum::<usize>()
+        .div_ceil(SHARDS) as u64;
     let shards = per_shard(&stored);
     assert!(
         shards.iter().all(|&n| n <= cap),
