@@ -19,6 +19,9 @@ use crate::store::{CHANNEL, Change, Event, HashKeys, Store, StoreError, StreamRo
 /// Longest a replica goes without looking for other replicas' changes.
 pub const POLL: Duration = Duration::from_millis(250);
 
+/// Events a follower reads from the log in one query.
+const FOLLOW_PAGE: i64 = 10_000;
+
 impl Registry {
     /// Starts a write transaction and applies everything committed before it.
     pub(super) async fn begin(&self, w: &mut Writer) -> Result<Tx, Error> {
@@ -48,20 +51,30 @@ impl Registry {
             return Ok(0);
         }
         self.count_follow_read();
-        let mut applied = 0;
+        // A page may end inside a transaction (a batch, a fanout change of many keys): read
+        // to the end of the log, then apply it all at once, so that a lookup sees each
+        // transaction whole.
+        let mut events: Vec<Event> = Vec::new();
         loop {
-            let events = self.store.events_after(w.last_event, 10_000).await?;
-            if events.is_empty() {
-                return Ok(applied);
+            let after = events.last().map_or(w.last_event, |e| e.id);
+            let page = self.store.events_after(after, FOLLOW_PAGE).await?;
+            let last_page = (page.len() as i64) < FOLLOW_PAGE;
+            events.extend(page);
+            if last_page {
+                break;
             }
-            let streams = if changes_streams(&events) {
-                Some(self.parse_streams(self.store.load_streams().await?)?)
-            } else {
-                None
-            };
-            applied += events.len();
-            self.apply_all(&mut w, events, streams)?;
         }
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let streams = if changes_streams(&events) {
+            Some(self.parse_streams(self.store.load_streams().await?)?)
+        } else {
+            None
+        };
+        let applied = events.len();
+        self.apply_all(&mut w, events, streams)?;
+        Ok(applied)
     }
 
     /// Follows other writers until the process ends: woken by notifications on Postgres,
