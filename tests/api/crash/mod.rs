@@ -1,5 +1,6 @@
-//! SIGKILL at random moments under load, 20 times over: every acknowledged change survives,
-//! no key is handed out twice, and the event log still replays to exactly the table.
+//! SIGKILL at random moments under load, 20 times over: every acknowledged change survives
+//! (a fanned-out account's keys each at its index, with its share of the weight), no key is
+//! handed out twice, and the event log still replays to exactly the table.
 //!
 //! `make crash` runs this alone with its figures shown; `KEYSPREAD_CRASH_SEED` repeats a
 //! run's choices (the kill moments, and each client's operations).
