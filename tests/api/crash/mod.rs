@@ -111,12 +111,14 @@ async fn acknowledged_changes_survive_sigkill() {
     );
     let accounts = rows.iter().map(|r| &r.0).collect::<BTreeSet<_>>().len();
     println!(
-        "{backend}: acknowledged allocations {}, resizes {} ({} of several keys), found {} \
+        "{backend}: acknowledged allocations {}, resizes {} ({} unanswered), {} of several \
+         keys; found {} \
          ({} moved since), lost {}, duplicates {}, index gaps {}, wrong shares {}, \
          acknowledged releases {}, moves {} ({} acknowledged), kills {KILLS}; \
          {accounts} accounts held with {} keys, {} events, {:.1?} in all",
         v.acked_allocations,
         v.acked_resizes,
+        v.unanswered_resizes,
         v.acked_fanned_out,
         v.found,
         v.found_moved,

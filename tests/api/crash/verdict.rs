@@ -23,6 +23,8 @@ pub struct Verdict {
     /// Acknowledged allocations and resizes, and of them those of several keys.
     pub acked_allocations: u64,
     pub acked_resizes: u64,
+    /// Resizes that got no answer (a kill came first): the table may hold either side.
+    pub unanswered_resizes: u64,
     pub acked_fanned_out: u64,
     /// Acknowledged allocations and resizes whose keys, index by index, the account held at
     /// some point of the log.
@@ -161,6 +163,10 @@ fn judge_account(
             } => {
                 v.acked_resizes += 1;
                 (*weight, keys)
+            }
+            Op::Resize { keys: None, .. } => {
+                v.unanswered_resizes += 1;
+                continue;
             }
             Op::Release { acked: true } => {
                 v.acked_releases += 1;
