@@ -23,7 +23,7 @@ test: test-deps
 	fi
 
 ## The crash test alone, with its figures: 64 clients, SIGKILL at 20 random moments, then
-## every acknowledged change checked in the database. SQLite, and Postgres too when
+## every acknowledged change checked in the database, key by key. SQLite, and Postgres too when
 ## KEYSPREAD_TEST_POSTGRES is set; KEYSPREAD_CRASH_SEED=N repeats a run's choices.
 crash:
 	env -u KEYSPREAD_TEST_POSTGRES $(CARGO) test --test api crash:: -- --nocapture

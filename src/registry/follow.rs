@@ -19,6 +19,9 @@ use crate::store::{CHANNEL, Change, Event, HashKeys, Store, StoreError, StreamRo
 /// Longest a replica goes without looking for other replicas' changes.
 pub const POLL: Duration = Duration::from_millis(250);
 
+/// Events a follower reads from the log in one query.
+const FOLLOW_PAGE: i64 = 10_000;
+
 impl Registry {
     /// Starts a write transaction and applies everything committed before it.
     pub(super) async fn begin(&self, w: &mut Writer) -> Result<Tx, Error> {
@@ -48,21 +51,30 @@ impl Registry {
             return Ok(0);
         }
         self.count_follow_read();
-        let mut applied = 0;
+        // A page may end inside a transaction (a batch, a fanout change of many keys): read
+        // to the end of the log, then apply it all at once, so that a lookup sees each
+        // transaction whole.
+        let mut events: Vec<Event> = Vec::new();
         loop {
-            let mut events = self.store.events_after(w.last_event, PAGE as i64).await?;
-            if events.is_empty() {
-                return Ok(applied);
+            let after = events.last().map_or(w.last_event, |e| e.id);
+            let page = self.store.events_after(after, FOLLOW_PAGE).await?;
+            let last_page = (page.len() as i64) < FOLLOW_PAGE;
+            events.extend(page);
+            if last_page {
+                break;
             }
-            whole_transactions(&mut events);
-            let streams = if changes_streams(&events) {
-                Some(self.parse_streams(self.store.load_streams().await?)?)
-            } else {
-                None
-            };
-            applied += events.len();
-            self.apply_all(&mut w, events, streams)?;
         }
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let streams = if changes_streams(&events) {
+            Some(self.parse_streams(self.store.load_streams().await?)?)
+        } else {
+            None
+        };
+        let applied = events.len();
+        self.apply_all(&mut w, events, streams)?;
+        Ok(applied)
     }
 
     /// Follows other writers until the process ends: woken by notifications on Postgres,
@@ -299,23 +311,6 @@ fn apply_change(
     Ok(())
 }
 
-/// Events the follower reads at a time.
-const PAGE: usize = 10_000;
-
-/// Leaves out of a full page the events that may belong to a transaction the page cuts:
-/// those logged at the page's last commit time (a transaction logs all its events at
-/// one time), unless that is all of them. Applied together, a page never shows a lookup
-/// half of a transaction, such as some of an account's new keys.
-fn whole_transactions(events: &mut Vec<Event>) {
-    if events.len() < PAGE {
-        return;
-    }
-    let last = events.last().expect("a full page").at;
-    if let Some(before) = events.iter().rposition(|e| e.at != last) {
-        events.truncate(before + 1);
-    }
-}
-
 /// Registered streams by name, as memory holds them.
 type Streams = BTreeMap<String, Stream>;
 
@@ -356,35 +351,4 @@ async fn listen(store: &Store) -> Option<sqlx::postgres::PgListener> {
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.ok()?;
     listener.listen(CHANNEL).await.ok()?;
     Some(listener)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn page(times: impl Iterator<Item = i64>) -> Vec<Event> {
-        times
-            .enumerate()
-            .map(|(i, at)| Event {
-                id: i as i64 + 1,
-                at,
-                change: Change::StreamDelete { stream: "s".into() },
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_full_page_stops_before_the_transaction_it_may_cut() {
-        // The last 3 events share their commit time: they wait for the next page.
-        let mut events = page((0..PAGE as i64).map(|i| i.min(PAGE as i64 - 3)));
-        whole_transactions(&mut events);
-        assert_eq!(events.len(), PAGE - 3);
-        // A page that is one transaction is applied whole; a short page always.
-        let mut one = page(std::iter::repeat_n(7, PAGE));
-        whole_transactions(&mut one);
-        assert_eq!(one.len(), PAGE);
-        let mut short = page(std::iter::repeat_n(7, 5));
-        whole_transactions(&mut short);
-        assert_eq!(short.len(), 5);
-    }
 }

@@ -195,6 +195,21 @@ pub type EventRow = (
     Option<String>,
 );
 
+/// An `assignments` row: account, key index, hash key, weight (that key's share).
+pub type KeyRow = (String, i64, Vec<u8>, i64);
+
+/// An `events` row with the key it is about: time (one change's events share it), kind,
+/// account, key index, key before, key after, weight.
+pub type IndexedEvent = (
+    i64,
+    String,
+    Option<String>,
+    i64,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<i64>,
+);
+
 /// An `events` row about an account: id, kind, account, key before, key after, weight.
 pub type AccountEvent = (
     i64,
@@ -357,6 +372,26 @@ impl Db {
         on_db!(self, c => {
             sqlx::raw_sql("ROLLBACK").execute(c).await.unwrap();
         });
+    }
+
+    /// Every key row, by account and index.
+    pub async fn key_rows(&mut self) -> Vec<KeyRow> {
+        on_db!(self, c => sqlx::query_as(
+            "SELECT account, idx, hash_key, weight FROM assignments ORDER BY account, idx",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap())
+    }
+
+    /// Every event with its key index, oldest first.
+    pub async fn indexed_events(&mut self) -> Vec<IndexedEvent> {
+        on_db!(self, c => sqlx::query_as(
+            "SELECT at, kind, account, idx, key_before, key_after, weight FROM events ORDER BY id",
+        )
+        .fetch_all(c)
+        .await
+        .unwrap())
     }
 
     /// `(account, hash key, weight)` of every assignment, by account.

@@ -1,70 +1,257 @@
-//! Checks of what a run left in the database: no key or account twice, and an event log
-//! that replays, decision by decision, to exactly the stored table.
+//! Checks of what a run left in the database: no key held twice, each account's keys
+//! numbered `0..K` with their shares, and an event log that replays, decision by decision
+//! and key by key, to exactly the stored table.
 
 use std::collections::{BTreeMap, HashSet};
 
-use keyspread::keyspace::{Allocator, HashKey, Keyspace};
+use keyspread::keyspace::{Allocator, HashKey, Keyspace, key_weight};
+use reqwest::Method;
+use serde_json::json;
 
-use crate::helpers::EventRow;
+use crate::helpers::{IndexedEvent, KeyRow, spawn_app};
 
 /// A 16-byte big-endian hash key column as a number.
 pub fn key(bytes: &[u8]) -> u128 {
     u128::from_be_bytes(bytes.try_into().expect("16-byte key"))
 }
 
-/// Checks the assignments for duplicates, against their event log, and the log against the
-/// allocator one replica would have run. Answers account -> (key, weight).
-pub fn check_store(
-    assignments: &[(String, Vec<u8>, i64)],
-    events: &[EventRow],
-) -> BTreeMap<String, (u128, i64)> {
-    let stored: BTreeMap<String, (u128, i64)> = (assignments.iter())
-        .map(|(account, k, w)| (account.clone(), (key(k), *w)))
-        .collect();
-    assert_eq!(stored.len(), assignments.len(), "an account holds two keys");
-    let keys: HashSet<u128> = stored.values().map(|(k, _)| *k).collect();
-    assert_eq!(keys.len(), stored.len(), "a hash key is held twice");
+/// Each account's keys by index: (hash key, that key's weight).
+pub type Held = BTreeMap<String, Vec<(u128, i64)>>;
 
-    let mut replayed = BTreeMap::new();
+/// The key rows by account, each account's in index order; panics unless every account's
+/// indexes are exactly `0..K` and each row carries its share of the account's weight.
+pub fn held_keys(rows: &[KeyRow]) -> Held {
+    let mut by_index: BTreeMap<String, BTreeMap<i64, (u128, i64)>> = BTreeMap::new();
+    for (account, idx, k, w) in rows {
+        let row = by_index.entry(account.clone()).or_default();
+        assert_eq!(
+            row.insert(*idx, (key(k), *w)),
+            None,
+            "{account} key {idx} twice"
+        );
+    }
+    let mut held = Held::new();
+    for (account, keys) in by_index {
+        let fanout = keys.len();
+        let indexes: Vec<i64> = keys.keys().copied().collect();
+        let expected: Vec<i64> = (0..fanout as i64).collect();
+        assert_eq!(indexes, expected, "{account}: key indexes are not 0..K");
+        let keys: Vec<(u128, i64)> = keys.into_values().collect();
+        let weight: i64 = keys.iter().map(|(_, w)| w).sum();
+        for (i, (_, w)) in keys.iter().enumerate() {
+            let share = key_weight(weight as u64, fanout as u32, i as u32) as i64;
+            assert_eq!(
+                *w, share,
+                "{account}: key {i} of {fanout} (weight {weight})"
+            );
+        }
+        held.insert(account, keys);
+    }
+    held
+}
+
+/// A key and the weight it held before a reweight.
+type Replaced = (HashKey, u64);
+
+/// Checks the key rows for duplicates, against their event log, and the log against the
+/// allocator one replica would have run. Answers account -> keys by index.
+pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
+    let stored = held_keys(rows);
+    let keys: HashSet<u128> = stored.values().flatten().map(|(k, _)| *k).collect();
+    assert_eq!(keys.len(), rows.len(), "a hash key is held twice");
+
+    let mut replayed: BTreeMap<String, BTreeMap<i64, (u128, i64)>> = BTreeMap::new();
     let mut alloc = Allocator::new(Keyspace::KINESIS);
-    for (id, (kind, account, _, before, after, weight, _)) in events.iter().enumerate() {
+    // The weights the reweight events just before replaced (account, time, key and weight
+    // before): a fanout change logs the kept keys' new shares before the added keys, but
+    // picked those on the weights before.
+    let mut reweighted: Option<(String, i64, Vec<Replaced>)> = None;
+    let mut id = 0;
+    while id < events.len() {
+        let (at, kind, account, idx, before, after, weight) = &events[id];
         let account = account.clone().expect("event account");
         let weight = weight.expect("event weight");
         let from = || HashKey(key(before.as_deref().expect("key_before")));
         let to = || HashKey(key(after.as_deref().expect("key_after")));
+        let pending = match reweighted.take() {
+            Some((a, t, pending)) if a == account && t == *at => pending,
+            _ => Vec::new(),
+        };
         match kind.as_str() {
             "allocate" => {
+                // The keys one change added: this event and the account's allocations of
+                // the same change right after it, by index.
+                let run = events[id..]
+                    .iter()
+                    .enumerate()
+                    .take_while(|(n, e)| {
+                        (e.0, e.1.as_str(), e.2.as_deref(), e.3)
+                            == (*at, "allocate", Some(account.as_str()), idx + *n as i64)
+                    })
+                    .count();
+                let added = &events[id..id + run];
+                let held = replayed.entry(account.clone()).or_default();
+                assert_eq!(
+                    held.len() as i64,
+                    *idx,
+                    "event {id}: {account} adds key {idx}"
+                );
                 // Each replica decided on the caught-up state: one replica's walk must agree.
-                assert_eq!(alloc.next_key(), Ok(to()), "event {id}: allocate {account}");
-                alloc.insert(to(), weight as u64).unwrap();
-                let held = replayed.insert(account.clone(), (to().0, weight));
-                assert_eq!(held, None, "event {id}: {account} allocated twice");
+                for &(key, old) in &pending {
+                    alloc.set_weight(key, old).unwrap();
+                }
+                let mut keys: Vec<HashKey> = held.values().map(|(k, _)| HashKey(*k)).collect();
+                let weights: Vec<u64> = added.iter().map(|e| e.6.unwrap() as u64).collect();
+                alloc.extend_keys(&mut keys, &weights).unwrap();
+                for &(key, _) in &pending {
+                    let (_, w) = held.values().find(|(k, _)| *k == key.0).unwrap();
+                    alloc.set_weight(key, *w as u64).unwrap();
+                }
+                let logged: Vec<u128> = (added.iter())
+                    .map(|e| key(e.5.as_deref().expect("key_after")))
+                    .collect();
+                let picked: Vec<u128> = keys[held.len()..].iter().map(|k| k.0).collect();
+                assert_eq!(
+                    picked, logged,
+                    "event {id}: allocate {account} from key {idx}"
+                );
+                for (n, e) in added.iter().enumerate() {
+                    held.insert(idx + n as i64, (logged[n], e.6.unwrap()));
+                }
+                id += run;
+                continue;
             }
             "release" => {
                 alloc.remove(from()).unwrap();
-                let held = replayed.remove(&account).map(|(k, _)| k);
-                assert_eq!(held, Some(from().0), "event {id}: release {account}");
+                let held = replayed
+                    .get_mut(&account)
+                    .expect("released account is held");
+                assert_eq!(
+                    held.keys().next_back(),
+                    Some(idx),
+                    "event {id}: {account} releases from the top"
+                );
+                let (k, _) = held.remove(idx).unwrap();
+                assert_eq!(k, from().0, "event {id}: release {account} key {idx}");
+                if held.is_empty() {
+                    replayed.remove(&account);
+                }
             }
             "move" => {
                 let w = alloc.remove(from()).unwrap();
                 alloc.insert(to(), w).unwrap();
                 let held = replayed.get_mut(&account).expect("moved account is held");
-                assert_eq!(held.0, from().0, "event {id}: move {account}");
-                held.0 = to().0;
+                let row = held.get_mut(idx).expect("moved key is held");
+                assert_eq!(row.0, from().0, "event {id}: move {account} key {idx}");
+                row.0 = to().0;
             }
             "reweight" => {
-                alloc.set_weight(to(), weight as u64).unwrap();
-                replayed
+                let held = replayed
                     .get_mut(&account)
-                    .expect("reweighted account is held")
-                    .1 = weight;
+                    .expect("reweighted account is held");
+                let row = held.get_mut(idx).expect("reweighted key is held");
+                assert_eq!(row.0, to().0, "event {id}: reweight {account} key {idx}");
+                let mut pending = pending;
+                pending.push((to(), row.1 as u64));
+                alloc.set_weight(to(), weight as u64).unwrap();
+                row.1 = weight;
+                reweighted = Some((account, *at, pending));
             }
             other => panic!("event {id}: unexpected kind {other}"),
         }
+        id += 1;
     }
+    let replayed: Held = replayed
+        .into_iter()
+        .map(|(account, keys)| (account, keys.into_values().collect()))
+        .collect();
     assert_eq!(
         replayed, stored,
         "the event log does not replay to the assignments"
     );
     stored
+}
+
+/// Fanned-out accounts through allocation, batches, growth, shrinking, reweights, moves by
+/// a rebalance, releases and restarts: the log replays by (account, index) to the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanned_out_keys_replay_by_account_and_index() {
+    let mut app = spawn_app().await;
+    let ok = |a: &crate::helpers::Answer, status: u16| {
+        assert_eq!(a.status, status, "{}", a.body);
+    };
+    for (name, body) in [
+        ("a", json!({"fanout": 3, "weight": 7})),
+        ("b", json!({})),
+        ("c", json!({"fanout": 2})),
+        ("d", json!({"fanout": 40, "weight": 100})),
+    ] {
+        ok(&app.post(&format!("/keys/{name}"), Some(body)).await, 201);
+    }
+    let batch = json!({"accounts": [
+        {"account": "e", "fanout": 5},
+        {"account": "f"},
+        {"account": "g", "fanout": 2, "weight": 9},
+    ]});
+    ok(&app.post("/keys/batch", Some(batch)).await, 200);
+    app = app.restart().await;
+    for (name, body) in [
+        ("a", json!({"fanout": 8, "weight": 20})),
+        ("a", json!({"fanout": 2})),
+        ("c", json!({"weight": 5})),
+        ("c", json!({"fanout": 4})),
+        // Shares of keys 0..18 stay: only keys 18 and 19 are reweighted.
+        ("d", json!({"fanout": 41})),
+        ("e", json!({"fanout": 1})),
+        ("f", json!({"fanout": 3, "weight": 3})),
+    ] {
+        let patched = app
+            .call(Method::PATCH, &format!("/keys/{name}"), Some(body))
+            .await;
+        ok(&patched, 200);
+    }
+    ok(&app.delete("/keys/g").await, 204);
+    ok(&app.post("/keys/g", Some(json!({"fanout": 6}))).await, 201);
+    let plan = app.get("/rebalance/preview?shards=4").await;
+    ok(&plan, 200);
+    let body = json!({"plan_id": plan.body["plan_id"]});
+    ok(&app.post("/rebalance", Some(body)).await, 200);
+    app = app.restart().await;
+    ok(
+        &app.call(Method::PATCH, "/keys/d", Some(json!({"fanout": 16})))
+            .await,
+        200,
+    );
+    ok(&app.delete("/keys/b").await, 204);
+    ok(&app.post("/keys/h", Some(json!({"fanout": 3}))).await, 201);
+
+    let mut db = app.db().await;
+    let events = db.indexed_events().await;
+    // Every kind of change to a key other than key 0 is in the log.
+    for kind in ["allocate", "release", "reweight", "move"] {
+        assert!(
+            events.iter().any(|e| e.1 == kind && e.3 > 0),
+            "no {kind} of a key other than key 0 in {events:?}"
+        );
+    }
+    let stored = check_store(&db.key_rows().await, &events);
+    let fanouts: Vec<(&str, usize)> = stored.iter().map(|(a, k)| (a.as_str(), k.len())).collect();
+    let expected = [
+        ("a", 2),
+        ("c", 4),
+        ("d", 16),
+        ("e", 1),
+        ("f", 3),
+        ("g", 6),
+        ("h", 3),
+    ];
+    assert_eq!(fanouts, expected);
+    for (account, keys) in &stored {
+        let seen = app.get(&format!("/keys/{account}")).await;
+        let answered: Vec<u128> = (seen.body["hash_keys"].as_array().unwrap().iter())
+            .map(|k| k.as_str().unwrap().parse().unwrap())
+            .collect();
+        let held: Vec<u128> = keys.iter().map(|(k, _)| *k).collect();
+        assert_eq!(answered, held, "{account}");
+    }
 }

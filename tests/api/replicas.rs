@@ -1,8 +1,9 @@
 //! Three replica processes on one database: they never disagree, and follow each other.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
@@ -10,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Db, backend, fresh_database};
 use crate::process::{Rng, Server};
-use crate::replay::check_store;
+use crate::replay::{Held, check_store};
 
 const REPLICAS: usize = 3;
 const CLIENTS: u64 = 64;
@@ -19,6 +20,10 @@ const LOAD_FOR: Duration = Duration::from_secs(6);
 const POOL: u64 = 400;
 /// The documented bound on how long a change takes to show on another replica.
 const LAG_BOUND: Duration = Duration::from_secs(1);
+/// Accounts of 1024 keys allocated in one batch: more events than a follower reads at once.
+const WIDE: usize = 12;
+/// How long that batch may take to show on another replica.
+const WIDE_LAG: Duration = Duration::from_secs(20);
 const SHARDS: usize = 4;
 /// Shard i of the uniform 4-shard map starts at i * floor(2^128 / 4).
 const STEP: u128 = 1 << 126;
@@ -168,10 +173,10 @@ async fn load(api: &Api) -> Counts {
     total
 }
 
-/// Accounts per shard of the uniform 4-shard map.
-fn per_shard(stored: &BTreeMap<String, (u128, i64)>) -> Vec<u64> {
+/// Keys per shard of the uniform 4-shard map.
+fn per_shard(stored: &Held) -> Vec<u64> {
     let mut counts = vec![0; SHARDS];
-    for (k, _) in stored.values() {
+    for (k, _) in stored.values().flatten() {
         counts[((k / STEP) as usize).min(SHARDS - 1)] += 1;
     }
     counts
@@ -210,7 +215,7 @@ async fn replicas_never_disagree_and_follow_each_other() {
 
     tokio::time::sleep(LAG_BOUND).await;
     let mut db = Db::connect(&url).await;
-    let stored = check_store(&db.assignments().await, &db.events().await);
+    let stored = check_store(&db.key_rows().await, &db.indexed_events().await);
     let expected = per_shard(&stored);
     for i in 0..REPLICAS {
         let (status, body) = api.get(i, "/distribution?shards=4").await;
@@ -227,8 +232,12 @@ async fn replicas_never_disagree_and_follow_each_other() {
     let body = json!({"plan_id": plan["plan_id"]});
     let (status, applied) = api.call(0, Method::POST, "/rebalance", Some(body)).await;
     assert_eq!(status, 200, "{applied}");
-    let stored = check_store(&db.assignments().await, &db.events().await);
-    let cap = stored.len().div_ceil(SHARDS) as u64;
+    let stored = check_store(&db.key_rows().await, &db.indexed_events().await);
+    let cap = stored
+        .values()
+        .map(Vec::len)
+        .sum::<usize>()
+        .div_ceil(SHARDS) as u64;
     let shards = per_shard(&stored);
     assert!(
         shards.iter().all(|&n| n <= cap),
@@ -241,4 +250,210 @@ async fn replicas_never_disagree_and_follow_each_other() {
     println!(
         "{backend}: {ops} ops in {elapsed:.1?} ({rate:.0} ops/s), lag p50 {p50:?} max {max:?}"
     );
+}
+
+/// An assignment answer's keys by index (decimal strings), checked against its fanout.
+fn hash_keys(body: &Value) -> Vec<String> {
+    let keys: Vec<String> = (body["hash_keys"].as_array())
+        .unwrap_or_else(|| panic!("no hash_keys in {body}"))
+        .iter()
+        .map(|k| k.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(body["fanout"].as_u64(), Some(keys.len() as u64), "{body}");
+    assert_eq!(body["hash_key"], body["hash_keys"][0], "{body}");
+    keys
+}
+
+/// Waits until every replica but `leader` answers `path` with `keys` (`None`: 404), for at
+/// most `bound`; answers the longest wait.
+async fn followed(
+    api: &Api,
+    leader: usize,
+    path: &str,
+    keys: Option<&[String]>,
+    bound: Duration,
+) -> Duration {
+    let committed = Instant::now();
+    for follower in (0..REPLICAS).filter(|&r| r != leader) {
+        loop {
+            let (status, body) = api.get(follower, path).await;
+            let seen = (status == 200).then(|| hash_keys(&body));
+            if seen.as_deref() == keys {
+                break;
+            }
+            assert!(status == 200 || status == 404, "{status} {body}");
+            let count = |keys: Option<&[String]>| keys.map(<[String]>::len);
+            assert!(
+                committed.elapsed() < bound,
+                "replica {follower} answers {path} with {:?} keys, not the {:?} of replica {leader}",
+                count(seen.as_deref()),
+                count(keys),
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    committed.elapsed()
+}
+
+/// Asks `replica` for `path` until `done`; answers the keys of each answer (`None`: 404).
+async fn poll(
+    api: Api,
+    replica: usize,
+    path: String,
+    done: Arc<AtomicBool>,
+) -> Vec<Option<Vec<String>>> {
+    let mut seen = Vec::new();
+    while !done.load(Ordering::SeqCst) {
+        let (status, body) = api.get(replica, &path).await;
+        assert!(status == 200 || status == 404, "{status} {body}");
+        seen.push((status == 200).then(|| hash_keys(&body)));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_agree_on_fanned_out_keys_and_never_show_half_a_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _postgres) = fresh_database(dir.path()).await;
+    let backend = backend(&url);
+    let (_replicas, api) = start(&url, dir.path()).await;
+
+    // Allocated on one replica, grown on the next, shrunk on the third, released on the
+    // first: the others answer the same keys by index within the lag bound.
+    let mut slowest = Duration::ZERO;
+    for n in 0..REPLICAS {
+        let path = format!("/keys/hot-{n}");
+        let steps = [
+            (Method::POST, json!({"fanout": 2 + n})),
+            (Method::PATCH, json!({"fanout": 64, "weight": 100})),
+            (Method::PATCH, json!({"fanout": 3})),
+        ];
+        let mut keys = Vec::new();
+        for (step, (method, body)) in steps.into_iter().enumerate() {
+            let leader = (n + step) % REPLICAS;
+            let (status, answer) = api.call(leader, method, &path, Some(body)).await;
+            assert!(status == 200 || status == 201, "{status} {answer}");
+            let now = hash_keys(&answer);
+            let kept = keys.len().min(now.len());
+            assert_eq!(now[..kept], keys[..kept], "keys 0..k stay");
+            keys = now;
+            let lag = followed(&api, leader, &path, Some(&keys), LAG_BOUND).await;
+            slowest = slowest.max(lag);
+        }
+        let (status, answer) = api.call(n, Method::DELETE, &path, None).await;
+        assert_eq!(status, 204, "{answer}");
+        slowest = slowest.max(followed(&api, n, &path, None, LAG_BOUND).await);
+    }
+    println!("{backend}: fanned-out changes followed within {slowest:?}");
+
+    // One replica grows an account from 2 keys to 64 and shrinks it back, over and over,
+    // while every replica is asked for it: each answer is keys some change committed.
+    let path = "/keys/flip".to_owned();
+    let (status, first) = (api.call(
+        0,
+        Method::POST,
+        &path,
+        Some(json!({"fanout": 2, "weight": 64})),
+    ))
+    .await;
+    assert_eq!(status, 201, "{first}");
+    followed(&api, 0, &path, Some(&hash_keys(&first)), LAG_BOUND).await;
+    let mut committed = HashSet::from([hash_keys(&first)]);
+    let done = Arc::new(AtomicBool::new(false));
+    let pollers: Vec<_> = (0..REPLICAS)
+        .map(|r| tokio::spawn(poll(api.clone(), r, path.clone(), done.clone())))
+        .collect();
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut flips = 0;
+    while Instant::now() < until {
+        let fanout = if flips % 2 == 0 { 64 } else { 2 };
+        let body = json!({"fanout": fanout});
+        let (status, answer) = api.call(0, Method::PATCH, &path, Some(body)).await;
+        assert_eq!(status, 200, "{answer}");
+        committed.insert(hash_keys(&answer));
+        flips += 1;
+    }
+    tokio::time::sleep(LAG_BOUND).await;
+    done.store(true, Ordering::SeqCst);
+    let mut seen: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    for (r, poller) in pollers.into_iter().enumerate() {
+        for keys in poller.await.unwrap() {
+            let keys = keys.expect("the account is held throughout");
+            assert!(
+                committed.contains(&keys),
+                "replica {r} answered {} keys no change committed: {keys:?}",
+                keys.len()
+            );
+            *seen.entry((r, keys.len())).or_default() += 1;
+        }
+    }
+    println!("{backend}: {flips} flips between 2 and 64 keys; (replica, fanout) seen: {seen:?}");
+    for r in 1..REPLICAS {
+        for fanout in [2, 64] {
+            assert!(
+                seen.contains_key(&(r, fanout)),
+                "replica {r} never showed {fanout} keys: {seen:?}"
+            );
+        }
+    }
+
+    // One transaction of more events than a follower reads at once: 12 accounts of 1024
+    // keys. Every lookup anywhere shows an account with none or all of its keys.
+    let done = Arc::new(AtomicBool::new(false));
+    let pollers: Vec<_> = (0..WIDE)
+        .map(|n| {
+            let r = 1 + n % (REPLICAS - 1);
+            tokio::spawn(poll(
+                api.clone(),
+                r,
+                format!("/keys/wide-{n}"),
+                done.clone(),
+            ))
+        })
+        .collect();
+    let accounts: Vec<Value> = (0..WIDE)
+        .map(|n| json!({"account": format!("wide-{n}"), "fanout": 1024}))
+        .collect();
+    let body = json!({ "accounts": accounts });
+    // A busy database may take longer than a change may wait (503, made or not): again.
+    let mut answer = Value::Null;
+    for _ in 0..5 {
+        let batch = api.call(0, Method::POST, "/keys/batch", Some(body.clone()));
+        let status;
+        (status, answer) = batch.await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{answer}");
+    }
+    let wide: Vec<Vec<String>> = (answer["items"].as_array())
+        .unwrap_or_else(|| panic!("the batch was never taken: {answer}"))
+        .iter()
+        .map(hash_keys)
+        .collect();
+    let path = format!("/keys/wide-{}", WIDE - 1);
+    let lag = followed(&api, 0, &path, Some(&wide[WIDE - 1]), WIDE_LAG).await;
+    done.store(true, Ordering::SeqCst);
+    // (account, keys shown) -> how many lookups showed that many of its keys.
+    let mut partial: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    let mut lookups = 0;
+    for (n, poller) in pollers.into_iter().enumerate() {
+        for keys in poller.await.unwrap() {
+            lookups += 1;
+            if let Some(keys) = keys
+                && keys != wide[n]
+            {
+                *partial.entry((n, keys.len())).or_default() += 1;
+            }
+        }
+    }
+    println!(
+        "{backend}: {lookups} lookups during a batch of {WIDE} x 1024 keys, followed in {lag:?}"
+    );
+    assert!(
+        partial.is_empty(),
+        "lookups showed part of the batch ((account, keys): lookups): {partial:?}"
+    );
+    let mut db = Db::connect(&url).await;
+    check_store(&db.key_rows().await, &db.indexed_events().await);
 }

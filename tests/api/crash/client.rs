@@ -16,6 +16,8 @@ const LIVE: usize = 12;
 /// How long one operation is retried while the server is down.
 const RETRY_FOR: Duration = Duration::from_secs(10);
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// Fanouts clients ask for, on allocation and in `PATCH`.
+const FANOUTS: [u32; 7] = [1, 2, 3, 4, 6, 8, 16];
 
 /// Where the server is now (each restart has a new port), and whether to stop.
 pub struct Target {
@@ -81,8 +83,19 @@ enum Reply {
 /// One thing a client asked about one of its accounts, and what it was told.
 #[derive(Debug, Clone)]
 pub enum Op {
-    /// `key` is the acknowledged hash key; `None` when no answer acknowledged one.
-    Allocate { weight: u64, key: Option<u128> },
+    /// `keys` are the acknowledged hash keys, by index; `None` when no answer acknowledged
+    /// them.
+    Allocate {
+        weight: u64,
+        fanout: u32,
+        keys: Option<Vec<u128>>,
+    },
+    /// A change of weight and fanout (`PATCH`), with the keys acknowledged after it.
+    Resize {
+        weight: u64,
+        fanout: u32,
+        keys: Option<Vec<u128>>,
+    },
     /// `acked` when an answer said the account is released.
     Release { acked: bool },
 }
@@ -92,8 +105,8 @@ pub enum Op {
 pub struct Record {
     /// Each account's operations in order; an account belongs to one client only.
     pub accounts: BTreeMap<String, Vec<Op>>,
-    /// The moves of applied rebalances: account, from, to.
-    pub moves: Vec<(String, u128, u128)>,
+    /// The moves of applied rebalances: account, key index, from, to.
+    pub moves: Vec<(String, u32, u128, u128)>,
     /// Answers that broke a promise on the spot.
     pub anomalies: Vec<String>,
     /// Requests answered by nothing (the server was down) or by a 5xx.
@@ -122,6 +135,12 @@ pub async fn run(target: Arc<Target>, seed: u64, n: u64) -> Record {
         let roll = rng.below(1000);
         if roll < 3 {
             c.rebalance().await;
+        } else if roll < 50 && !live.is_empty() {
+            // Grow or shrink: weight always given, so that it covers the fanout.
+            let account = &live[rng.below(live.len() as u64) as usize];
+            let fanout = FANOUTS[rng.below(FANOUTS.len() as u64) as usize];
+            let weight = u64::from(fanout) + rng.below(8);
+            c.resize(account, weight, fanout).await;
         } else if roll < 100 && !live.is_empty() {
             let account = &live[rng.below(live.len() as u64) as usize];
             c.lookup(account).await;
@@ -138,8 +157,11 @@ pub async fn run(target: Arc<Target>, seed: u64, n: u64) -> Record {
                 named += 1;
                 format!("crash-{n}-{named}")
             };
-            let weight = (rng.below(3) == 0).then(|| 1 + rng.below(5));
-            if c.allocate(&account, weight).await {
+            // A quarter of the accounts are hot: several keys from the start.
+            let fanout = (rng.below(4) == 0).then(|| FANOUTS[1 + rng.below(5) as usize]);
+            let least = u64::from(fanout.unwrap_or(1));
+            let weight = (rng.below(3) == 0).then(|| least + rng.below(5));
+            if c.allocate(&account, weight, fanout).await {
                 live.push(account);
             }
         }
@@ -180,21 +202,31 @@ impl Client {
         None
     }
 
-    /// Allocates `account`; answers whether a key was acknowledged.
-    async fn allocate(&mut self, account: &str, weight: Option<u64>) -> bool {
+    /// Allocates `account` with `fanout` keys (1 when `None`); answers whether its keys
+    /// were acknowledged.
+    async fn allocate(&mut self, account: &str, weight: Option<u64>, fanout: Option<u32>) -> bool {
         let path = format!("/keys/{account}");
-        let body = weight.map(|w| json!({ "weight": w }));
-        let weight = weight.unwrap_or(1);
+        let mut body = json!({});
+        if let Some(w) = weight {
+            body["weight"] = json!(w);
+        }
+        if let Some(k) = fanout {
+            body["fanout"] = json!(k);
+        }
+        let fanout = fanout.unwrap_or(1);
+        let weight = weight.unwrap_or(u64::from(fanout));
         let ops = self.record.accounts.entry(account.to_owned()).or_default();
-        ops.push(Op::Allocate { weight, key: None });
-        let Some((status, body, retried)) = self.until_answered(Method::POST, &path, body).await
-        else {
+        ops.push(Op::Allocate {
+            weight,
+            fanout,
+            keys: None,
+        });
+        let answer = self.until_answered(Method::POST, &path, Some(body)).await;
+        let Some((status, body, retried)) = answer else {
             return false;
         };
-        let key = body["hash_key"]
-            .as_str()
-            .and_then(|k| k.parse::<u128>().ok());
-        let (200 | 201, Some(key)) = (status, key) else {
+        let keys = keys_of(&body, weight, fanout);
+        let (200 | 201, Some(keys)) = (status, keys) else {
             let anomaly = format!("{account}: allocation answered {status} {body}");
             self.record.anomalies.push(anomaly);
             return false;
@@ -207,9 +239,37 @@ impl Client {
         let ops = self.record.accounts.get_mut(account).expect("pushed above");
         *ops.last_mut().expect("pushed above") = Op::Allocate {
             weight,
-            key: Some(key),
+            fanout,
+            keys: Some(keys),
         };
         true
+    }
+
+    /// Changes a held account's weight and fanout.
+    async fn resize(&mut self, account: &str, weight: u64, fanout: u32) {
+        let path = format!("/keys/{account}");
+        let body = json!({ "weight": weight, "fanout": fanout });
+        let ops = self.record.accounts.entry(account.to_owned()).or_default();
+        ops.push(Op::Resize {
+            weight,
+            fanout,
+            keys: None,
+        });
+        let answer = self.until_answered(Method::PATCH, &path, Some(body)).await;
+        let Some((status, body, _)) = answer else {
+            return;
+        };
+        let (200, Some(keys)) = (status, keys_of(&body, weight, fanout)) else {
+            let anomaly = format!("{account}: resizing a held account answered {status} {body}");
+            self.record.anomalies.push(anomaly);
+            return;
+        };
+        let ops = self.record.accounts.get_mut(account).expect("pushed above");
+        *ops.last_mut().expect("pushed above") = Op::Resize {
+            weight,
+            fanout,
+            keys: Some(keys),
+        };
     }
 
     /// Releases `account`; answers whether it is gone for sure.
@@ -286,13 +346,14 @@ impl Client {
                 for m in moves {
                     let key = |field: &str| m[field].as_str().and_then(|k| k.parse().ok());
                     let account = m["account"].as_str().unwrap_or_default().to_owned();
+                    let index = m["index"].as_u64().unwrap_or_default() as u32;
                     let (Some(from), Some(to)) = (key("from"), key("to")) else {
                         self.record
                             .anomalies
                             .push(format!("a move without keys: {m}"));
                         continue;
                     };
-                    self.record.moves.push((account, from, to));
+                    self.record.moves.push((account, index, from, to));
                 }
                 return true;
             }
@@ -306,4 +367,18 @@ impl Client {
         }
         false
     }
+}
+
+/// The keys an assignment answer lists, by index, if they are what was asked for: `fanout`
+/// decimal keys, `hash_key` the first, and `weight`.
+fn keys_of(body: &Value, weight: u64, fanout: u32) -> Option<Vec<u128>> {
+    let keys: Vec<u128> = (body["hash_keys"].as_array()?.iter())
+        .map(|k| k.as_str()?.parse().ok())
+        .collect::<Option<_>>()?;
+    let first = body["hash_key"].as_str()?.parse::<u128>().ok()?;
+    let asked = keys.len() == fanout as usize
+        && body["fanout"] == fanout
+        && body["weight"] == weight
+        && keys.first() == Some(&first);
+    asked.then_some(keys)
 }

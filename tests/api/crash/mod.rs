@@ -1,5 +1,6 @@
-//! SIGKILL at random moments under load, 20 times over: every acknowledged change survives,
-//! no key is handed out twice, and the event log still replays to exactly the table.
+//! SIGKILL at random moments under load, 20 times over: every acknowledged change survives
+//! (a fanned-out account's keys each at its index, with its share of the weight), no key is
+//! handed out twice, and the event log still replays to exactly the table.
 //!
 //! `make crash` runs this alone with its figures shown; `KEYSPREAD_CRASH_SEED` repeats a
 //! run's choices (the kill moments, and each client's operations).
@@ -7,6 +8,7 @@
 mod client;
 mod verdict;
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use client::{Record, Target};
@@ -83,15 +85,16 @@ async fn acknowledged_changes_survive_sigkill() {
     for _ in 0..20 {
         let health = target.client.get(format!("{}/healthz", server.url));
         let health: serde_json::Value = health.send().await.unwrap().json().await.unwrap();
-        (held, stored) = (health["accounts"].clone(), db.assignments().await.len());
+        let accounts: BTreeSet<String> = db.key_rows().await.into_iter().map(|r| r.0).collect();
+        (held, stored) = (health["accounts"].clone(), accounts.len());
         if held == stored {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     server.kill();
-    let (assignments, events) = (db.assignments().await, db.events().await);
-    let mut v = verdict::judge(&records, &assignments, &events);
+    let (rows, events) = (db.key_rows().await, db.indexed_events().await);
+    let mut v = verdict::judge(&records, &rows, &events);
     if held != stored {
         let problem = format!("the last server holds {held} accounts, the table {stored}");
         v.problems.push(problem);
@@ -106,19 +109,27 @@ async fn acknowledged_changes_survive_sigkill() {
         sum(|r| r.rebalances),
         sum(|r| r.stale_plans),
     );
+    let accounts = rows.iter().map(|r| &r.0).collect::<BTreeSet<_>>().len();
     println!(
-        "{backend}: acknowledged allocations {}, found {} ({} moved since), lost {}, duplicates {}, \
+        "{backend}: acknowledged allocations {}, resizes {} ({} unanswered), {} of several \
+         keys; found {} \
+         ({} moved since), lost {}, duplicates {}, index gaps {}, wrong shares {}, \
          acknowledged releases {}, moves {} ({} acknowledged), kills {KILLS}; \
-         {} accounts held, {} events, {:.1?} in all",
+         {accounts} accounts held with {} keys, {} events, {:.1?} in all",
         v.acked_allocations,
+        v.acked_resizes,
+        v.unanswered_resizes,
+        v.acked_fanned_out,
         v.found,
         v.found_moved,
         v.lost,
         v.duplicates,
+        v.gaps,
+        v.wrong_shares,
         v.acked_releases,
         v.moves,
         v.acked_moves,
-        assignments.len(),
+        rows.len(),
         events.len(),
         started.elapsed(),
     );
@@ -130,5 +141,5 @@ async fn acknowledged_changes_survive_sigkill() {
         "{} broken promises (seed {seed})",
         v.problems.len()
     );
-    check_store(&assignments, &events);
+    check_store(&rows, &events);
 }
