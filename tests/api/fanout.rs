@@ -24,6 +24,20 @@ fn keys_of(answer: &Value) -> Vec<u128> {
     keys
 }
 
+/// A primary map of two shards cut at 2^126: the second holds both 2^126 and 2^127, the
+/// first two keys of an account of fanout 2 placed without a map.
+fn cut_at_a_quarter() -> Value {
+    let cut = (1u128 << 126) - 1;
+    json!({"Shards": [
+        {"ShardId": "shardId-000000000000",
+         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": cut.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
+        {"ShardId": "shardId-000000000001",
+         "HashKeyRange": {"StartingHashKey": (cut + 1).to_string(), "EndingHashKey": u128::MAX.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
+    ], "primary": true})
+}
+
 async fn etag_of(app: &TestApp, account: &str) -> String {
     let response = reqwest::get(app.url(&format!("/keys/{account}")))
         .await
@@ -363,15 +377,7 @@ async fn a_map_change_that_breaks_spread_says_so_and_the_rebalance_mends_it() {
     let keys = keys_of(&a.body);
     assert_eq!(keys, [1u128 << 127, 1u128 << 126]);
     // A primary whose second shard holds both keys.
-    let cut = (1u128 << 126) - 1;
-    let listed = json!({"Shards": [
-        {"ShardId": "shardId-000000000000",
-         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": cut.to_string()},
-         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
-        {"ShardId": "shardId-000000000001",
-         "HashKeyRange": {"StartingHashKey": (cut + 1).to_string(), "EndingHashKey": u128::MAX.to_string()},
-         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
-    ], "primary": true});
+    let listed = cut_at_a_quarter();
     let put = app.call(Method::PUT, "/streams/s", Some(listed)).await;
     assert_eq!(put.status, 201, "{}", put.body);
     assert_eq!(put.body["unspread_accounts"], 1, "{}", put.body);
@@ -526,15 +532,7 @@ async fn a_primary_map_that_leaves_accounts_unspread_is_logged() {
         .unwrap();
     assert_eq!(post.status(), 201);
     // Both keys (2^127 and 2^126) on the second shard of the new primary map.
-    let cut = (1u128 << 126) - 1;
-    let listed = json!({"Shards": [
-        {"ShardId": "shardId-000000000000",
-         "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": cut.to_string()},
-         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
-        {"ShardId": "shardId-000000000001",
-         "HashKeyRange": {"StartingHashKey": (cut + 1).to_string(), "EndingHashKey": u128::MAX.to_string()},
-         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
-    ], "primary": true});
+    let listed = cut_at_a_quarter();
     let put = client
         .put(format!("{}/streams/s", server.url))
         .json(&listed)
