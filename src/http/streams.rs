@@ -428,7 +428,8 @@ pub struct SplitPlanBody {
     pub skew: Skew,
     /// Heaviest shard's weight minus the lightest's: at most `heaviest_account`.
     pub spread: u64,
-    /// Weight of the heaviest single account.
+    /// Weight of the heaviest single key: an account's, or a hot account's share on one
+    /// of its keys (plans cut between keys, so a hot account's keys may land apart).
     pub heaviest_account: u64,
     pub uniform_scaling: UniformScaling,
 }

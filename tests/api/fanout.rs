@@ -551,3 +551,36 @@ async fn a_primary_map_that_leaves_accounts_unspread_is_logged() {
         "{line}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_plans_weigh_a_hot_account_key_by_key() {
+    let app = spawn_app().await;
+    let put = app
+        .call(
+            Method::PUT,
+            "/streams/s",
+            Some(json!({"shard_count": 1, "primary": true})),
+        )
+        .await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    let hot = app
+        .post("/keys/hot", Some(json!({"fanout": 4, "weight": 8})))
+        .await;
+    assert_eq!(hot.status, 201, "{}", hot.body);
+    let plan = app.get("/streams/s/split-plan?target=2").await;
+    assert_eq!(plan.status, 200, "{}", plan.body);
+    // One account of weight 8 on 4 keys of 2: split between them, 2 keys and 4 each.
+    assert_eq!(plan.body["heaviest_account"], 2, "{}", plan.body);
+    let loads: Vec<(u64, u64)> = plan.body["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["accounts"].as_u64().unwrap(),
+                s["weight"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(loads, [(2, 4), (2, 4)], "{}", plan.body);
+}
