@@ -126,6 +126,10 @@ pub struct ReweightRequest {
 /// Most assignments one page of `GET /keys` holds.
 const MAX_PAGE: u32 = 1000;
 
+/// Most keys one page of `GET /keys` holds over its accounts' fanouts (about 2.7 MB of
+/// JSON): a page of hot accounts ends early, its `next` naming where to go on.
+pub const MAX_PAGE_KEYS: u32 = 65_536;
+
 /// Paging through assignments by account.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -437,7 +441,9 @@ async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// List assignments, paged by account.
+/// List assignments, paged by account. A page holds at most 65,536 keys over its accounts'
+/// fanouts: with hot accounts it may hold fewer accounts than `limit`, and `next` says
+/// where the following page starts.
 #[utoipa::path(
     get, path = "/keys", tag = "keys", operation_id = "list_keys",
     params(ListParams),
@@ -453,12 +459,17 @@ async fn list(
     let limit = super::page_limit(params.limit, MAX_PAGE)?;
     // A cursor is an account id; other text (a NUL) may not even compare on Postgres.
     let after = params.after.map(account_id).transpose()?;
-    // One extra row tells whether another page follows.
-    let mut rows = state
+    // One extra row tells whether another page follows; so does a page cut short by the
+    // bound on keys.
+    let (mut rows, cut) = state
         .registry
-        .list(after.as_ref().map(AccountId::as_str), limit + 1)
+        .list(
+            after.as_ref().map(AccountId::as_str),
+            limit + 1,
+            MAX_PAGE_KEYS,
+        )
         .await?;
-    let next = if rows.len() > limit as usize {
+    let next = if cut || rows.len() > limit as usize {
         rows.truncate(limit as usize);
         rows.last().map(|a| a.account.to_string())
     } else {

@@ -551,8 +551,14 @@ impl Registry {
     }
 
     /// Up to `limit` assignments after `after`, by account, from the database.
-    pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>, Error> {
-        Ok(self.store.list(after, limit).await?)
+    /// At most `max_keys` keys in all; the flag says whether that bound ended the list.
+    pub async fn list(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+        max_keys: u32,
+    ) -> Result<(Vec<Assignment>, bool), Error> {
+        Ok(self.store.list(after, limit, max_keys).await?)
     }
 
     /// Up to `limit` events of the log after id `after`, from the database.

@@ -395,9 +395,23 @@ impl Store {
         on_backend!(self, c => last_event_id())
     }
 
-    /// Up to `limit` assignments with account greater than `after`, by account.
-    pub async fn list(&self, after: Option<&str>, limit: u32) -> Result<Vec<Assignment>> {
-        group_rows(on_backend!(self, c => list(after, limit))?)
+    /// Up to `limit` assignments with account greater than `after`, by account, holding
+    /// at most `max_keys` keys in all (at least one account's worth: 1,024 or more); the
+    /// flag says whether the key bound ended the list before `limit` accounts.
+    pub async fn list(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+        max_keys: u32,
+    ) -> Result<(Vec<Assignment>, bool)> {
+        let rows = on_backend!(self, c => list(after, limit, max_keys + 1))?;
+        let cut = rows.len() > max_keys as usize;
+        let mut accounts = group_rows(rows)?;
+        if cut {
+            // The last account may be missing keys: it starts the next page.
+            accounts.pop();
+        }
+        Ok((accounts, cut))
     }
 
     /// Longest a change is waited for before its client is answered 503, or `None` when

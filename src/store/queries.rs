@@ -53,15 +53,17 @@ macro_rules! queries {
             Ok(sqlx::query_scalar("SELECT COUNT(*) FROM assignments").fetch_one(&mut *conn).await?)
         }
 
-        /// Every key row of the first `limit` accounts after `after`, by account and index.
-        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32) -> Result<Vec<KeyRow>> {
+        /// The key rows of the first `limit` accounts after `after`, by account and index,
+        /// at most `max_rows` of them.
+        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32, max_rows: u32) -> Result<Vec<KeyRow>> {
             let rows = sqlx::query(&format!(
                 "{KEY_COLUMNS} WHERE account IN \
                  (SELECT account FROM assignments WHERE account > $1 AND idx = 0 ORDER BY account LIMIT $2) \
-                 ORDER BY account, idx"
+                 ORDER BY account, idx LIMIT $3"
             ))
             .bind(after.unwrap_or(""))
             .bind(i64::from(limit))
+            .bind(i64::from(max_rows))
             .fetch_all(&mut *conn)
             .await?;
             rows.iter()

@@ -584,3 +584,28 @@ async fn split_plans_weigh_a_hot_account_key_by_key() {
         .collect();
     assert_eq!(loads, [(2, 4), (2, 4)], "{}", plan.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_hot_accounts_ends_at_65536_keys() {
+    let app = spawn_app().await;
+    // 65 accounts of 1024 keys: one more than a page holds.
+    for (first, n) in [(0, 64), (64, 1)] {
+        let accounts: Vec<Value> = (first..first + n)
+            .map(|i| json!({"account": format!("hot-{i:02}"), "fanout": 1024}))
+            .collect();
+        let batch = app
+            .post("/keys/batch", Some(json!({"accounts": accounts})))
+            .await;
+        assert_eq!(batch.status, 200, "{}", batch.body);
+    }
+    let page = app.get("/keys?limit=1000").await;
+    assert_eq!(page.status, 200);
+    let items = page.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 64);
+    assert!(items.iter().all(|a| keys_of(a).len() == 1024));
+    assert_eq!(page.body["next"], "hot-63");
+    let rest = app.get("/keys?limit=1000&after=hot-63").await;
+    assert_eq!(rest.body["items"][0]["account"], "hot-64");
+    assert_eq!(keys_of(&rest.body["items"][0]).len(), 1024);
+    assert_eq!(rest.body["next"], Value::Null);
+}
