@@ -156,7 +156,7 @@ pub struct ImportSummary {
 const IMPORT_CHUNK: usize = 10_000;
 
 /// Most keys one import transaction places, over its rows' fanouts.
-const IMPORT_CHUNK_KEYS: u64 = 65_536;
+const IMPORT_CHUNK_KEYS: u64 = 16_384;
 
 /// The two passes over an import file. Rows that bring their key go first, so that no row
 /// left to the walk takes a key a later row of the file brings.

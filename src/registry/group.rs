@@ -368,7 +368,7 @@ mod tests {
             "{transactions} transactions for 64 releases"
         );
         // Committed, in the database and in memory.
-        assert!(store.list(None, 100, 65_536).await.unwrap().0.is_empty());
+        assert!(store.list(None, 100, 16_384).await.unwrap().0.is_empty());
         assert!(registry.lookup("acct-5").is_none());
         let events = store.events_after(0, 1000).await.unwrap();
         assert_eq!(events.len(), 128);

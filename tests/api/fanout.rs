@@ -292,7 +292,7 @@ async fn weight_and_fanout_are_checked() {
     );
     assert_eq!(app.get("/keys/b1").await.status, 404, "all or nothing");
     // One transaction's work is bounded by keys, not only by accounts.
-    let greedy: Vec<Value> = (0..65)
+    let greedy: Vec<Value> = (0..17)
         .map(|i| json!({"account": format!("g{i}"), "fanout": 1024}))
         .collect();
     let batch = app
@@ -301,7 +301,7 @@ async fn weight_and_fanout_are_checked() {
     assert_problem(
         &batch,
         422,
-        "accounts[64]: a batch holds at most 65536 keys",
+        "accounts[16]: a batch holds at most 16384 keys",
     );
 
     // Shard-of: index within the fanout, sub_key by the jump hash, both only with an account.
@@ -586,26 +586,35 @@ async fn split_plans_weigh_a_hot_account_key_by_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_page_of_hot_accounts_ends_at_65536_keys() {
+async fn a_page_of_hot_accounts_ends_at_16384_keys() {
     let app = spawn_app().await;
-    // 65 accounts of 1024 keys: one more than a page holds.
-    for (first, n) in [(0, 64), (64, 1)] {
+    // 17 accounts of 1024 keys: one more than a page holds.
+    for (first, n) in [(0, 16), (16, 1)] {
         let accounts: Vec<Value> = (first..first + n)
             .map(|i| json!({"account": format!("hot-{i:02}"), "fanout": 1024}))
             .collect();
-        let batch = app
-            .post("/keys/batch", Some(json!({"accounts": accounts})))
-            .await;
+        // A loaded machine may answer 503 (not taken within the change bound, nothing
+        // written): send it again, as a client would.
+        let mut tries = 0;
+        let batch = loop {
+            let batch = app
+                .post("/keys/batch", Some(json!({"accounts": accounts})))
+                .await;
+            tries += 1;
+            if batch.status != 503 || tries == 5 {
+                break batch;
+            }
+        };
         assert_eq!(batch.status, 200, "{}", batch.body);
     }
     let page = app.get("/keys?limit=1000").await;
     assert_eq!(page.status, 200);
     let items = page.body["items"].as_array().unwrap();
-    assert_eq!(items.len(), 64);
+    assert_eq!(items.len(), 16);
     assert!(items.iter().all(|a| keys_of(a).len() == 1024));
-    assert_eq!(page.body["next"], "hot-63");
-    let rest = app.get("/keys?limit=1000&after=hot-63").await;
-    assert_eq!(rest.body["items"][0]["account"], "hot-64");
+    assert_eq!(page.body["next"], "hot-15");
+    let rest = app.get("/keys?limit=1000&after=hot-15").await;
+    assert_eq!(rest.body["items"][0]["account"], "hot-16");
     assert_eq!(keys_of(&rest.body["items"][0]).len(), 1024);
     assert_eq!(rest.body["next"], Value::Null);
 }
