@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::streams::Stream;
-use super::{Accounts, Entry, Error, Registry, Writer};
+use super::{Accounts, Error, Registry, Writer};
 use crate::keyspace::{self, Allocator};
-use crate::store::{CHANNEL, Change, Event, HashKeys, Store, StoreError, StreamRow, Tx};
+use crate::store::{CHANNEL, Change, Event, Store, StoreError, StreamRow, Tx};
 
 /// Longest a replica goes without looking for other replicas' changes.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -195,8 +195,8 @@ impl Registry {
         let accounts = self.accounts.read().expect("accounts lock poisoned");
         let spread = w.alloc.spread();
         let mut unspread = accounts
-            .iter()
-            .filter(|(_, e)| e.keys.len() > 1 && !spread.holds(e.keys.as_slice()))
+            .several()
+            .filter(|(_, keys)| !spread.holds(keys))
             .map(|(id, _)| id.as_str());
         if let Some(first) = unspread.next() {
             let count = 1 + unspread.count();
@@ -228,28 +228,9 @@ fn apply_change(
             weight,
         } => {
             alloc.insert(key, weight)?;
-            if index == 0 {
-                let entry = Entry {
-                    keys: HashKeys::One(key),
-                    weight,
-                    created_at: at,
-                };
-                accounts.insert(account, entry);
-                return Ok(());
-            }
-            let e = accounts
-                .get_mut(account.as_str())
-                .ok_or_else(|| corrupt(format!("key {index} of {account}, which has none")))?;
-            let mut keys = e.keys.as_slice().to_vec();
-            if keys.len() != index as usize {
-                return Err(corrupt(format!(
-                    "key {index} of {account}, which has {}",
-                    keys.len()
-                )));
-            }
-            keys.push(key);
-            e.keys = HashKeys::from_vec(keys);
-            e.weight += weight;
+            accounts
+                .add(account, index, key, weight, at)
+                .map_err(corrupt)?;
         }
         Change::Release {
             account,
@@ -257,22 +238,7 @@ fn apply_change(
             key,
         } => {
             let weight = alloc.remove(key)?;
-            if let Some(e) = accounts.get_mut(account.as_str()) {
-                let mut keys = e.keys.as_slice().to_vec();
-                if keys.len() != index as usize + 1 {
-                    return Err(corrupt(format!(
-                        "release of key {index} of {account}, which has {}",
-                        keys.len()
-                    )));
-                }
-                if index == 0 {
-                    accounts.remove(account.as_str());
-                } else {
-                    keys.pop();
-                    e.keys = HashKeys::from_vec(keys);
-                    e.weight -= weight;
-                }
-            }
+            accounts.release(&account, index, weight).map_err(corrupt)?;
         }
         Change::Move {
             account,
@@ -282,28 +248,19 @@ fn apply_change(
         } => {
             let weight = alloc.remove(from)?;
             alloc.insert(to, weight)?;
-            if let Some(e) = accounts.get_mut(account.as_str()) {
-                let mut keys = e.keys.as_slice().to_vec();
-                if let Some(key) = keys.get_mut(index as usize) {
-                    *key = to;
-                }
-                e.keys = HashKeys::from_vec(keys);
-            }
+            accounts.move_key(&account, index, to);
         }
         Change::Reweight {
             account,
             index,
             weight,
         } => {
-            if let Some(e) = accounts.get_mut(account.as_str()) {
-                let key = *e
-                    .keys
-                    .as_slice()
-                    .get(index as usize)
-                    .ok_or_else(|| corrupt(format!("reweight of key {index} of {account}")))?;
+            if let Some(key) = accounts.key(account.as_str(), index) {
                 let before = alloc.weight(key).ok_or(keyspace::Error::KeyNotHeld(key))?;
                 alloc.set_weight(key, weight)?;
-                e.weight = e.weight - before + weight;
+                accounts.reweight(account.as_str(), before, weight);
+            } else if accounts.get(account.as_str()).is_some() {
+                return Err(corrupt(format!("reweight of key {index} of {account}")));
             }
         }
         Change::StreamPut { .. } | Change::StreamDelete { .. } => {}

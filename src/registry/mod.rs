@@ -11,12 +11,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
 use crate::store::{Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, Store, StoreError};
 
+mod accounts;
 mod follow;
 mod group;
 mod metrics;
 mod rebalance;
 mod streams;
 
+use accounts::{Accounts, Held};
 pub use follow::POLL;
 use metrics::Committed;
 pub use rebalance::MapSpec;
@@ -75,20 +77,6 @@ pub enum Allocated {
     Existing(Assignment),
 }
 
-/// An assignment as the lookup map holds it (the account is the map's key).
-#[derive(Debug, Clone)]
-struct Entry {
-    keys: HashKeys,
-    /// The account's weight: the sum of its keys'.
-    weight: u64,
-    created_at: i64,
-}
-
-/// Every account's assignment, by account. Hashed with foldhash (seeded per process) rather
-/// than SipHash: a third of start-up at a million accounts was filing them, and lookups
-/// hash on every request.
-type Accounts = HashMap<AccountId, Entry, foldhash::quality::RandomState>;
-
 /// State only the writer touches.
 #[derive(Debug)]
 struct Writer {
@@ -116,17 +104,12 @@ pub struct Registry {
 /// Files every stored key row by account: key 0 makes the entry, the keys of accounts
 /// that fan out are added once every row is read (rows come in no particular order).
 fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<KeyRow>>) -> Result<Accounts, Error> {
-    let mut accounts = Accounts::with_capacity_and_hasher(count, Default::default());
+    let mut accounts = Accounts::with_capacity(count);
     let mut more: HashMap<AccountId, Vec<(u32, HashKey, u64)>> = HashMap::new();
     for batch in batches {
         for row in batch {
             if row.index == 0 {
-                let entry = Entry {
-                    keys: HashKeys::One(row.hash_key),
-                    weight: row.weight,
-                    created_at: row.created_at,
-                };
-                accounts.insert(row.account, entry);
+                accounts.file_one(row.account, row.hash_key, row.weight, row.created_at);
             } else {
                 more.entry(row.account)
                     .or_default()
@@ -137,11 +120,12 @@ fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<KeyRow>>) -> Result
     for (account, mut rows) in more {
         rows.sort_unstable_by_key(|(index, ..)| *index);
         let corrupt = |detail: String| Error::Store(StoreError::Corrupt(detail));
-        let entry = accounts
-            .get_mut(account.as_str())
+        let held = accounts
+            .get(account.as_str())
             .ok_or_else(|| corrupt(format!("account {account} has keys but no key 0")))?;
-        let mut keys = vec![entry.keys.as_slice()[0]];
-        for (index, key, weight) in rows {
+        let mut keys = held.keys.as_slice().to_vec();
+        let mut weight = held.weight;
+        for (index, key, w) in rows {
             if index as usize != keys.len() {
                 return Err(corrupt(format!(
                     "account {account} lacks key {}",
@@ -149,9 +133,9 @@ fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<KeyRow>>) -> Result
                 )));
             }
             keys.push(key);
-            entry.weight += weight;
+            weight += w;
         }
-        entry.keys = HashKeys::from_vec(keys);
+        accounts.file(account, keys, weight, held.created_at);
     }
     Ok(accounts)
 }
@@ -233,8 +217,8 @@ impl Registry {
     /// The committed assignment of `account`, from memory.
     pub fn lookup(&self, account: &str) -> Option<Assignment> {
         let accounts = self.accounts.read().expect("accounts lock poisoned");
-        let (id, e) = accounts.get_key_value(account)?;
-        Some(assignment(id, e))
+        let (id, held) = accounts.get_key_value(account)?;
+        Some(assignment(id.clone(), held))
     }
 
     /// As [`Registry::lookup`], answering with the given id instead of a copy of the
@@ -244,15 +228,9 @@ impl Registry {
             .accounts
             .read()
             .expect("accounts lock poisoned")
-            .get(account.as_str())
-            .cloned();
+            .get(account.as_str());
         match held {
-            Some(e) => Ok(Assignment {
-                account,
-                hash_keys: e.keys,
-                weight: e.weight,
-                created_at: e.created_at,
-            }),
+            Some(held) => Ok(assignment(account, held)),
             None => Err(account),
         }
     }
@@ -588,12 +566,12 @@ pub(crate) async fn detached<T: Send + 'static>(
         .expect("registry change panicked")
 }
 
-fn assignment(id: &AccountId, e: &Entry) -> Assignment {
+fn assignment(account: AccountId, held: Held) -> Assignment {
     Assignment {
-        account: id.clone(),
-        hash_keys: e.keys.clone(),
-        weight: e.weight,
-        created_at: e.created_at,
+        account,
+        hash_keys: held.keys,
+        weight: held.weight,
+        created_at: held.created_at,
     }
 }
 

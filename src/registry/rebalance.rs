@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
-use super::{Committed, Entry, Error, Registry, detached, now_ms};
+use super::{Committed, Error, Held, Registry, detached, now_ms};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Holding, Load, Plan, ShardMap};
 use crate::store::{Change, Event};
 
@@ -57,13 +57,17 @@ impl Registry {
             let w = self.writer.blocking_lock();
             let map = self.resolve(spec)?;
             let accounts = self.accounts.read().expect("accounts lock poisoned");
-            let accounts: Vec<(AccountId, Entry)> = accounts
+            let accounts: Vec<(AccountId, Held)> = accounts
                 .iter()
-                .map(|(id, e)| (id.clone(), e.clone()))
+                .map(|(id, held)| (id.clone(), held))
                 .collect();
             (map, w.alloc.clone(), accounts, w.last_event)
         };
-        let plan = plan_for(&mut alloc, &map, accounts.iter().map(|(id, e)| (id, e)));
+        let plan = plan_for(
+            &mut alloc,
+            &map,
+            accounts.iter().map(|(id, held)| (id, held.clone())),
+        );
         Ok((plan_id(last_event, spec, &plan), plan))
     }
 
@@ -169,22 +173,18 @@ impl Registry {
 fn plan_for<'a>(
     alloc: &mut Allocator,
     map: &ShardMap,
-    accounts: impl Iterator<Item = (&'a AccountId, &'a Entry)>,
+    accounts: impl Iterator<Item = (&'a AccountId, Held)>,
 ) -> Plan {
-    let holdings = accounts.flat_map(|(id, e)| {
-        let fanout = e.keys.len() as u32;
-        e.keys
-            .as_slice()
-            .iter()
-            .enumerate()
-            .map(move |(i, key)| Holding {
-                account: id.as_str(),
-                index: i as u32,
-                fanout,
-                key: *key,
-                weight: keyspace::key_weight(e.weight, fanout, i as u32),
-                created_at: e.created_at,
-            })
+    let holdings = accounts.flat_map(|(id, held)| {
+        let fanout = held.keys.len() as u32;
+        (0..fanout).map(move |i| Holding {
+            account: id.as_str(),
+            index: i,
+            fanout,
+            key: held.keys.as_slice()[i as usize],
+            weight: keyspace::key_weight(held.weight, fanout, i),
+            created_at: held.created_at,
+        })
     });
     keyspace::plan(alloc, map, holdings)
 }

@@ -1,0 +1,226 @@
+//! Every account's keys in memory, as lookups read them.
+//!
+//! An account of one key is one 32-byte entry in one hash map, as before accounts could
+//! hold several: a million of them is what start-up and memory are measured on. The keys
+//! of an account with several live in a second map, read only for those accounts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::keyspace::{AccountId, HashKey};
+use crate::store::HashKeys;
+
+/// Hashed with foldhash (seeded per process) rather than SipHash: a third of start-up at
+/// a million accounts was filing them, and lookups hash on every request.
+type Map<V> = HashMap<AccountId, V, foldhash::quality::RandomState>;
+
+/// An account as the lookup map holds it (the account is the map's key).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Key 0.
+    key: HashKey,
+    /// The account's weight (at most [`crate::keyspace::MAX_WEIGHT`]): the sum of its keys'.
+    weight: u32,
+    fanout: u32,
+    created_at: i64,
+}
+
+/// One account's keys, weight and creation time.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub keys: HashKeys,
+    pub weight: u64,
+    pub created_at: i64,
+}
+
+/// Every account's keys, by account.
+#[derive(Debug, Default)]
+pub struct Accounts {
+    entries: Map<Entry>,
+    /// Every key, by index, of the accounts holding several.
+    several: Map<Arc<[HashKey]>>,
+}
+
+/// Why a change cannot apply: the log and memory disagree.
+pub type Mismatch = String;
+
+impl Accounts {
+    pub fn with_capacity(count: usize) -> Self {
+        Accounts {
+            entries: Map::with_capacity_and_hasher(count, Default::default()),
+            several: Map::default(),
+        }
+    }
+
+    /// Number of accounts.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn held(&self, id: &str, e: &Entry) -> Held {
+        let keys = if e.fanout == 1 {
+            HashKeys::One(e.key)
+        } else {
+            HashKeys::Many(Arc::clone(&self.several[id]))
+        };
+        Held {
+            keys,
+            weight: u64::from(e.weight),
+            created_at: e.created_at,
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Held> {
+        self.entries.get(id).map(|e| self.held(id, e))
+    }
+
+    pub fn get_key_value(&self, id: &str) -> Option<(&AccountId, Held)> {
+        let (id, e) = self.entries.get_key_value(id)?;
+        Some((id, self.held(id.as_str(), e)))
+    }
+
+    /// Every account, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&AccountId, Held)> + '_ {
+        self.entries
+            .iter()
+            .map(|(id, e)| (id, self.held(id.as_str(), e)))
+    }
+
+    /// Every account holding several keys, with its keys by index.
+    pub fn several(&self) -> impl Iterator<Item = (&AccountId, &[HashKey])> + '_ {
+        self.several.iter().map(|(id, keys)| (id, &keys[..]))
+    }
+
+    /// Files an account of one key.
+    pub fn file_one(&mut self, id: AccountId, key: HashKey, weight: u64, created_at: i64) {
+        let entry = Entry {
+            key,
+            weight: weight as u32,
+            fanout: 1,
+            created_at,
+        };
+        self.entries.insert(id, entry);
+    }
+
+    /// Files an account's keys, by index, as read from the table.
+    pub fn file(&mut self, id: AccountId, keys: Vec<HashKey>, weight: u64, created_at: i64) {
+        let entry = Entry {
+            key: keys[0],
+            weight: weight as u32,
+            fanout: keys.len() as u32,
+            created_at,
+        };
+        if keys.len() > 1 {
+            self.several.insert(id.clone(), keys.into());
+        }
+        self.entries.insert(id, entry);
+    }
+
+    /// Key `index` of `id`, if it has one.
+    pub fn key(&self, id: &str, index: u32) -> Option<HashKey> {
+        let e = self.entries.get(id)?;
+        match (e.fanout, index) {
+            (1, 0) => Some(e.key),
+            (1, _) => None,
+            _ => self.several[id].get(index as usize).copied(),
+        }
+    }
+
+    /// Adds key `index` of `weight`: a new account's key 0, or the next key of one.
+    pub fn add(
+        &mut self,
+        id: AccountId,
+        index: u32,
+        key: HashKey,
+        weight: u64,
+        at: i64,
+    ) -> Result<(), Mismatch> {
+        if index == 0 {
+            self.several.remove(id.as_str());
+            self.file_one(id, key, weight, at);
+            return Ok(());
+        }
+        let Some(held) = self.get(id.as_str()) else {
+            return Err(format!("key {index} of {id}, which has none"));
+        };
+        let mut keys = held.keys.as_slice().to_vec();
+        if keys.len() != index as usize {
+            return Err(format!("key {index} of {id}, which has {}", keys.len()));
+        }
+        keys.push(key);
+        self.file(id, keys, held.weight + weight, held.created_at);
+        Ok(())
+    }
+
+    /// Releases key `index` of `weight`, the account's last one; key 0 releases the account.
+    pub fn release(&mut self, id: &AccountId, index: u32, weight: u64) -> Result<(), Mismatch> {
+        let Some(held) = self.get(id.as_str()) else {
+            return Ok(());
+        };
+        let mut keys = held.keys.as_slice().to_vec();
+        if keys.len() != index as usize + 1 {
+            return Err(format!(
+                "release of key {index} of {id}, which has {}",
+                keys.len()
+            ));
+        }
+        self.several.remove(id.as_str());
+        if index == 0 {
+            self.entries.remove(id.as_str());
+        } else {
+            keys.pop();
+            self.file(id.clone(), keys, held.weight - weight, held.created_at);
+        }
+        Ok(())
+    }
+
+    /// Moves key `index` to `to`.
+    pub fn move_key(&mut self, id: &AccountId, index: u32, to: HashKey) {
+        let Some(held) = self.get(id.as_str()) else {
+            return;
+        };
+        let mut keys = held.keys.as_slice().to_vec();
+        if let Some(key) = keys.get_mut(index as usize) {
+            *key = to;
+        }
+        self.file(id.clone(), keys, held.weight, held.created_at);
+    }
+
+    /// Changes the account's weight by a key's change from `before` to `after`.
+    pub fn reweight(&mut self, id: &str, before: u64, after: u64) {
+        if let Some(e) = self.entries.get_mut(id) {
+            e.weight = (u64::from(e.weight) - before + after) as u32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_account_of_one_key_takes_one_small_entry() {
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+    }
+
+    #[test]
+    fn keys_come_and_go_from_the_top() {
+        let id = AccountId::parse("a").unwrap();
+        let mut accounts = Accounts::with_capacity(1);
+        accounts.add(id.clone(), 0, HashKey(5), 2, 7).unwrap();
+        accounts.add(id.clone(), 1, HashKey(9), 3, 8).unwrap();
+        assert!(accounts.add(id.clone(), 3, HashKey(1), 1, 8).is_err());
+        let held = accounts.get("a").unwrap();
+        assert_eq!(held.keys.as_slice(), [HashKey(5), HashKey(9)]);
+        assert_eq!((held.weight, held.created_at), (5, 7));
+        accounts.move_key(&id, 0, HashKey(6));
+        assert_eq!(accounts.key("a", 0), Some(HashKey(6)));
+        assert!(accounts.release(&id, 0, 2).is_err(), "key 1 goes first");
+        accounts.release(&id, 1, 3).unwrap();
+        let held = accounts.get("a").unwrap();
+        assert_eq!((held.keys, held.weight), (HashKeys::One(HashKey(6)), 2));
+        assert_eq!(accounts.several().count(), 0);
+        accounts.release(&id, 0, 2).unwrap();
+        assert_eq!(accounts.len(), 0);
+    }
+}
