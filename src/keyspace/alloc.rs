@@ -93,7 +93,15 @@ impl Allocator {
         let Some(balance) = &self.balance else {
             return self.walk_keyspace();
         };
-        for (lo, hi) in balance.lightest_first() {
+        self.first_fit(balance.lightest_first().map(|(_, lo, hi)| (lo, hi)))
+    }
+
+    /// The walk's pick in the first of `ranges` that has a free key.
+    fn first_fit(
+        &self,
+        ranges: impl IntoIterator<Item = (HashKey, HashKey)>,
+    ) -> Result<HashKey, Error> {
+        for (lo, hi) in ranges {
             match self.next_key_in(lo, hi) {
                 Err(Error::Full { .. }) => continue,
                 picked => return picked,
@@ -253,19 +261,12 @@ impl Allocator {
         let first = keys.len() / map.len() * map.len();
         let used: std::collections::HashSet<usize> =
             keys[first..].iter().map(|k| map.index_of(*k)).collect();
-        for (index, lo, hi) in balance.lightest_first_indexed() {
-            if used.contains(&index) {
-                continue;
-            }
-            match self.next_key_in(lo, hi) {
-                Err(Error::Full { .. }) => continue,
-                picked => return picked,
-            }
-        }
-        Err(Error::Full {
-            lo: HashKey(0),
-            hi: self.keyspace.max(),
-        })
+        self.first_fit(
+            balance
+                .lightest_first()
+                .filter(|(index, ..)| !used.contains(index))
+                .map(|(_, lo, hi)| (lo, hi)),
+        )
     }
 
     /// A new key for index `i` of an account holding `keys` (where `keys[i]`, if there,
@@ -289,33 +290,29 @@ impl Allocator {
         lo: HashKey,
         hi: HashKey,
     ) -> Result<HashKey, Error> {
-        let allowed = spread::allowed_in(forbidden, lo, hi);
-        let mut parts: Vec<(Load, HashKey, HashKey)> = match self.spread() {
+        let mut parts = spread::allowed_in(forbidden, lo, hi);
+        if let Spread::Shards(map) = self.spread() {
             // Whole shards are allowed or not: each its own part.
-            Spread::Shards(map) => allowed
+            parts = parts
                 .into_iter()
                 .flat_map(|(a, b)| {
-                    let (first, last) = (map.index_of(a), map.index_of(b));
-                    (first..=last).map(move |s| {
+                    (map.index_of(a)..=map.index_of(b)).map(move |s| {
                         let shard = map.shard(s);
                         (shard.start.max(a), shard.end.min(b))
                     })
                 })
-                .map(|(a, b)| (self.load_in(a, b), a, b))
-                .collect(),
-            Spread::Segments(_) => allowed
-                .into_iter()
-                .map(|(a, b)| (self.load_in(a, b), a, b))
-                .collect(),
-        };
-        parts.sort_by_key(|(load, a, _)| (load.weight, load.count, *a));
-        for (_, a, b) in parts {
-            match self.next_key_in(a, b) {
-                Err(Error::Full { .. }) => continue,
-                picked => return picked,
-            }
+                .collect();
         }
-        Err(Error::Full { lo, hi })
+        let mut parts: Vec<(Load, HashKey, HashKey)> = parts
+            .into_iter()
+            .map(|(a, b)| (self.load_in(a, b), a, b))
+            .collect();
+        parts.sort_by_key(|(load, a, _)| (load.weight, load.count, *a));
+        self.first_fit(parts.into_iter().map(|(_, a, b)| (a, b)))
+            .map_err(|err| match err {
+                Error::Full { .. } => Error::Full { lo, hi },
+                other => other,
+            })
     }
 
     /// Holds `key` with `weight`: a key the walk chose, or one imported from elsewhere.

@@ -31,16 +31,8 @@ impl ShardBalance {
         &self.map
     }
 
-    /// Shards from lightest to heaviest, as `(start, end)` ranges.
-    pub fn lightest_first(&self) -> impl Iterator<Item = (HashKey, HashKey)> + '_ {
-        self.order.iter().map(|(_, _, i)| {
-            let shard = self.map.shard(*i);
-            (shard.start, shard.end)
-        })
-    }
-
     /// Shards from lightest to heaviest, as `(index, start, end)`.
-    pub fn lightest_first_indexed(&self) -> impl Iterator<Item = (usize, HashKey, HashKey)> + '_ {
+    pub fn lightest_first(&self) -> impl Iterator<Item = (usize, HashKey, HashKey)> + '_ {
         self.order.iter().map(|(_, _, i)| {
             let shard = self.map.shard(*i);
             (*i, shard.start, shard.end)

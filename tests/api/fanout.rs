@@ -38,6 +38,20 @@ fn cut_at_a_quarter() -> Value {
     ], "primary": true})
 }
 
+/// Registers a uniform map of `shards` as the primary stream `name`; answers the
+/// registration (201).
+async fn primary_stream(app: &TestApp, name: &str, shards: u64) -> crate::helpers::Answer {
+    let put = app
+        .call(
+            Method::PUT,
+            &format!("/streams/{name}"),
+            Some(json!({"shard_count": shards, "primary": true})),
+        )
+        .await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    put
+}
+
 async fn etag_of(app: &TestApp, account: &str) -> String {
     let response = reqwest::get(app.url(&format!("/keys/{account}")))
         .await
@@ -79,14 +93,7 @@ fn spread_on(shards: &[String], s: usize) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fanned_out_keys_lie_on_distinct_shards_of_the_primary_stream() {
     let app = spawn_app().await;
-    let put = app
-        .call(
-            Method::PUT,
-            "/streams/orders",
-            Some(json!({"shard_count": 4, "primary": true})),
-        )
-        .await;
-    assert_eq!(put.status, 201, "{}", put.body);
+    primary_stream(&app, "orders", 4).await;
     app.post("/keys/quiet", None).await;
 
     let hot = app.post("/keys/hot", Some(json!({"fanout": 4}))).await;
@@ -421,14 +428,7 @@ async fn a_rebalance_moves_single_keys_and_never_stacks_an_account() {
             .await;
         assert_eq!(a.status, 201);
     }
-    let put = app
-        .call(
-            Method::PUT,
-            "/streams/s",
-            Some(json!({"shard_count": 3, "primary": true})),
-        )
-        .await;
-    assert_eq!(put.status, 201, "{}", put.body);
+    let put = primary_stream(&app, "s", 3).await;
     let plan = &put.body["rebalance"];
     let applied = app
         .post("/rebalance", Some(json!({"plan_id": plan["plan_id"]})))
@@ -555,14 +555,7 @@ async fn a_primary_map_that_leaves_accounts_unspread_is_logged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_plans_weigh_a_hot_account_key_by_key() {
     let app = spawn_app().await;
-    let put = app
-        .call(
-            Method::PUT,
-            "/streams/s",
-            Some(json!({"shard_count": 1, "primary": true})),
-        )
-        .await;
-    assert_eq!(put.status, 201, "{}", put.body);
+    primary_stream(&app, "s", 1).await;
     let hot = app
         .post("/keys/hot", Some(json!({"fanout": 4, "weight": 8})))
         .await;
