@@ -32,7 +32,7 @@ pub struct AppState {
     pub access: Arc<Access>,
     pub request_timeout: Duration,
     /// `Cache-Control` of lookup answers.
-    pub lookup_cache_control: axum::http::HeaderValue,
+    pub lookup_cache: http::LookupCache,
     /// Requests counted by route.
     pub http_metrics: Arc<http::HttpMetrics>,
     /// Limits on connections, applied by [`serve`].
@@ -92,7 +92,7 @@ impl AppState {
                 trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
             }),
             request_timeout: config.request_timeout(),
-            lookup_cache_control: config.lookup_cache_control.clone(),
+            lookup_cache: http::LookupCache::new(config.lookup_cache_control.clone()),
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),
             connections: ConnectionLimits {
                 header_timeout: config.header_timeout(),

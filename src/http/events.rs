@@ -76,10 +76,19 @@ pub struct EventBody {
     /// the log: `GET /streams/{stream}` answers it while its `version` equals this `id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard_count: Option<u64>,
+    /// For `move`: when producers switch from `key_before` to `key_after` (RFC 3339,
+    /// milliseconds, UTC); the account holds both keys until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    pub switch_at: Option<String>,
 }
 
 impl From<LoggedEvent> for EventBody {
     fn from(logged: LoggedEvent) -> Self {
+        let switch_at = match &logged.event.change {
+            Change::Move { switch_at, .. } => Some(super::timestamp_ms(*switch_at)),
+            _ => None,
+        };
         let (kind, account, stream) = match logged.event.change {
             Change::Allocate { account, index, .. } => {
                 (EventKind::Allocate, Some((account, index)), None)
@@ -106,6 +115,7 @@ impl From<LoggedEvent> for EventBody {
             key_after: logged.key_after,
             weight: logged.weight,
             shard_count: logged.shard_count,
+            switch_at,
         }
     }
 }

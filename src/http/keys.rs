@@ -55,18 +55,49 @@ pub struct Assignment {
     /// When the account first got a key (RFC 3339).
     #[schema(format = DateTime)]
     pub created_at: String,
+    /// Only while a rebalance is moving one of the account's keys: the keys that take over
+    /// at `switch_at`. Send `hash_keys` until then, these from then on (by your clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub next: Option<NextKeys>,
 }
 
-impl From<store::Assignment> for Assignment {
-    fn from(a: store::Assignment) -> Self {
+/// The keys an account sends from the switch of a staged move on.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NextKeys {
+    /// Key 0 from `switch_at` on (`hash_keys[0]`).
+    pub hash_key: HashKey,
+    /// Every key from `switch_at` on, by index.
+    pub hash_keys: Vec<HashKey>,
+    /// When these keys take over (RFC 3339, milliseconds, UTC).
+    #[schema(format = DateTime)]
+    pub switch_at: String,
+}
+
+impl Assignment {
+    /// The assignment as producers must use it at `now` (Unix milliseconds).
+    pub fn at(a: store::Assignment, now: i64) -> Self {
+        let keys = a.keys_at(now);
         Assignment {
-            hash_key: a.hash_key(),
-            hash_keys: a.hash_keys.as_slice().to_vec(),
+            hash_key: keys.keys.as_slice()[0],
+            hash_keys: keys.keys.as_slice().to_vec(),
             fanout: a.fanout(),
             account: a.account.into_string(),
             weight: a.weight,
             created_at: super::timestamp(a.created_at),
+            next: keys.next.map(|next| NextKeys {
+                hash_key: next.keys.as_slice()[0],
+                hash_keys: next.keys.as_slice().to_vec(),
+                switch_at: super::timestamp_ms(next.switch_at),
+            }),
         }
+    }
+}
+
+impl From<store::Assignment> for Assignment {
+    /// The assignment as producers must use it now.
+    fn from(a: store::Assignment) -> Self {
+        Assignment::at(a, crate::registry::now_ms())
     }
 }
 
@@ -80,17 +111,33 @@ struct AssignmentRef<'a> {
     fanout: u32,
     weight: u64,
     created_at: super::Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<NextRef<'a>>,
 }
 
-impl<'a> From<&'a store::Assignment> for AssignmentRef<'a> {
-    fn from(a: &'a store::Assignment) -> Self {
+#[derive(Debug, Serialize)]
+struct NextRef<'a> {
+    hash_key: HashKey,
+    hash_keys: &'a [HashKey],
+    switch_at: super::TimestampMs,
+}
+
+impl<'a> AssignmentRef<'a> {
+    /// `a` with the keys to send at some moment (as [`store::Assignment::keys_at`]
+    /// answers them).
+    fn new(a: &'a store::Assignment, keys: &'a store::KeysAt) -> Self {
         AssignmentRef {
             account: a.account.as_str(),
-            hash_key: a.hash_key(),
-            hash_keys: a.hash_keys.as_slice(),
+            hash_key: keys.keys.as_slice()[0],
+            hash_keys: keys.keys.as_slice(),
             fanout: a.fanout(),
             weight: a.weight,
             created_at: super::Timestamp(a.created_at),
+            next: keys.next.as_ref().map(|next| NextRef {
+                hash_key: next.keys.as_slice()[0],
+                hash_keys: next.keys.as_slice(),
+                switch_at: super::TimestampMs(next.switch_at),
+            }),
         }
     }
 }
@@ -330,35 +377,48 @@ async fn lookup(
         .registry
         .lookup_id(account_id(account)?)
         .map_err(|account| ApiError::not_found(format!("account {account} has no hash key")))?;
-    let etag = etag(&a);
+    let now = crate::registry::now_ms();
+    let keys = a.keys_at(now);
+    let etag = etag(&a, &keys);
     let fresh = cached.matches(etag.to_str().expect("ascii tag"));
-    let validators = [
-        (header::ETAG, etag),
-        (header::CACHE_CONTROL, state.lookup_cache_control.clone()),
-    ];
+    let cache_control = match &keys.next {
+        // No cache may keep the answer past the switch.
+        Some(next) => state
+            .lookup_cache
+            .until(((next.switch_at - now) / 1000) as u64),
+        None => state.lookup_cache.header().clone(),
+    };
+    let validators = [(header::ETAG, etag), (header::CACHE_CONTROL, cache_control)];
     Ok(if fresh {
         (StatusCode::NOT_MODIFIED, validators).into_response()
     } else {
-        (validators, Json(AssignmentRef::from(&a))).into_response()
+        (validators, Json(AssignmentRef::new(&a, &keys))).into_response()
     })
 }
 
-/// A strong entity tag for an assignment: what it answers, nothing else (an account
-/// with several keys adds a digest of all of them). Hex digits written by hand: this is
-/// on every lookup.
-fn etag(a: &store::Assignment) -> HeaderValue {
+/// A strong entity tag for what a lookup answers, nothing else: an account with several
+/// keys, or with a switch ahead, adds a digest of all its keys (and of the switch). Hex
+/// digits written by hand: this is on every lookup.
+fn etag(a: &store::Assignment, at: &store::KeysAt) -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let keys = a.hash_keys.as_slice();
-    let digest = (keys.len() > 1).then(|| {
+    let keys = at.keys.as_slice();
+    let digest = (keys.len() > 1 || at.next.is_some()).then(|| {
         use md5::{Digest, Md5};
         let mut md5 = Md5::new();
         for key in keys {
             md5.update(key.to_be_bytes());
         }
+        if let Some(next) = &at.next {
+            md5.update(b"next");
+            md5.update(next.switch_at.to_be_bytes());
+            for key in next.keys.as_slice() {
+                md5.update(key.to_be_bytes());
+            }
+        }
         u128::from_be_bytes(md5.finalize().into())
     });
     let fields = [
-        (Some(a.hash_key().0), 32),
+        (Some(keys[0].0), 32),
         (Some(u128::from(a.weight)), 16),
         (Some(u128::from(a.created_at as u64)), 16),
         (digest, 32),
@@ -498,10 +558,11 @@ mod tests {
             let Ok(account) = AccountId::parse(account) else {
                 return Ok(());
             };
-            let a = store::Assignment { account, hash_keys: store::HashKeys::One(HashKey(key)), weight, created_at };
+            let a = store::Assignment { account, hash_keys: store::HashKeys::One(HashKey(key)), weight, created_at, switching: Vec::new() };
+            let keys = a.keys_at(0);
             prop_assert_eq!(
-                serde_json::to_string(&AssignmentRef::from(&a)).unwrap(),
-                serde_json::to_string(&Assignment::from(a)).unwrap()
+                serde_json::to_string(&AssignmentRef::new(&a, &keys)).unwrap(),
+                serde_json::to_string(&Assignment::at(a, 0)).unwrap()
             );
         }
     }

@@ -11,6 +11,7 @@ mod keys;
 mod limit;
 mod linger;
 mod local;
+mod lookup_cache;
 mod metrics;
 mod middleware;
 mod openapi;
@@ -41,6 +42,7 @@ pub use keys::{Assignment, AssignmentPage};
 pub use limit::MutationLimiter;
 pub use linger::Lingering;
 pub use local::{HostName, LocalNames};
+pub use lookup_cache::LookupCache;
 pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
 
@@ -101,6 +103,35 @@ fn page_limit(limit: Option<u32>, max: u32) -> Result<u32, ApiError> {
 /// only when it is not zero, without trailing zeros (as the `time` crate writes it).
 fn timestamp(ms: i64) -> String {
     Timestamp(ms).to_string()
+}
+
+/// Unix milliseconds as RFC 3339 in UTC with exactly three digits of fraction, such as
+/// `2026-11-21T22:42:19.120Z`: the instants clients act on to the millisecond (a switch).
+fn timestamp_ms(ms: i64) -> String {
+    TimestampMs(ms).to_string()
+}
+
+/// Unix milliseconds, displayed as [`timestamp_ms`] writes them.
+#[derive(Debug, Clone, Copy)]
+struct TimestampMs(i64);
+
+impl std::fmt::Display for TimestampMs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = Timestamp(self.0).to_string();
+        let Some(seconds) = text.strip_suffix('Z') else {
+            return f.write_str(&text);
+        };
+        match seconds.split_once('.') {
+            Some((whole, fraction)) => write!(f, "{whole}.{fraction:0<3}Z"),
+            None => write!(f, "{seconds}.000Z"),
+        }
+    }
+}
+
+impl serde::Serialize for TimestampMs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 /// Unix milliseconds, displayed as [`timestamp`] writes them. Written by hand for years

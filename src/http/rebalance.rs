@@ -6,11 +6,12 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
+use super::extract::whole_number;
 use super::shards::MapParams;
 use crate::AppState;
 use crate::keyspace::{HashKey, Plan, Skew};
@@ -19,7 +20,11 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(preview))
         .routes(routes!(apply))
+        .routes(routes!(moves))
 }
+
+/// Longest wait before a staged move switches: a day.
+pub const MAX_SWITCH_AFTER_S: u64 = 86_400;
 
 /// One of an account's keys moving to a key in another shard.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -31,6 +36,11 @@ pub struct MoveBody {
     pub to: HashKey,
     pub from_shard: usize,
     pub to_shard: usize,
+    /// Once applied: when producers switch from `from` to `to` (RFC 3339, milliseconds,
+    /// UTC). Absent from previews.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    pub switch_at: Option<String>,
 }
 
 /// A rebalance plan.
@@ -51,12 +61,18 @@ pub struct RebalancePlan {
     pub moves: Vec<MoveBody>,
     pub before: Skew,
     pub after: Skew,
+    /// Once applied: when every move switches (RFC 3339, milliseconds, UTC); until then
+    /// lookups answer the old keys with the new ones as `next`. Absent from previews.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    pub switch_at: Option<String>,
 }
 
 impl RebalancePlan {
     pub(super) fn new(plan_id: String, plan: Plan) -> Self {
         RebalancePlan {
             plan_id,
+            switch_at: None,
             cap: plan.cap,
             complete: plan.complete,
             mends: plan.mends,
@@ -70,6 +86,7 @@ impl RebalancePlan {
                     to: m.to,
                     from_shard: m.from_shard,
                     to_shard: m.to_shard,
+                    switch_at: None,
                 })
                 .collect(),
             before: plan.before,
@@ -87,6 +104,13 @@ pub struct ApplyRequest {
         pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,4}|100000|stream:[a-zA-Z0-9_.-]{1,128})\.[0-9a-fA-F]{16}$"
     )]
     pub plan_id: String,
+    /// Seconds until producers switch to the new keys, 0..=86400: until then lookups
+    /// answer the old keys plus `next`. Default: the lookup answers' cache lifetime
+    /// (`max-age`, 60 unless configured), so that no cached answer outlives an old key.
+    /// 0 switches at once.
+    #[schema(minimum = 0, maximum = 86400)]
+    #[serde(default, deserialize_with = "whole_number::optional")]
+    pub switch_after_s: Option<u64>,
 }
 
 super::extract::objects_only!(ApplyRequest);
@@ -116,7 +140,8 @@ async fn preview(
         .await
 }
 
-/// Apply a previewed plan, in one transaction.
+/// Apply a previewed plan, in one transaction, staging its moves: each moved account keeps
+/// its old key until `switch_at` (`switch_after_s` from now), then every producer switches.
 #[utoipa::path(
     post, path = "/rebalance", tag = "rebalance",
     request_body = ApplyRequest,
@@ -126,7 +151,7 @@ async fn preview(
         (status = 404, description = "The plan's stream is no longer registered", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Assignments or the map changed since the preview", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not a plan id", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a plan id, or switch_after_s outside 0..=86400", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -134,6 +159,108 @@ async fn apply(
     State(state): State<AppState>,
     Json(body): Json<ApplyRequest>,
 ) -> Result<Json<RebalancePlan>, ApiError> {
-    let plan = state.registry.apply(body.plan_id.clone()).await?;
-    Ok(Json(RebalancePlan::new(body.plan_id, plan)))
+    let switch_after_s = body
+        .switch_after_s
+        .unwrap_or_else(|| state.lookup_cache.lifetime().min(MAX_SWITCH_AFTER_S));
+    if switch_after_s > MAX_SWITCH_AFTER_S {
+        return Err(ApiError::unprocessable(format!(
+            "switch_after_s must be between 0 and {MAX_SWITCH_AFTER_S} seconds, got {switch_after_s}"
+        )));
+    }
+    let (plan, switch_at) = state
+        .registry
+        .apply(body.plan_id.clone(), switch_after_s as i64 * 1000)
+        .await?;
+    let mut answer = RebalancePlan::new(body.plan_id, plan);
+    if !answer.moves.is_empty() {
+        let switch_at = super::timestamp_ms(switch_at);
+        for m in &mut answer.moves {
+            m.switch_at = Some(switch_at.clone());
+        }
+        answer.switch_at = Some(switch_at);
+    }
+    Ok(Json(answer))
+}
+
+/// Paging through pending moves by event id.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MovesParams {
+    /// Start after this event id (the `next` of the previous page); default 0.
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+    /// Page size, 1..=1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// A move applied and not yet switched.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PendingMoveBody {
+    pub account: String,
+    /// Which of the account's keys moves (0 unless it has several).
+    pub index: u32,
+    /// The key producers send until `switch_at`.
+    pub from: HashKey,
+    /// The key producers send from `switch_at` on.
+    pub to: HashKey,
+    /// RFC 3339, milliseconds, UTC.
+    #[schema(format = DateTime)]
+    pub switch_at: String,
+    /// Id of the move's event in `GET /events`.
+    pub event_id: i64,
+}
+
+/// One page of pending moves.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MovesPage {
+    pub items: Vec<PendingMoveBody>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next: Option<i64>,
+}
+
+/// Most pending moves one page holds.
+const MAX_MOVES_PAGE: u32 = 1000;
+
+/// Moves applied by a rebalance that have not switched yet, by event id: what consumers
+/// hold records for, and what producers will switch to.
+#[utoipa::path(
+    get, path = "/moves", tag = "rebalance",
+    params(MovesParams),
+    responses(
+        (status = 200, description = "One page of pending moves, by event id", body = MovesPage),
+        (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn moves(
+    State(state): State<AppState>,
+    Query(params): Query<MovesParams>,
+) -> Result<Json<MovesPage>, ApiError> {
+    let limit = super::page_limit(params.limit, MAX_MOVES_PAGE)?;
+    let after = params.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::bad_request(format!(
+            "after must be an event id (0 or more), got {after}"
+        )));
+    }
+    let now = crate::registry::now_ms();
+    let mut rows = state.registry.moves(after, now, limit + 1).await?;
+    let next = if rows.len() > limit as usize {
+        rows.truncate(limit as usize);
+        rows.last().map(|m| m.event_id)
+    } else {
+        None
+    };
+    let items = rows
+        .into_iter()
+        .map(|m| PendingMoveBody {
+            account: m.account.into_string(),
+            index: m.index,
+            from: m.from,
+            to: m.to,
+            switch_at: super::timestamp_ms(m.switch_at),
+            event_id: m.event_id,
+        })
+        .collect();
+    Ok(Json(MovesPage { items, next }))
 }

@@ -19,6 +19,9 @@ pub struct Allocator {
     tree: KeyTree,
     /// Set when a primary stream's map decides which shard a new key goes to.
     balance: Option<ShardBalance>,
+    /// Keys held but not counted: the old keys of staged moves, taken until their switch
+    /// (in the tree with weight 0, so the walk passes them by, and left out of every load).
+    reserved: std::collections::BTreeSet<u128>,
 }
 
 impl Allocator {
@@ -27,6 +30,7 @@ impl Allocator {
             keyspace,
             tree: KeyTree::new(),
             balance: None,
+            reserved: Default::default(),
         }
     }
 
@@ -42,6 +46,7 @@ impl Allocator {
             keyspace,
             tree,
             balance: None,
+            reserved: Default::default(),
         })
     }
 
@@ -62,19 +67,51 @@ impl Allocator {
         self.keyspace
     }
 
-    /// Count and weight of all held keys.
+    /// Count and weight of all held keys (reserved ones aside).
     pub fn total(&self) -> Load {
-        self.tree.total()
+        self.tree.total() - Load::many(self.reserved.len() as u64)
     }
 
-    /// Count and weight of the held keys in `[lo, hi]`.
+    /// Count and weight of the held keys in `[lo, hi]` (reserved ones aside).
     pub fn load_in(&self, lo: HashKey, hi: HashKey) -> Load {
-        self.tree.load_in(lo.0, hi.0)
+        let reserved = match lo <= hi {
+            true => self.reserved.range(lo.0..=hi.0).count() as u64,
+            false => 0,
+        };
+        self.tree.load_in(lo.0, hi.0) - Load::many(reserved)
     }
 
-    /// Every held key with its weight, in key order.
+    /// Every held key with its weight, in key order (reserved ones aside).
     pub fn iter(&self) -> impl Iterator<Item = (HashKey, u64)> + '_ {
-        self.tree.iter().map(|(k, w)| (HashKey(k), w))
+        self.tree
+            .iter()
+            .filter(|(k, _)| !self.reserved.contains(k))
+            .map(|(k, w)| (HashKey(k), w))
+    }
+
+    /// Takes `key` without counting it anywhere: no allocation gets it until
+    /// [`Allocator::unreserve`], and no load includes it.
+    pub fn reserve(&mut self, key: HashKey) -> Result<(), Error> {
+        self.keyspace.check(key)?;
+        self.tree
+            .insert(key.0, 0)
+            .map_err(|_| Error::KeyTaken(key))?;
+        self.reserved.insert(key.0);
+        Ok(())
+    }
+
+    /// Frees a key [`Allocator::reserve`] took.
+    pub fn unreserve(&mut self, key: HashKey) -> Result<(), Error> {
+        if !self.reserved.remove(&key.0) {
+            return Err(Error::KeyNotHeld(key));
+        }
+        self.tree.remove(key.0).ok_or(Error::KeyNotHeld(key))?;
+        Ok(())
+    }
+
+    /// Whether `key` is reserved.
+    pub fn is_reserved(&self, key: HashKey) -> bool {
+        self.reserved.contains(&key.0)
     }
 
     /// Nodes of the key tree in use.
@@ -334,8 +371,12 @@ impl Allocator {
         Ok(key)
     }
 
-    /// Frees `key`, answering the weight it had.
+    /// Frees `key`, answering the weight it had; a reserved key is freed only by
+    /// [`Allocator::unreserve`].
     pub fn remove(&mut self, key: HashKey) -> Result<u64, Error> {
+        if self.is_reserved(key) {
+            return Err(Error::KeyNotHeld(key));
+        }
         let weight = self.tree.remove(key.0).ok_or(Error::KeyNotHeld(key))?;
         if let Some(balance) = &mut self.balance {
             balance.record(key, weight, false);

@@ -17,6 +17,11 @@ impl Load {
     pub fn one(weight: u64) -> Self {
         Load { count: 1, weight }
     }
+
+    /// `count` keys of weight 0.
+    pub fn many(count: u64) -> Self {
+        Load { count, weight: 0 }
+    }
 }
 
 impl Add for Load {

@@ -4,11 +4,11 @@
 //! hold several: a million of them is what start-up and memory are measured on. The keys
 //! of an account with several live in a second map, read only for those accounts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::keyspace::{AccountId, HashKey};
-use crate::store::HashKeys;
+use crate::store::{HashKeys, Switch};
 
 /// Hashed with foldhash (seeded per process) rather than SipHash: a third of start-up at
 /// a million accounts was filing them, and lookups hash on every request.
@@ -28,9 +28,12 @@ struct Entry {
 /// One account's keys, weight and creation time.
 #[derive(Debug, Clone)]
 pub struct Held {
+    /// By index, each switching key with its new value.
     pub keys: HashKeys,
     pub weight: u64,
     pub created_at: i64,
+    /// The account's keys that staged moves are switching (usually none).
+    pub switching: Vec<Switch>,
 }
 
 /// Every account's keys, by account.
@@ -39,6 +42,10 @@ pub struct Accounts {
     entries: Map<Entry>,
     /// Every key, by index, of the accounts holding several.
     several: Map<Arc<[HashKey]>>,
+    /// The keys staged moves are switching, by account: few, and empty most of the time.
+    switching: Map<Vec<Switch>>,
+    /// When each of those switches: (switch_at, account, index).
+    due: BTreeSet<(i64, AccountId, u32)>,
 }
 
 /// Why a change cannot apply: the log and memory disagree.
@@ -49,6 +56,8 @@ impl Accounts {
         Accounts {
             entries: Map::with_capacity_and_hasher(count, Default::default()),
             several: Map::default(),
+            switching: Map::default(),
+            due: BTreeSet::new(),
         }
     }
 
@@ -63,10 +72,15 @@ impl Accounts {
         } else {
             HashKeys::Many(Arc::clone(&self.several[id]))
         };
+        let switching = match self.switching.is_empty() {
+            true => Vec::new(),
+            false => self.switching.get(id).cloned().unwrap_or_default(),
+        };
         Held {
             keys,
             weight: u64::from(e.weight),
             created_at: e.created_at,
+            switching,
         }
     }
 
@@ -184,6 +198,59 @@ impl Accounts {
             *key = to;
         }
         self.file(id.clone(), keys, held.weight, held.created_at);
+    }
+
+    /// Records that key `switch.index` of `id` keeps its old value `switch.from` until
+    /// `switch.switch_at`. If that key was switching already, its first old value stays,
+    /// until the new moment, and `false` is answered (the caller holds `from` no more);
+    /// otherwise `true`.
+    pub fn stage(&mut self, id: &AccountId, switch: Switch) -> bool {
+        let earlier = self.unstage(id, switch.index);
+        let switch = match earlier {
+            Some(earlier) => Switch {
+                from: earlier.from,
+                ..switch
+            },
+            None => switch,
+        };
+        self.due
+            .insert((switch.switch_at, id.clone(), switch.index));
+        self.switching.entry(id.clone()).or_default().push(switch);
+        earlier.is_none()
+    }
+
+    /// Forgets that key `index` of `id` is switching; answers the switch if it was.
+    pub fn unstage(&mut self, id: &AccountId, index: u32) -> Option<Switch> {
+        let switches = self.switching.get_mut(id.as_str())?;
+        let at = switches.iter().position(|s| s.index == index)?;
+        let switch = switches.swap_remove(at);
+        if switches.is_empty() {
+            self.switching.remove(id.as_str());
+        }
+        self.due.remove(&(switch.switch_at, id.clone(), index));
+        Some(switch)
+    }
+
+    /// When the next switch is due, if any is pending.
+    pub fn next_switch(&self) -> Option<i64> {
+        self.due.first().map(|(at, ..)| *at)
+    }
+
+    /// Ends every switch due by `now`; answers them, so that their old keys are freed.
+    pub fn end_switches(&mut self, now: i64) -> Vec<Switch> {
+        let mut ended = Vec::new();
+        while let Some((at, id, index)) = self.due.first().cloned() {
+            if at > now {
+                break;
+            }
+            ended.extend(self.unstage(&id, index));
+        }
+        ended
+    }
+
+    /// How many keys are switching.
+    pub fn switching(&self) -> usize {
+        self.due.len()
     }
 
     /// Changes the account's weight by a key's change from `before` to `after`.

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::streams::Stream;
 use super::{Accounts, Error, Registry, Writer};
 use crate::keyspace::{self, Allocator};
-use crate::store::{CHANNEL, Change, Event, Store, StoreError, StreamRow, Tx};
+use crate::store::{CHANNEL, Change, Event, Store, StoreError, StreamRow, Switch, Tx};
 
 /// Longest a replica goes without looking for other replicas' changes.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -145,9 +145,10 @@ impl Registry {
         let Some(last) = events.last().map(|e| e.id) else {
             return Ok(());
         };
+        let now = super::now_ms();
         let mut accounts = self.accounts.write().expect("accounts lock poisoned");
         for event in events {
-            apply_change(&mut w.alloc, &mut accounts, event.change, event.at)?;
+            apply_change(&mut w.alloc, &mut accounts, event.change, event.at, now)?;
             w.last_event = event.id;
         }
         drop(accounts);
@@ -209,7 +210,8 @@ impl Registry {
     }
 }
 
-/// Applies one change about an account's key to the tree and the accounts.
+/// Applies one change about an account's key to the tree and the accounts; `now` says
+/// whether a staged move is still to switch (then its old key stays held).
 ///
 /// An account's keys are `0..k` at every moment: keys are added at index k and released
 /// from the top, and key 0 comes first and goes last.
@@ -218,6 +220,7 @@ fn apply_change(
     accounts: &mut Accounts,
     change: Change,
     at: i64,
+    now: i64,
 ) -> Result<(), Error> {
     let corrupt = |detail: String| Error::Store(StoreError::Corrupt(detail));
     match change {
@@ -239,16 +242,32 @@ fn apply_change(
         } => {
             let weight = alloc.remove(key)?;
             accounts.release(&account, index, weight).map_err(corrupt)?;
+            if let Some(switch) = accounts.unstage(&account, index) {
+                alloc.unreserve(switch.from)?;
+            }
         }
         Change::Move {
             account,
             index,
             from,
             to,
+            switch_at,
         } => {
             let weight = alloc.remove(from)?;
             alloc.insert(to, weight)?;
             accounts.move_key(&account, index, to);
+            if switch_at > now {
+                let switch = Switch {
+                    index,
+                    from,
+                    switch_at,
+                };
+                if accounts.stage(&account, switch) {
+                    alloc.reserve(from)?;
+                }
+            } else if let Some(switch) = accounts.unstage(&account, index) {
+                alloc.unreserve(switch.from)?;
+            }
         }
         Change::Reweight {
             account,

@@ -9,7 +9,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
-use crate::store::{Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, Store, StoreError};
+use crate::store::{
+    Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, Store, StoreError, Switch,
+};
 
 mod accounts;
 mod follow;
@@ -174,13 +176,25 @@ impl Registry {
         drop(batches);
         let last_event = snapshot.last_event_id().await?;
         let streams = snapshot.load_streams().await?;
+        let moves = snapshot.pending_moves(now_ms()).await?;
         drop(snapshot);
-        let alloc = tokio::task::spawn_blocking(move || Allocator::with_keys(keyspace, keys))
+        let mut alloc = tokio::task::spawn_blocking(move || Allocator::with_keys(keyspace, keys))
             .await
             .expect("tree build")?;
-        let accounts = accounts.await.expect("the filing thread answers")?;
+        let mut accounts = accounts.await.expect("the filing thread answers")?;
+        // Pending moves hold their old keys until they switch.
+        for m in moves {
+            alloc.reserve(m.from)?;
+            let switch = Switch {
+                index: m.index,
+                from: m.from,
+                switch_at: m.switch_at,
+            };
+            accounts.stage(&m.account, switch);
+        }
         tracing::info!(
             accounts = accounts.len(),
+            switching = accounts.switching(),
             streams = streams.len(),
             last_event,
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -345,6 +359,7 @@ impl Registry {
         requests: &[NewAccount],
         now: i64,
     ) -> Result<(Vec<Allocated>, Vec<KeyRow>), Error> {
+        self.end_switches(w, now)?;
         let mut answers = Vec::with_capacity(requests.len());
         let mut new: Vec<KeyRow> = Vec::new();
         let mut failed = None;
@@ -360,6 +375,7 @@ impl Registry {
                         hash_keys: HashKeys::from_vec(keys),
                         weight: request.weight,
                         created_at: now,
+                        switching: Vec::new(),
                     };
                     new.extend(a.rows());
                     answers.push(Allocated::Created(a));
@@ -446,6 +462,8 @@ impl Registry {
         detached(async move {
             let mut w = this.writer.lock().await;
             let mut tx = this.begin(&mut w).await?;
+            let at = now_ms();
+            this.end_switches(&mut w, at)?;
             let a = this
                 .lookup(account.as_str())
                 .ok_or(Error::NotFound(account))?;
@@ -469,7 +487,6 @@ impl Registry {
             let mut keys: Vec<HashKey> = held[..kept].iter().map(|r| r.hash_key).collect();
             let weights: Vec<u64> = (kept..fanout as usize).map(share).collect();
             w.alloc.extend_keys(&mut keys, &weights)?;
-            let at = now_ms();
             let added: Vec<KeyRow> = keys[kept..]
                 .iter()
                 .enumerate()
@@ -523,9 +540,38 @@ impl Registry {
                 hash_keys: HashKeys::from_vec(keys),
                 weight,
                 created_at: a.created_at,
+                switching: (a.switching.into_iter())
+                    .filter(|s| (s.index as usize) < kept)
+                    .collect(),
             })
         })
         .await
+    }
+
+    /// Ends the staged moves whose switch is due by `now` (Unix milliseconds): their old
+    /// keys become free. Every decision that picks keys runs this first with the time it
+    /// logs, so the event log replays to the same picks.
+    fn end_switches(&self, w: &mut Writer, now: i64) -> Result<(), Error> {
+        let due = |accounts: &Accounts| accounts.next_switch().is_some_and(|at| at <= now);
+        if !due(&self.accounts.read().expect("accounts lock poisoned")) {
+            return Ok(());
+        }
+        let mut accounts = self.accounts.write().expect("accounts lock poisoned");
+        for switch in accounts.end_switches(now) {
+            w.alloc.unreserve(switch.from)?;
+        }
+        Ok(())
+    }
+
+    /// Staged moves still pending at `now` (Unix milliseconds) with event id above
+    /// `after`, by event id, from the database: up to `limit`.
+    pub async fn moves(
+        &self,
+        after: i64,
+        now: i64,
+        limit: u32,
+    ) -> Result<Vec<crate::store::PendingMove>, Error> {
+        Ok(self.store.moves(after, now, i64::from(limit)).await?)
     }
 
     /// Up to `limit` assignments after `after`, by account, from the database.
@@ -572,6 +618,7 @@ fn assignment(account: AccountId, held: Held) -> Assignment {
         hash_keys: held.keys,
         weight: held.weight,
         created_at: held.created_at,
+        switching: held.switching,
     }
 }
 

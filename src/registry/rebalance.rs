@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
-use super::{Committed, Error, Held, Registry, detached, now_ms};
+use super::{Committed, Error, Held, Registry, Writer, detached, now_ms};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Holding, Load, Plan, ShardMap};
 use crate::store::{Change, Event};
 
@@ -52,10 +52,14 @@ impl Registry {
     /// Plans a rebalance over the map `spec` names, changing nothing. Blocks: the state is
     /// copied under the writer lock (the tree's arrays and the accounts, O(accounts)), the
     /// plan is made on the copy after releasing it.
+    ///
+    /// Accounts with a staged move still to switch are planned where they go, and not moved
+    /// again.
     pub fn preview(&self, spec: &MapSpec) -> Result<(String, Plan), Error> {
         let (map, mut alloc, accounts, last_event) = {
-            let w = self.writer.blocking_lock();
+            let mut w = self.writer.blocking_lock();
             let map = self.resolve(spec)?;
+            self.end_switches(&mut w, now_ms())?;
             let accounts = self.accounts.read().expect("accounts lock poisoned");
             let accounts: Vec<(AccountId, Held)> = accounts
                 .iter()
@@ -115,8 +119,14 @@ impl Registry {
         loads
     }
 
-    /// Applies the plan `id` names, if nothing changed since it was previewed.
-    pub async fn apply(self: &Arc<Self>, id: String) -> Result<Plan, Error> {
+    /// Applies the plan `id` names, if nothing changed since it was previewed, staging its
+    /// moves: each account keeps its old key until `switch_after_ms` from now, then switches.
+    /// Answers the plan and the switch time (Unix milliseconds).
+    pub async fn apply(
+        self: &Arc<Self>,
+        id: String,
+        switch_after_ms: i64,
+    ) -> Result<(Plan, i64), Error> {
         let (event, spec) = parse_plan_id(&id).ok_or_else(|| Error::BadPlanId(id.clone()))?;
         let map = self.resolve(&spec).map_err(|e| match e {
             Error::Keyspace(_) => Error::BadPlanId(id.clone()),
@@ -131,20 +141,20 @@ impl Registry {
             if w.last_event != event {
                 return Err(Error::StalePlan(id));
             }
-            let plan = this.plan(&mut w.alloc, &map);
+            let at = now_ms();
+            let switch_at = at + switch_after_ms;
+            let plan = this.plan(&mut w, &map, at)?;
             if plan_id(w.last_event, &spec, &plan) != id {
                 return Err(Error::StalePlan(id));
             }
             if plan.moves.is_empty() {
-                return Ok(plan);
+                return Ok((plan, switch_at));
             }
-            let at = now_ms();
-            let last = tx.apply_moves(&plan.moves, at).await?;
+            let ids = tx.apply_moves(&plan.moves, at, switch_at).await?;
             this.commit(&mut w, tx, Committed::Moves(plan.moves.len()))
                 .await?;
-            // The moves' events are numbered up to `last`, one each, in order.
-            let first = last - plan.moves.len() as i64 + 1;
-            let events = (first..=last)
+            let events = ids
+                .into_iter()
                 .zip(&plan.moves)
                 .map(|(id, m)| {
                     let change = Change::Move {
@@ -152,30 +162,35 @@ impl Registry {
                         index: m.index,
                         from: m.from,
                         to: m.to,
+                        switch_at,
                     };
                     Ok(Event { id, at, change })
                 })
                 .collect::<Result<Vec<_>, Error>>()?;
             this.apply_events(&mut w, events)?;
-            Ok(plan)
+            Ok((plan, switch_at))
         })
         .await
     }
 
-    /// Plans over `map` for the accounts as they are, leaving `alloc` as it was.
-    pub(super) fn plan(&self, alloc: &mut Allocator, map: &ShardMap) -> Plan {
+    /// Plans over `map` for the accounts as they are at `now` (Unix milliseconds), leaving
+    /// the tree as it was.
+    pub(super) fn plan(&self, w: &mut Writer, map: &ShardMap, now: i64) -> Result<Plan, Error> {
+        self.end_switches(w, now)?;
         let accounts = self.accounts.read().expect("accounts lock poisoned");
-        plan_for(alloc, map, accounts.iter())
+        Ok(plan_for(&mut w.alloc, map, accounts.iter()))
     }
 }
 
-/// Plans over `map` for `accounts` (every key `alloc` holds), leaving `alloc` as it was.
+/// Plans over `map` for `accounts` (every key `alloc` counts), leaving `alloc` as it was.
+/// An account with a key still switching counts where its keys go, and does not move.
 fn plan_for<'a>(
     alloc: &mut Allocator,
     map: &ShardMap,
     accounts: impl Iterator<Item = (&'a AccountId, Held)>,
 ) -> Plan {
-    let holdings = accounts.flat_map(|(id, held)| {
+    let settled = accounts.filter(|(_, held)| held.switching.is_empty());
+    let holdings = settled.flat_map(|(id, held)| {
         let fanout = held.keys.len() as u32;
         (0..fanout).map(move |i| Holding {
             account: id.as_str(),

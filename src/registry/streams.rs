@@ -134,7 +134,7 @@ impl Registry {
                 (o.map, l)
             });
             let after = loads(&stream.map);
-            let plan = this.plan(&mut w.alloc, &stream.map);
+            let plan = this.plan(&mut w, &stream.map, now_ms())?;
             let rebalance = (plan_id(w.last_event, &MapSpec::Stream(name), &plan), plan);
             Ok(StreamChange {
                 stream,

@@ -81,12 +81,41 @@ impl HashKeys {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     pub account: AccountId,
-    /// By index; as many as the account's fanout, at least one.
+    /// By index; as many as the account's fanout, at least one. A key that is switching
+    /// is here with its new value.
     pub hash_keys: HashKeys,
     /// The account's weight: the sum of its keys'.
     pub weight: u64,
     /// Unix milliseconds.
     pub created_at: i64,
+    /// The account's keys that a staged move is switching (empty for almost every
+    /// account): each key's old value stays in use until its switch.
+    pub switching: Vec<Switch>,
+}
+
+/// One key of an account moving under a staged move: producers send `from` until
+/// `switch_at`, then the key's new value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switch {
+    pub index: u32,
+    pub from: HashKey,
+    /// Unix milliseconds.
+    pub switch_at: i64,
+}
+
+/// The keys producers send at some moment, and the switch ahead of them, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeysAt {
+    pub keys: HashKeys,
+    pub next: Option<NextKeys>,
+}
+
+/// The keys that take over at `switch_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextKeys {
+    pub keys: HashKeys,
+    /// Unix milliseconds.
+    pub switch_at: i64,
 }
 
 impl Assignment {
@@ -97,6 +126,34 @@ impl Assignment {
 
     pub fn fanout(&self) -> u32 {
         self.hash_keys.len() as u32
+    }
+
+    /// The keys to send at `now` (Unix milliseconds): each switching key's old value until
+    /// its switch; and the nearest switch still ahead, with the keys from then on.
+    pub fn keys_at(&self, now: i64) -> KeysAt {
+        let ahead = |after: i64| self.switching.iter().filter(move |s| s.switch_at > after);
+        let Some(first) = ahead(now).map(|s| s.switch_at).min() else {
+            return KeysAt {
+                keys: self.hash_keys.clone(),
+                next: None,
+            };
+        };
+        let keys_after = |moment: i64| {
+            let mut keys = self.hash_keys.as_slice().to_vec();
+            for s in ahead(moment) {
+                if let Some(key) = keys.get_mut(s.index as usize) {
+                    *key = s.from;
+                }
+            }
+            HashKeys::from_vec(keys)
+        };
+        KeysAt {
+            keys: keys_after(now),
+            next: Some(NextKeys {
+                keys: keys_after(first),
+                switch_at: first,
+            }),
+        }
     }
 
     /// The rows that store it.
@@ -119,9 +176,10 @@ impl Assignment {
 
 /// Groups rows sorted by account and index into assignments (the first row of an account
 /// gives its creation time).
-fn group_rows(rows: Vec<KeyRow>) -> Result<Vec<Assignment>> {
+fn group_rows(rows: Vec<(KeyRow, Option<Switch>)>) -> Result<Vec<Assignment>> {
     let mut out: Vec<(Assignment, Vec<HashKey>)> = Vec::new();
-    for row in rows {
+    for (row, switch) in rows {
+        let switching = Vec::from_iter(switch);
         match out.last_mut() {
             Some((a, keys)) if a.account == row.account => {
                 if row.index as usize != keys.len() {
@@ -134,6 +192,7 @@ fn group_rows(rows: Vec<KeyRow>) -> Result<Vec<Assignment>> {
                 }
                 keys.push(row.hash_key);
                 a.weight += row.weight;
+                a.switching.extend(switching);
             }
             _ => {
                 if row.index != 0 {
@@ -147,6 +206,7 @@ fn group_rows(rows: Vec<KeyRow>) -> Result<Vec<Assignment>> {
                     hash_keys: HashKeys::One(row.hash_key),
                     weight: row.weight,
                     created_at: row.created_at,
+                    switching,
                 };
                 out.push((a, vec![row.hash_key]));
             }
@@ -176,6 +236,20 @@ pub struct StreamRow {
     /// Id of the `stream_put` event that last wrote the row: set by the database (see
     /// migration `stream_map_references`), ignored when writing.
     pub version: i64,
+}
+
+/// A staged move not yet switched: a key of `account` is `to` in the table, and producers
+/// send `from` until `switch_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingMove {
+    pub account: AccountId,
+    pub index: u32,
+    pub from: HashKey,
+    pub to: HashKey,
+    /// Unix milliseconds.
+    pub switch_at: i64,
+    /// Id of the `move` event.
+    pub event_id: i64,
 }
 
 /// One entry of the event log.
@@ -216,11 +290,14 @@ pub enum Change {
         index: u32,
         key: HashKey,
     },
+    /// Key `index` becomes `to` at once in the table, but producers keep sending `from`
+    /// until `switch_at` (Unix milliseconds): until then the account holds both.
     Move {
         account: AccountId,
         index: u32,
         from: HashKey,
         to: HashKey,
+        switch_at: i64,
     },
     Reweight {
         account: AccountId,
@@ -414,6 +491,12 @@ impl Store {
         Ok((accounts, cut))
     }
 
+    /// Up to `limit` moves still pending at `now` (Unix milliseconds) with event id above
+    /// `after`, by event id.
+    pub async fn moves(&self, after: i64, now: i64, limit: i64) -> Result<Vec<PendingMove>> {
+        on_backend!(self, c => moves(after, now, limit))
+    }
+
     /// Longest a change is waited for before its client is answered 503, or `None` when
     /// every wait ends by itself: a local SQLite file never goes silent, and its busy
     /// timeout ends the wait for another process's lock.
@@ -513,9 +596,20 @@ impl Tx {
         in_tx!(self, reweight(rows, at))
     }
 
-    /// Applies moves in order with a `move` event each; answers the last event's id.
-    pub async fn apply_moves(&mut self, moves: &[Move], at: i64) -> Result<i64> {
-        in_tx!(self, apply_moves(moves, at))
+    /// Applies moves in order, each switching at `switch_at` (Unix milliseconds), with a
+    /// `move` event each; answers the events' ids.
+    pub async fn apply_moves(
+        &mut self,
+        moves: &[Move],
+        at: i64,
+        switch_at: i64,
+    ) -> Result<Vec<i64>> {
+        in_tx!(self, apply_moves(moves, at, switch_at))
+    }
+
+    /// Every move still pending at `now` (Unix milliseconds), by event id.
+    pub async fn pending_moves(&mut self, now: i64) -> Result<Vec<PendingMove>> {
+        in_tx!(self, moves(0, now, i64::MAX))
     }
 
     /// Creates or replaces a stream (clearing any other primary if this one is) and logs
@@ -588,6 +682,7 @@ struct EventRow {
     stream: Option<String>,
     shard_count: Option<i64>,
     idx: i64,
+    switch_at: Option<i64>,
 }
 
 impl EventRow {
@@ -604,6 +699,7 @@ impl EventRow {
             stream,
             shard_count,
             idx,
+            switch_at,
         } = self;
         let index = u32::try_from(idx)
             .map_err(|_| StoreError::Corrupt(format!("event {id}: key index {idx}")))?;
@@ -636,6 +732,8 @@ impl EventRow {
                 index,
                 from: some_key(key_before)?,
                 to: some_key(key_after)?,
+                // Moves logged before they were staged switched at once.
+                switch_at: switch_at.unwrap_or(at),
             },
             "reweight" => Change::Reweight {
                 account: account()?,

@@ -16,8 +16,8 @@ macro_rules! queries {
 
         use crate::keyspace::Move;
         use crate::store::{
-            EventRow, KeyRow, LoggedEvent, Result, StoreError, StreamRow, decode_row,
-            decode_shards, encode_shards,
+            EventRow, KeyRow, LoggedEvent, PendingMove, Result, StoreError, StreamRow, Switch,
+            decode_account, decode_key, decode_row, decode_shards, encode_shards,
         };
 
         type Conn = <$db as sqlx::Database>::Connection;
@@ -54,13 +54,15 @@ macro_rules! queries {
         }
 
         /// The key rows of the first `limit` accounts after `after`, by account and index,
-        /// at most `max_rows` of them.
-        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32, max_rows: u32) -> Result<Vec<KeyRow>> {
-            let rows = sqlx::query(&format!(
-                "{KEY_COLUMNS} WHERE account IN \
+        /// at most `max_rows` of them, each with the switch of a staged move that set it
+        /// (past or pending).
+        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32, max_rows: u32) -> Result<Vec<(KeyRow, Option<Switch>)>> {
+            let rows = sqlx::query(
+                "SELECT account, idx, hash_key, weight, created_at, prev_hash_key, switch_at FROM assignments \
+                 WHERE account IN \
                  (SELECT account FROM assignments WHERE account > $1 AND idx = 0 ORDER BY account LIMIT $2) \
-                 ORDER BY account, idx LIMIT $3"
-            ))
+                 ORDER BY account, idx LIMIT $3",
+            )
             .bind(after.unwrap_or(""))
             .bind(i64::from(limit))
             .bind(i64::from(max_rows))
@@ -68,13 +70,57 @@ macro_rules! queries {
             .await?;
             rows.iter()
                 .map(|r| {
-                    decode_row(
+                    let row = decode_row(
                         r.try_get(0)?,
                         r.try_get::<i64, _>(1)?,
                         &r.try_get::<Vec<u8>, _>(2)?,
                         r.try_get(3)?,
                         r.try_get(4)?,
-                    )
+                    )?;
+                    let from: Option<Vec<u8>> = r.try_get(5)?;
+                    let switch_at: Option<i64> = r.try_get(6)?;
+                    let switch = match (from, switch_at) {
+                        (Some(from), Some(switch_at)) => Some(Switch {
+                            index: row.index,
+                            from: decode_key(&from)?,
+                            switch_at,
+                        }),
+                        _ => None,
+                    };
+                    Ok((row, switch))
+                })
+                .collect()
+        }
+
+        /// Up to `limit` moves still pending at `now` (Unix milliseconds) whose event id is
+        /// above `after`, by event id.
+        pub async fn moves(conn: &mut Conn, after: i64, now: i64, limit: i64) -> Result<Vec<PendingMove>> {
+            let rows = sqlx::query(
+                "SELECT account, idx, prev_hash_key, hash_key, switch_at, moved_by FROM assignments \
+                 WHERE switch_at > $1 AND moved_by > $2 ORDER BY moved_by LIMIT $3",
+            )
+            .bind(now)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    let account: String = r.try_get(0)?;
+                    let idx: i64 = r.try_get(1)?;
+                    let index = u32::try_from(idx)
+                        .map_err(|_| StoreError::Corrupt(format!("account {account}: key index {idx}")))?;
+                    let from: Option<Vec<u8>> = r.try_get(2)?;
+                    let from = from
+                        .ok_or_else(|| StoreError::Corrupt(format!("account {account}: a switch with no old key")))?;
+                    Ok(PendingMove {
+                        account: decode_account(account)?,
+                        index,
+                        from: decode_key(&from)?,
+                        to: decode_key(&r.try_get::<Vec<u8>, _>(3)?)?,
+                        switch_at: r.try_get(4)?,
+                        event_id: r.try_get(5)?,
+                    })
                 })
                 .collect()
         }
@@ -85,7 +131,7 @@ macro_rules! queries {
 
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows: Vec<EventRow> = sqlx::query_as(
-                "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx \
+                "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx, switch_at \
                  FROM events WHERE id > $1 ORDER BY id LIMIT $2",
             )
             .bind(after)
@@ -107,24 +153,34 @@ macro_rules! queries {
                     .execute(&mut *conn)
                     .await?;
                 crate::store::changed_one(done.rows_affected())?;
-                ids.push(log(conn, at, "reweight", row.account.as_str(), row.index, Some(key), Some(key), row.weight).await?);
+                ids.push(log(conn, at, "reweight", row.account.as_str(), row.index, Some(key), Some(key), row.weight, None).await?);
             }
             Ok(ids)
         }
 
-        pub async fn apply_moves(conn: &mut Conn, moves: &[Move], at: i64) -> Result<i64> {
-            let mut id = 0;
+        /// Applies moves in order, each switching at `switch_at`, with a `move` event each;
+        /// answers the events' ids.
+        pub async fn apply_moves(conn: &mut Conn, moves: &[Move], at: i64, switch_at: i64) -> Result<Vec<i64>> {
+            let mut ids = Vec::with_capacity(moves.len());
             for m in moves {
-                let done = sqlx::query("UPDATE assignments SET hash_key = $1 WHERE account = $2 AND hash_key = $3")
-                    .bind(m.to.to_be_bytes().to_vec())
-                    .bind(&m.account)
-                    .bind(m.from.to_be_bytes().to_vec())
-                    .execute(&mut *conn)
-                    .await?;
+                let (from, to) = (m.from.to_be_bytes(), m.to.to_be_bytes());
+                let id = log(conn, at, "move", &m.account, m.index, Some(from), Some(to), m.weight, Some(switch_at)).await?;
+                let done = sqlx::query(
+                    "UPDATE assignments SET hash_key = $1, prev_hash_key = $2, switch_at = $3, moved_by = $4 \
+                     WHERE account = $5 AND idx = $6 AND hash_key = $2",
+                )
+                .bind(to.to_vec())
+                .bind(from.to_vec())
+                .bind(switch_at)
+                .bind(id)
+                .bind(&m.account)
+                .bind(i64::from(m.index))
+                .execute(&mut *conn)
+                .await?;
                 crate::store::changed_one(done.rows_affected())?;
-                id = log(conn, at, "move", &m.account, m.index, Some(m.from.to_be_bytes()), Some(m.to.to_be_bytes()), m.weight).await?;
+                ids.push(id);
             }
-            Ok(id)
+            Ok(ids)
         }
 
         pub async fn load_streams(conn: &mut Conn) -> Result<Vec<StreamRow>> {
@@ -192,10 +248,11 @@ macro_rules! queries {
             before: Option<[u8; 16]>,
             after: Option<[u8; 16]>,
             weight: u64,
+            switch_at: Option<i64>,
         ) -> Result<i64> {
             Ok(sqlx::query_scalar(
-                "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+                "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight, switch_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
             )
             .bind(at)
             .bind(kind)
@@ -204,6 +261,7 @@ macro_rules! queries {
             .bind(before.map(|b| b.to_vec()))
             .bind(after.map(|b| b.to_vec()))
             .bind(weight as i64)
+            .bind(switch_at)
             .fetch_one(&mut *conn)
             .await?)
         }

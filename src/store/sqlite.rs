@@ -76,6 +76,7 @@ pub async fn delete_many(conn: &mut Conn, gone: &[KeyRow], at: i64) -> Result<Ve
                 Some(key),
                 None,
                 a.weight,
+                None,
             )
             .await?,
         );

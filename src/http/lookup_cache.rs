@@ -1,0 +1,122 @@
+//! How long lookup answers may be cached, and how that is cut short before a switch.
+//!
+//! A staged move must outlive every cached answer that names the old key, so the default
+//! wait before a switch is the longest a cache may serve an answer ([`LookupCache::lifetime`]),
+//! and an answer given while a switch is pending may be cached only until the switch.
+
+use axum::http::HeaderValue;
+
+/// The configured `Cache-Control` of lookup answers, read once.
+#[derive(Debug, Clone)]
+pub struct LookupCache {
+    header: HeaderValue,
+    /// The directives other than those bounding an answer's life, as configured.
+    others: Vec<String>,
+    /// `max-age`, `s-maxage` and `stale-while-revalidate`, in seconds, where configured.
+    max_age: Option<u64>,
+    s_maxage: Option<u64>,
+    stale_while_revalidate: Option<u64>,
+    /// Whether `stale-if-error` is configured: it could serve an answer past any switch.
+    stale_if_error: bool,
+}
+
+impl LookupCache {
+    pub fn new(header: HeaderValue) -> Self {
+        let text = header.to_str().unwrap_or_default().to_owned();
+        let mut cache = LookupCache {
+            header,
+            others: Vec::new(),
+            max_age: None,
+            s_maxage: None,
+            stale_while_revalidate: None,
+            stale_if_error: false,
+        };
+        for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let (name, value) = match directive.split_once('=') {
+                Some((name, value)) => (name.trim(), Some(value.trim().trim_matches('"'))),
+                None => (directive, None),
+            };
+            let seconds = value.and_then(|v| v.parse::<u64>().ok());
+            match name.to_ascii_lowercase().as_str() {
+                "max-age" => cache.max_age = seconds,
+                "s-maxage" => cache.s_maxage = seconds,
+                "stale-while-revalidate" => cache.stale_while_revalidate = seconds,
+                // Serving stale after an error could outlive any switch: never before one.
+                "stale-if-error" => cache.stale_if_error = true,
+                _ => cache.others.push(directive.to_owned()),
+            }
+        }
+        cache
+    }
+
+    /// The header as configured.
+    pub fn header(&self) -> &HeaderValue {
+        &self.header
+    }
+
+    /// Longest any cache may serve an answer, in seconds: the larger of `max-age` and
+    /// `s-maxage`, plus `stale-while-revalidate` (0 when nothing allows caching).
+    pub fn lifetime(&self) -> u64 {
+        let fresh = self.max_age.max(self.s_maxage).unwrap_or(0);
+        fresh.saturating_add(self.stale_while_revalidate.unwrap_or(0))
+    }
+
+    /// The header for an answer that stops being true in `seconds_left` seconds: every
+    /// lifetime cut to it, no serving stale. The configured header when it allows no
+    /// longer than that already.
+    pub fn until(&self, seconds_left: u64) -> HeaderValue {
+        if self.lifetime() <= seconds_left && !self.stale_if_error {
+            return self.header.clone();
+        }
+        let cut = |configured: Option<u64>| configured.map(|s| s.min(seconds_left));
+        let mut directives = self.others.clone();
+        directives.push(format!(
+            "max-age={}",
+            cut(self.max_age).unwrap_or(seconds_left)
+        ));
+        if let Some(s) = cut(self.s_maxage) {
+            directives.push(format!("s-maxage={s}"));
+        }
+        HeaderValue::from_str(&directives.join(", ")).expect("configured directives and digits")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(text: &str) -> LookupCache {
+        LookupCache::new(HeaderValue::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn the_lifetime_is_the_longest_a_cache_may_serve() {
+        assert_eq!(cache("max-age=60").lifetime(), 60);
+        assert_eq!(cache("public, max-age=10, s-maxage=30").lifetime(), 30);
+        assert_eq!(cache("max-age=10, stale-while-revalidate=5").lifetime(), 15);
+        assert_eq!(cache("no-cache").lifetime(), 0);
+        assert_eq!(cache("no-store").lifetime(), 0);
+        assert_eq!(cache("MAX-AGE=\"7\"").lifetime(), 7);
+    }
+
+    #[test]
+    fn answers_before_a_switch_are_cached_no_longer_than_it() {
+        assert_eq!(cache("max-age=60").until(12), "max-age=12");
+        assert_eq!(cache("max-age=60").until(0), "max-age=0");
+        assert_eq!(cache("max-age=60").until(60), "max-age=60");
+        assert_eq!(cache("max-age=60").until(600), "max-age=60");
+        assert_eq!(
+            cache("private, max-age=60, stale-while-revalidate=30").until(40),
+            "private, max-age=40"
+        );
+        assert_eq!(
+            cache("public, max-age=5, s-maxage=60").until(20),
+            "public, max-age=5, s-maxage=20"
+        );
+        assert_eq!(
+            cache("max-age=5, stale-if-error=600").until(20),
+            "max-age=5"
+        );
+        assert_eq!(cache("no-cache").until(3), "no-cache");
+    }
+}
