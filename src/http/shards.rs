@@ -28,7 +28,8 @@ pub struct ShardOfParams {
     /// A hash key (decimal, at most 2^128 - 1).
     #[param(pattern = r"^[0-9]{1,39}$")]
     pub hash_key: Option<String>,
-    /// An account: its assigned hash key (key 0, or the one `index` or `sub_key` picks).
+    /// An account: its assigned hash key (key 0, or the one `index` or `sub_key` picks), as
+    /// producers send it now: the old key until a pending move switches.
     #[param(value_type = Option<AccountId>)]
     pub account: Option<String>,
     /// With `account`: which of its keys, `0..fanout`.
@@ -162,7 +163,8 @@ async fn shard_of(
                 }
             };
             index = asked.then_some(i);
-            a.hash_keys.as_slice()[i as usize]
+            // The key producers send now: the old one until a pending move switches.
+            a.keys_at(crate::registry::now_ms()).keys.as_slice()[i as usize]
         }
         (None, None, Some(pk)) => keyspace::md5_hash(&pk, keyspace),
         _ => {

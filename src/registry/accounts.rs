@@ -201,22 +201,12 @@ impl Accounts {
     }
 
     /// Records that key `switch.index` of `id` keeps its old value `switch.from` until
-    /// `switch.switch_at`. If that key was switching already, its first old value stays,
-    /// until the new moment, and `false` is answered (the caller holds `from` no more);
-    /// otherwise `true`.
-    pub fn stage(&mut self, id: &AccountId, switch: Switch) -> bool {
-        let earlier = self.unstage(id, switch.index);
-        let switch = match earlier {
-            Some(earlier) => Switch {
-                from: earlier.from,
-                ..switch
-            },
-            None => switch,
-        };
+    /// `switch.switch_at` (the key must not be switching already: see
+    /// [`Accounts::unstage`]).
+    pub fn stage(&mut self, id: &AccountId, switch: Switch) {
         self.due
             .insert((switch.switch_at, id.clone(), switch.index));
         self.switching.entry(id.clone()).or_default().push(switch);
-        earlier.is_none()
     }
 
     /// Forgets that key `index` of `id` is switching; answers the switch if it was.

@@ -145,10 +145,9 @@ impl Registry {
         let Some(last) = events.last().map(|e| e.id) else {
             return Ok(());
         };
-        let now = super::now_ms();
         let mut accounts = self.accounts.write().expect("accounts lock poisoned");
         for event in events {
-            apply_change(&mut w.alloc, &mut accounts, event.change, event.at, now)?;
+            apply_change(&mut w.alloc, &mut accounts, event.change, event.at)?;
             w.last_event = event.id;
         }
         drop(accounts);
@@ -210,8 +209,7 @@ impl Registry {
     }
 }
 
-/// Applies one change about an account's key to the tree and the accounts; `now` says
-/// whether a staged move is still to switch (then its old key stays held).
+/// Applies one change about an account's key to the tree and the accounts.
 ///
 /// An account's keys are `0..k` at every moment: keys are added at index k and released
 /// from the top, and key 0 comes first and goes last.
@@ -220,7 +218,6 @@ fn apply_change(
     accounts: &mut Accounts,
     change: Change,
     at: i64,
-    now: i64,
 ) -> Result<(), Error> {
     let corrupt = |detail: String| Error::Store(StoreError::Corrupt(detail));
     match change {
@@ -256,17 +253,21 @@ fn apply_change(
             let weight = alloc.remove(from)?;
             alloc.insert(to, weight)?;
             accounts.move_key(&account, index, to);
-            if switch_at > now {
+            // A key moved again before its switch (never by a plan, which leaves switching
+            // accounts be) switches from where the table says it is: `from`.
+            if let Some(earlier) = accounts.unstage(&account, index) {
+                alloc.unreserve(earlier.from)?;
+            }
+            // Held from the move's own time, so that every replica, and a replay of the
+            // log, holds it alike; the next decision at or after the switch frees it.
+            if switch_at > at {
+                alloc.reserve(from)?;
                 let switch = Switch {
                     index,
                     from,
                     switch_at,
                 };
-                if accounts.stage(&account, switch) {
-                    alloc.reserve(from)?;
-                }
-            } else if let Some(switch) = accounts.unstage(&account, index) {
-                alloc.unreserve(switch.from)?;
+                accounts.stage(&account, switch);
             }
         }
         Change::Reweight {

@@ -401,7 +401,7 @@ async fn a_map_change_that_breaks_spread_says_so_and_the_rebalance_mends_it() {
     let applied = app
         .post(
             "/rebalance",
-            Some(json!({"plan_id": preview.body["plan_id"]})),
+            Some(json!({"plan_id": preview.body["plan_id"], "switch_after_s": 0})),
         )
         .await;
     assert_eq!(applied.status, 200, "{}", applied.body);
@@ -431,7 +431,10 @@ async fn a_rebalance_moves_single_keys_and_never_stacks_an_account() {
     let put = primary_stream(&app, "s", 3).await;
     let plan = &put.body["rebalance"];
     let applied = app
-        .post("/rebalance", Some(json!({"plan_id": plan["plan_id"]})))
+        .post(
+            "/rebalance",
+            Some(json!({"plan_id": plan["plan_id"], "switch_after_s": 0})),
+        )
         .await;
     assert_eq!(applied.status, 200, "{}", applied.body);
     assert_eq!(applied.body["complete"], true);

@@ -195,11 +195,12 @@ pub type EventRow = (
     Option<String>,
 );
 
-/// An `assignments` row: account, key index, hash key, weight (that key's share).
-pub type KeyRow = (String, i64, Vec<u8>, i64);
+/// An `assignments` row: account, key index, hash key, weight (that key's share), and the
+/// old key and switch time the last staged move of the key left (NULL if none).
+pub type KeyRow = (String, i64, Vec<u8>, i64, Option<Vec<u8>>, Option<i64>);
 
 /// An `events` row with the key it is about: time (one change's events share it), kind,
-/// account, key index, key before, key after, weight.
+/// account, key index, key before, key after, weight, switch time (moves).
 pub type IndexedEvent = (
     i64,
     String,
@@ -207,6 +208,7 @@ pub type IndexedEvent = (
     i64,
     Option<Vec<u8>>,
     Option<Vec<u8>>,
+    Option<i64>,
     Option<i64>,
 );
 
@@ -377,7 +379,7 @@ impl Db {
     /// Every key row, by account and index.
     pub async fn key_rows(&mut self) -> Vec<KeyRow> {
         on_db!(self, c => sqlx::query_as(
-            "SELECT account, idx, hash_key, weight FROM assignments ORDER BY account, idx",
+            "SELECT account, idx, hash_key, weight, prev_hash_key, switch_at FROM assignments ORDER BY account, idx",
         )
         .fetch_all(c)
         .await
@@ -387,7 +389,7 @@ impl Db {
     /// Every event with its key index, oldest first.
     pub async fn indexed_events(&mut self) -> Vec<IndexedEvent> {
         on_db!(self, c => sqlx::query_as(
-            "SELECT at, kind, account, idx, key_before, key_after, weight FROM events ORDER BY id",
+            "SELECT at, kind, account, idx, key_before, key_after, weight, switch_at FROM events ORDER BY id",
         )
         .fetch_all(c)
         .await

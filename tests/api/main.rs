@@ -31,6 +31,7 @@ mod schemathesis;
 mod secrets;
 mod shards;
 mod simulate;
+mod staged;
 mod store;
 mod streams;
 mod sub_key;

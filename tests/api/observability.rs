@@ -52,7 +52,7 @@ async fn metrics_count_requests_by_route_template_and_changes() {
     let applied = app
         .post(
             "/rebalance",
-            Some(json!({"plan_id": preview.body["plan_id"]})),
+            Some(json!({"plan_id": preview.body["plan_id"], "switch_after_s": 0})),
         )
         .await;
     assert_eq!(applied.status, 200, "{}", applied.body);
@@ -254,7 +254,7 @@ async fn the_event_feed_pages_through_the_log_as_stored() {
     let preview = app.get("/rebalance/preview?shards=3").await;
     app.post(
         "/rebalance",
-        Some(json!({"plan_id": preview.body["plan_id"]})),
+        Some(json!({"plan_id": preview.body["plan_id"], "switch_after_s": 0})),
     )
     .await;
 

@@ -59,10 +59,18 @@ async fn preview_changes_nothing_and_apply_moves_the_minimum() {
     );
 
     let applied = app
-        .post("/rebalance", Some(json!({"plan_id": plan["plan_id"]})))
+        .post(
+            "/rebalance",
+            Some(json!({"plan_id": plan["plan_id"], "switch_after_s": 0})),
+        )
         .await;
     assert_eq!(applied.status, 200, "{}", applied.body);
-    assert_eq!(applied.body["moves"], Value::Array(moves.clone()));
+    let mut unstaged = applied.body["moves"].clone();
+    for m in unstaged.as_array_mut().unwrap() {
+        assert_eq!(m["switch_at"], applied.body["switch_at"], "{m}");
+        m.as_object_mut().unwrap().remove("switch_at");
+    }
+    assert_eq!(unstaged, Value::Array(moves.clone()), "the moves previewed");
     for m in &moves {
         let account = m["account"].as_str().unwrap();
         assert_eq!(
@@ -84,8 +92,11 @@ async fn preview_changes_nothing_and_apply_moves_the_minimum() {
     );
     // A plan applies once.
     assert_problem(
-        &app.post("/rebalance", Some(json!({"plan_id": plan["plan_id"]})))
-            .await,
+        &app.post(
+            "/rebalance",
+            Some(json!({"plan_id": plan["plan_id"], "switch_after_s": 0})),
+        )
+        .await,
         409,
         "preview again",
     );
@@ -97,7 +108,10 @@ async fn any_change_since_the_preview_is_a_conflict() {
     let plan = app.get("/rebalance/preview?shards=2").await.body;
     app.allocate("newcomer").await;
     let stale = app
-        .post("/rebalance", Some(json!({"plan_id": plan["plan_id"]})))
+        .post(
+            "/rebalance",
+            Some(json!({"plan_id": plan["plan_id"], "switch_after_s": 0})),
+        )
         .await;
     assert_problem(&stale, 409, "preview again");
     // Nothing moved.

@@ -22,7 +22,7 @@ pub type Held = BTreeMap<String, Vec<(u128, i64)>>;
 /// indexes are exactly `0..K` and each row carries its share of the account's weight.
 pub fn held_keys(rows: &[KeyRow]) -> Held {
     let mut by_index: BTreeMap<String, BTreeMap<i64, (u128, i64)>> = BTreeMap::new();
-    for (account, idx, k, w) in rows {
+    for (account, idx, k, w, ..) in rows {
         let row = by_index.entry(account.clone()).or_default();
         assert_eq!(
             row.insert(*idx, (key(k), *w)),
@@ -53,14 +53,43 @@ pub fn held_keys(rows: &[KeyRow]) -> Held {
 /// A key and the weight it held before a reweight.
 type Replaced = (HashKey, u64);
 
+/// The old key and switch time a staged move left on a key row.
+type Switch = (u128, i64);
+
 /// Checks the key rows for duplicates, against their event log, and the log against the
 /// allocator one replica would have run. Answers account -> keys by index.
+///
+/// The old key of a move still to switch is held too: no row may hold it, and the walk
+/// replayed passes it by until the first decision made at or after its switch.
 pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
     let stored = held_keys(rows);
-    let keys: HashSet<u128> = stored.values().flatten().map(|(k, _)| *k).collect();
-    assert_eq!(keys.len(), rows.len(), "a hash key is held twice");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let old_keys = rows
+        .iter()
+        .filter_map(|(.., prev, switch_at)| match (prev, switch_at) {
+            (Some(prev), Some(at)) if *at > now => Some(key(prev)),
+            _ => None,
+        });
+    let keys: HashSet<u128> = stored
+        .values()
+        .flatten()
+        .map(|(k, _)| *k)
+        .chain(old_keys.clone())
+        .collect();
+    assert_eq!(
+        keys.len(),
+        rows.len() + old_keys.count(),
+        "a hash key is held twice (old keys of pending moves included)"
+    );
 
     let mut replayed: BTreeMap<String, BTreeMap<i64, (u128, i64)>> = BTreeMap::new();
+    // The last switch each key's moves left (for the rows' columns), and the old keys held
+    // now: old key -> the (account, index) moving from it and its switch time.
+    let mut switches: BTreeMap<(String, i64), Switch> = BTreeMap::new();
+    let mut reserved: BTreeMap<u128, ((String, i64), i64)> = BTreeMap::new();
     let mut alloc = Allocator::new(Keyspace::KINESIS);
     // The weights the reweight events just before replaced (account, time, key and weight
     // before): a fanout change logs the kept keys' new shares before the added keys, but
@@ -68,7 +97,24 @@ pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
     let mut reweighted: Option<(String, i64, Vec<Replaced>)> = None;
     let mut id = 0;
     while id < events.len() {
-        let (at, kind, account, idx, before, after, weight) = &events[id];
+        let (at, kind, account, idx, before, after, weight, switch_at) = &events[id];
+        // Every decision frees the old keys whose switch came by its time.
+        reserved.retain(|old, (_, switch_at)| {
+            let due = *switch_at <= *at;
+            if due {
+                alloc.unreserve(HashKey(*old)).unwrap();
+            }
+            !due
+        });
+        let mut end_switch = |alloc: &mut Allocator, moving: (String, i64)| {
+            reserved.retain(|old, (owner, _)| {
+                let ends = *owner == moving;
+                if ends {
+                    alloc.unreserve(HashKey(*old)).unwrap();
+                }
+                !ends
+            });
+        };
         let account = account.clone().expect("event account");
         let weight = weight.expect("event weight");
         let from = || HashKey(key(before.as_deref().expect("key_before")));
@@ -96,6 +142,9 @@ pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
                     *idx,
                     "event {id}: {account} adds key {idx}"
                 );
+                for n in 0..run {
+                    switches.remove(&(account.clone(), idx + n as i64));
+                }
                 // Each replica decided on the caught-up state: one replica's walk must agree.
                 for &(key, old) in &pending {
                     alloc.set_weight(key, old).unwrap();
@@ -123,6 +172,8 @@ pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
             }
             "release" => {
                 alloc.remove(from()).unwrap();
+                switches.remove(&(account.clone(), *idx));
+                end_switch(&mut alloc, (account.clone(), *idx));
                 let held = replayed
                     .get_mut(&account)
                     .expect("released account is held");
@@ -140,6 +191,13 @@ pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
             "move" => {
                 let w = alloc.remove(from()).unwrap();
                 alloc.insert(to(), w).unwrap();
+                let switch_at = switch_at.unwrap_or(*at);
+                switches.insert((account.clone(), *idx), (from().0, switch_at));
+                end_switch(&mut alloc, (account.clone(), *idx));
+                if switch_at > *at {
+                    alloc.reserve(from()).unwrap();
+                    reserved.insert(from().0, ((account.clone(), *idx), switch_at));
+                }
                 let held = replayed.get_mut(&account).expect("moved account is held");
                 let row = held.get_mut(idx).expect("moved key is held");
                 assert_eq!(row.0, from().0, "event {id}: move {account} key {idx}");
@@ -168,6 +226,17 @@ pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
     assert_eq!(
         replayed, stored,
         "the event log does not replay to the assignments"
+    );
+    let stored_switches: BTreeMap<(String, i64), Switch> = rows
+        .iter()
+        .filter_map(|(account, idx, _, _, prev, switch_at)| {
+            let switch = (key(prev.as_deref()?), (*switch_at)?);
+            Some(((account.clone(), *idx), switch))
+        })
+        .collect();
+    assert_eq!(
+        switches, stored_switches,
+        "the move events do not replay to the rows' old keys and switch times"
     );
     stored
 }
@@ -248,7 +317,9 @@ async fn fanned_out_keys_replay_by_account_and_index() {
     assert_eq!(fanouts, expected);
     for (account, keys) in &stored {
         let seen = app.get(&format!("/keys/{account}")).await;
-        let answered: Vec<u128> = (seen.body["hash_keys"].as_array().unwrap().iter())
+        // The table holds the keys after the pending switches: `next` while there is one.
+        let after = seen.body.get("next").unwrap_or(&seen.body);
+        let answered: Vec<u128> = (after["hash_keys"].as_array().unwrap().iter())
             .map(|k| k.as_str().unwrap().parse().unwrap())
             .collect();
         let held: Vec<u128> = keys.iter().map(|(k, _)| *k).collect();

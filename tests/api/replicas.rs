@@ -457,3 +457,90 @@ async fn replicas_agree_on_fanned_out_keys_and_never_show_half_a_change() {
     let mut db = Db::connect(&url).await;
     check_store(&db.key_rows().await, &db.indexed_events().await);
 }
+
+/// A staged move switches on every replica at `switch_at`: none answers the new key before
+/// it, all do within a second of it (followers learn of the move within their lag; the
+/// switch itself is the clock's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_switches_a_staged_move_at_switch_at() {
+    use crate::staged::{now_ms, unix_ms};
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _postgres) = fresh_database(dir.path()).await;
+    let backend = backend(&url);
+    let (_replicas, api) = start(&url, dir.path()).await;
+    // Eight accounts on replica 0, those on shard 1 of 2 released: two moves to even them.
+    for i in 0..8 {
+        let (status, body) = api
+            .call(0, Method::POST, &format!("/keys/sw-{i}"), None)
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    for i in 0..8 {
+        let (_, on) = api
+            .get(0, &format!("/shard-of?account=sw-{i}&shards=2"))
+            .await;
+        if on["shard_index"] == 1 {
+            let (status, _) = (api.call(0, Method::DELETE, &format!("/keys/sw-{i}"), None)).await;
+            assert_eq!(status, 204);
+        }
+    }
+    tokio::time::sleep(LAG_BOUND).await;
+    let (status, plan) = api.get(1, "/rebalance/preview?shards=2").await;
+    assert_eq!(status, 200, "{plan}");
+    let body = json!({"plan_id": plan["plan_id"], "switch_after_s": 3});
+    let (status, applied) = api.call(2, Method::POST, "/rebalance", Some(body)).await;
+    assert_eq!(status, 200, "{applied}");
+    let moves = applied["moves"].as_array().unwrap().clone();
+    assert_eq!(moves.len(), 2, "{applied}");
+    let switch_at = unix_ms(applied["switch_at"].as_str().unwrap());
+
+    // Every replica, every 20 ms, until a second and a half past the switch: (replica,
+    // sent, received, answer).
+    let mut answers = Vec::new();
+    while now_ms() < switch_at + 1500 {
+        for r in 0..REPLICAS {
+            for m in &moves {
+                let sent = now_ms();
+                let (status, body) = api
+                    .get(r, &format!("/keys/{}", m["account"].as_str().unwrap()))
+                    .await;
+                assert_eq!(status, 200, "{body}");
+                answers.push((r, sent, now_ms(), m.clone(), body));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut first_new: BTreeMap<usize, i64> = BTreeMap::new();
+    let mut announced = 0;
+    for (r, sent, received, m, body) in &answers {
+        let new = body["hash_key"] == m["to"] && body.get("next").is_none();
+        let old = body["hash_key"] == m["from"];
+        assert!(new || old, "replica {r} answered neither key: {body}");
+        if new {
+            assert!(
+                *received >= switch_at,
+                "replica {r} answered the new key {} ms before switch_at: {body}",
+                switch_at - received
+            );
+            first_new.entry(*r).or_insert(*received);
+        } else {
+            assert!(
+                *sent < switch_at + LAG_BOUND.as_millis() as i64,
+                "replica {r} still answered the old key {} ms after switch_at: {body}",
+                sent - switch_at
+            );
+            if body["next"]["hash_key"] == m["to"] {
+                assert_eq!(body["next"]["switch_at"], applied["switch_at"], "{body}");
+                announced += 1;
+            }
+        }
+    }
+    let delays: Vec<i64> = first_new.values().map(|t| t - switch_at).collect();
+    println!(
+        "{backend}: {} lookups, {announced} answered the old key with next; each replica's \
+         first new key {delays:?} ms after switch_at",
+        answers.len()
+    );
+    assert_eq!(first_new.len(), REPLICAS, "every replica switched");
+    assert!(announced > 0, "the move was announced before the switch");
+}

@@ -184,7 +184,10 @@ async fn changing_a_map_shows_its_effect_and_the_plan_to_fix_it() {
         "exactly the excess over 2"
     );
     let applied = app
-        .post("/rebalance", Some(json!({"plan_id": plan["plan_id"]})))
+        .post(
+            "/rebalance",
+            Some(json!({"plan_id": plan["plan_id"], "switch_after_s": 0})),
+        )
         .await;
     assert_eq!(applied.status, 200, "{}", applied.body);
     assert_eq!(

@@ -10,8 +10,10 @@ exits 1 after listing every mismatch.
 """
 
 import argparse
+import datetime
 import hashlib
 import sys
+import time
 
 # MD5("1") read as a big-endian integer, from DESIGN.md.
 MD5_OF_1 = "261578874264819908609102035485573088411"
@@ -50,7 +52,7 @@ from keyspread_client.models import (  # noqa: E402
     ReweightRequest,
     ShardOf,
 )
-from keyspread_client.types import UNSET  # noqa: E402
+from keyspread_client.types import UNSET, Unset  # noqa: E402
 
 # Plain Client: on loopback with no token configured, mutations need no auth.
 CLIENT = Client(base_url=ARGS.base_url, raise_on_unexpected_status=True, httpx_args={"trust_env": False})
@@ -209,16 +211,33 @@ def check_rebalance(assignment):
         )
     step(f"rebalance preview shards={SHARDS} -> plan {plan.plan_id}: {len(plan.moves)} move(s) off shard {crowded}")
 
-    body = ApplyRequest(plan_id=plan.plan_id)
+    body = ApplyRequest(plan_id=plan.plan_id, switch_after_s=2)
     applied = call("rebalance apply", apply, 200, RebalancePlan, body=body).parsed
+    unstaged = [{k: v for k, v in m.to_dict().items() if k != "switch_at"} for m in applied.moves]
     expect(
-        [m.to_dict() for m in applied.moves] == [m.to_dict() for m in plan.moves],
+        unstaged == [m.to_dict() for m in plan.moves],
         f"rebalance apply: applied {applied.to_dict()}, previewed {plan.to_dict()}",
     )
+    switch_at = applied.switch_at
+    expect(
+        isinstance(switch_at, datetime.datetime) and all(m.switch_at == switch_at for m in applied.moves),
+        f"rebalance apply: switch_at {switch_at!r} on the plan and each move",
+    )
     for move in plan.moves:
-        now = call(f"lookup {move.account} after rebalance", lookup, 200, Assignment, move.account).parsed
-        expect(now.hash_key == move.to, f"rebalance: {move.account} holds {now.hash_key}, plan moved it to {move.to}")
-    step(f"rebalance apply {plan.plan_id} -> 200; moved accounts hold their new keys")
+        now = call(f"lookup {move.account} before the switch", lookup, 200, Assignment, move.account).parsed
+        expect(
+            now.hash_key == move.from_ and now.next_.hash_key == move.to and now.next_.switch_at == switch_at,
+            f"rebalance: before {switch_at} {move.account} answers {now.to_dict()}, plan moves it {move.to_dict()}",
+        )
+    step(f"rebalance apply {plan.plan_id} -> 200; moved accounts answer their old keys and next until {switch_at}")
+    time.sleep(max(0.0, (switch_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()) + 0.05)
+    for move in plan.moves:
+        now = call(f"lookup {move.account} after the switch", lookup, 200, Assignment, move.account).parsed
+        expect(
+            now.hash_key == move.to and isinstance(now.next_, Unset),
+            f"rebalance: after {switch_at} {move.account} answers {now.to_dict()}, plan moved it to {move.to}",
+        )
+    step("after switch_at, moved accounts answer their new keys")
 
     stale = call("rebalance apply again", apply, 409, Problem, body=body).parsed
     step(f"rebalance apply {plan.plan_id} again -> 409 problem: {stale.detail}")

@@ -134,7 +134,8 @@ pub async fn run(target: Arc<Target>, seed: u64, n: u64) -> Record {
         }
         let roll = rng.below(1000);
         if roll < 3 {
-            c.rebalance().await;
+            // Moves that switch at once, and moves still pending when the kills come.
+            c.rebalance([0, 1, 3][rng.below(3) as usize]).await;
         } else if roll < 50 && !live.is_empty() {
             // Grow or shrink: weight always given, so that it covers the fanout.
             let account = &live[rng.below(live.len() as u64) as usize];
@@ -313,11 +314,11 @@ impl Client {
 
     /// Previews a rebalance over 4 shards and applies it at once, while the other clients
     /// hold back; a few tries, as changes already in flight make the first plans stale.
-    async fn rebalance(&mut self) {
+    async fn rebalance(&mut self, switch_after_s: u64) {
         self.target.quiet.fetch_add(1, Ordering::SeqCst);
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(30)).await;
-            if self.try_rebalance().await {
+            if self.try_rebalance(switch_after_s).await {
                 break;
             }
         }
@@ -325,7 +326,7 @@ impl Client {
     }
 
     /// One preview and apply; answers whether the plan was applied.
-    async fn try_rebalance(&mut self) -> bool {
+    async fn try_rebalance(&mut self, switch_after_s: u64) -> bool {
         let Reply::Answer(200, plan) = self
             .target
             .send(Method::GET, "/rebalance/preview?shards=4", None)
@@ -334,7 +335,7 @@ impl Client {
             self.record.failed += 1;
             return false;
         };
-        let body = json!({ "plan_id": plan["plan_id"] });
+        let body = json!({ "plan_id": plan["plan_id"], "switch_after_s": switch_after_s });
         match self
             .target
             .send(Method::POST, "/rebalance", Some(body))
@@ -369,13 +370,18 @@ impl Client {
     }
 }
 
-/// The keys an assignment answer lists, by index, if they are what was asked for: `fanout`
-/// decimal keys, `hash_key` the first, and `weight`.
+/// The keys an assignment answer gives the account, by index, if they are what was asked
+/// for: `fanout` decimal keys, `hash_key` the first, and `weight`. While a move is pending
+/// that is `next` (the table's keys; `hash_keys` are the old ones producers still send).
 fn keys_of(body: &Value, weight: u64, fanout: u32) -> Option<Vec<u128>> {
-    let keys: Vec<u128> = (body["hash_keys"].as_array()?.iter())
+    let held = match body.get("next") {
+        Some(next) => next,
+        None => body,
+    };
+    let keys: Vec<u128> = (held["hash_keys"].as_array()?.iter())
         .map(|k| k.as_str()?.parse().ok())
         .collect::<Option<_>>()?;
-    let first = body["hash_key"].as_str()?.parse::<u128>().ok()?;
+    let first = held["hash_key"].as_str()?.parse::<u128>().ok()?;
     let asked = keys.len() == fanout as usize
         && body["fanout"] == fanout
         && body["weight"] == weight

@@ -53,13 +53,13 @@ type Rows = BTreeMap<u32, (u128, i64)>;
 pub fn judge(records: &[Record], rows: &[KeyRow], events: &[IndexedEvent]) -> Verdict {
     let mut v = Verdict::default();
     let mut table: BTreeMap<&str, Rows> = BTreeMap::new();
-    for (account, idx, k, w) in rows {
+    for (account, idx, k, w, ..) in rows {
         let held = table.entry(account.as_str()).or_default();
         if held.insert(*idx as u32, (key(k), *w)).is_some() {
             v.duplicates += 1;
         }
     }
-    let keys: HashSet<u128> = rows.iter().map(|(_, _, k, _)| key(k)).collect();
+    let keys: HashSet<u128> = rows.iter().map(|(_, _, k, ..)| key(k)).collect();
     v.duplicates += (rows.len() - keys.len()) as u64;
     if v.duplicates > 0 {
         v.problems
@@ -85,7 +85,7 @@ pub fn judge(records: &[Record], rows: &[KeyRow], events: &[IndexedEvent]) -> Ve
 
     let mut log: HashMap<&str, Vec<Logged>> = HashMap::new();
     let mut logged_moves = HashSet::new();
-    for (_, kind, account, idx, before, after, _) in events {
+    for (_, kind, account, idx, before, after, ..) in events {
         let Some(account) = account.as_deref() else {
             continue;
         };
