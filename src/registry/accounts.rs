@@ -238,9 +238,16 @@ impl Accounts {
         ended
     }
 
-    /// How many keys are switching.
+    /// How many keys are switching (some perhaps due, not yet ended).
     pub fn switching(&self) -> usize {
         self.due.len()
+    }
+
+    /// How many keys switch after `now`.
+    pub fn switching_after(&self, now: i64) -> usize {
+        (self.due.iter().rev())
+            .take_while(|(at, ..)| *at > now)
+            .count()
     }
 
     /// Changes the account's weight by a key's change from `before` to `after`.

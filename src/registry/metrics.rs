@@ -146,6 +146,18 @@ impl Registry {
             "Accounts holding a hash key.",
             self.len(),
         );
+        let now = super::now_ms();
+        let switching = {
+            let accounts = self.accounts.read().expect("accounts lock poisoned");
+            accounts.switching_after(now)
+        };
+        single(
+            out,
+            "keyspread_switching_keys",
+            "gauge",
+            "Keys a staged move is switching: their old value is still the one producers send.",
+            switching,
+        );
         single(
             out,
             "keyspread_tree_nodes",

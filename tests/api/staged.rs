@@ -193,6 +193,17 @@ async fn a_staged_move_answers_the_old_key_with_next_until_switch_at_then_the_ne
     assert_eq!(rest["items"].as_array().unwrap().len(), 1);
     assert_ne!(rest["items"][0]["event_id"], page["items"][0]["event_id"]);
 
+    let metrics = |app: &TestApp| {
+        let request = app.client.get(app.url("/metrics"));
+        async move { request.send().await.unwrap().text().await.unwrap() }
+    };
+    assert!(
+        metrics(&app)
+            .await
+            .contains("\nkeyspread_switching_keys 2\n"),
+        "the metric counts the keys switching"
+    );
+
     // A preview plans over the keys after the switch: nothing left to move.
     let again = app.get("/rebalance/preview?shards=2").await.body;
     assert_eq!(again["moves"], json!([]), "{again}");
@@ -215,6 +226,11 @@ async fn a_staged_move_answers_the_old_key_with_next_until_switch_at_then_the_ne
     assert_ne!(after.etag, before.etag);
     assert_eq!(lookup(&app, &moved, Some(&during.etag)).await.status, 200);
     assert_eq!(app.get("/moves").await.body["items"], json!([]));
+    assert!(
+        metrics(&app)
+            .await
+            .contains("\nkeyspread_switching_keys 0\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
