@@ -53,7 +53,8 @@ pub struct RebalancePlan {
     pub cap: u64,
     /// False when some shard stays above `cap` because any further move would have made
     /// the heaviest shard heavier (only with unequal weights) or stacked an account's
-    /// keys on one shard.
+    /// keys on one shard, or because the keys over it belong to accounts whose staged
+    /// moves have not switched yet (they move again only after their switch).
     pub complete: bool,
     /// The first `mends` moves spread again the keys of accounts that no longer lie on
     /// distinct shards of the primary map (after a change of its map); the rest balance.

@@ -40,7 +40,7 @@ fn cut_at_a_quarter() -> Value {
 
 /// Registers a uniform map of `shards` as the primary stream `name`; answers the
 /// registration (201).
-async fn primary_stream(app: &TestApp, name: &str, shards: u64) -> crate::helpers::Answer {
+pub async fn primary_stream(app: &TestApp, name: &str, shards: u64) -> crate::helpers::Answer {
     let put = app
         .call(
             Method::PUT,

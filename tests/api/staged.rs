@@ -413,3 +413,113 @@ async fn shrinking_or_releasing_a_moving_account_frees_both_of_its_keys() {
     }
     assert_eq!(got, 14);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_accounts_keys_switch_one_by_one_and_pending_accounts_are_not_planned_again() {
+    let app = spawn_app().await;
+    // Accounts placed before any stream, then a 3-shard primary: uneven, and the hot
+    // accounts' keys share shards.
+    for (name, fanout) in [("a", 4), ("b", 1), ("c", 7), ("d", 2), ("e", 1), ("f", 5)] {
+        let a = app
+            .post(&format!("/keys/{name}"), Some(json!({"fanout": fanout})))
+            .await;
+        assert_eq!(a.status, 201, "{}", a.body);
+    }
+    crate::fanout::primary_stream(&app, "s", 3).await;
+    let plan = app.get("/rebalance/preview?stream=s").await.body;
+    let body = json!({"plan_id": plan["plan_id"], "switch_after_s": 3});
+    let applied = app.post("/rebalance", Some(body)).await.body;
+    let switch_at = unix_ms(applied["switch_at"].as_str().expect("moves applied"));
+    let moves = applied["moves"].as_array().unwrap().clone();
+    assert!(
+        moves.iter().any(|m| m["index"].as_u64() > Some(0)),
+        "a key other than key 0 moves: {applied}"
+    );
+    let moving: std::collections::BTreeSet<&str> = moves
+        .iter()
+        .map(|m| m["account"].as_str().unwrap())
+        .collect();
+
+    // Each moving account answers its old keys, and the new ones as `next`, index by index.
+    let before_switch = |account: &str| {
+        let path = format!("/keys/{account}");
+        let app = &app;
+        async move { app.get(&path).await.body }
+    };
+    for account in &moving {
+        let a = before_switch(account).await;
+        let (now, next) = (a["hash_keys"].clone(), a["next"]["hash_keys"].clone());
+        assert_eq!(
+            now.as_array().unwrap().len(),
+            next.as_array().unwrap().len(),
+            "{a}"
+        );
+        for (i, (old, new)) in now
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(next.as_array().unwrap())
+            .enumerate()
+        {
+            let m = moves
+                .iter()
+                .find(|m| m["account"] == *account && m["index"] == i);
+            match m {
+                Some(m) => assert_eq!((old, new), (&m["from"], &m["to"]), "{account} key {i}"),
+                None => assert_eq!(old, new, "{account} key {i} does not move"),
+            }
+        }
+    }
+    let pending = app.get("/moves").await.body;
+    assert_eq!(pending["items"].as_array().unwrap().len(), moves.len());
+
+    // Previews made now, over any map, leave the moving accounts be.
+    for map in ["stream=s", "shards=2", "shards=4", "shards=5"] {
+        let preview = app.get(&format!("/rebalance/preview?{map}")).await.body;
+        for m in preview["moves"].as_array().unwrap() {
+            assert!(
+                !moving.contains(m["account"].as_str().unwrap()),
+                "{map}: a pending account planned again: {m}"
+            );
+        }
+    }
+
+    assert!(now_ms() < switch_at, "the checks above took under 3 s");
+    sleep_until(switch_at, 50).await;
+    for account in &moving {
+        let a = app.get(&format!("/keys/{account}")).await.body;
+        assert_eq!(a.get("next"), None, "{a}");
+        for m in moves.iter().filter(|m| m["account"] == *account) {
+            assert_eq!(
+                a["hash_keys"][m["index"].as_u64().unwrap() as usize],
+                m["to"]
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_account_is_not_moved_again_even_where_a_plan_would_want_it() {
+    let app = spawn_app().await;
+    lopsided(&app).await;
+    let (_, applied) = rebalance(&app, json!({"switch_after_s": 30})).await;
+    let moving: Vec<&str> = (applied["moves"].as_array().unwrap().iter())
+        .map(|m| m["account"].as_str().unwrap())
+        .collect();
+    assert_eq!(moving.len(), 2);
+    // Only the two moving accounts left, both on shard 1 after their switch: a plan for
+    // two shards would move one of them back, but neither may move before it switches.
+    for i in 0..8 {
+        let account = format!("acct-{i}");
+        if !moving.contains(&account.as_str()) {
+            app.delete(&format!("/keys/{account}")).await;
+        }
+    }
+    let preview = app.get("/rebalance/preview?shards=2").await.body;
+    assert_eq!(
+        preview["before"]["max"], 2,
+        "both count on shard 1: {preview}"
+    );
+    assert_eq!(preview["moves"], json!([]), "{preview}");
+    assert_eq!(preview["complete"], false, "{preview}");
+}
