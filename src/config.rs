@@ -45,7 +45,10 @@ pub struct ServeConfig {
     pub primary_stream: Option<String>,
 
     /// `Cache-Control` sent with lookups; producers and HTTP caches may reuse an answer
-    /// this long, and revalidate it cheaply with its ETag afterwards.
+    /// this long, and revalidate it cheaply with its ETag afterwards. A rebalance's moves
+    /// switch that long after they are applied (`max-age`, or `s-maxage` if longer, plus
+    /// `stale-while-revalidate`) unless its `switch_after_s` says otherwise, and answers
+    /// given while a switch is pending may be cached only until it.
     #[arg(
         long,
         env = "KEYSPREAD_LOOKUP_CACHE_CONTROL",
