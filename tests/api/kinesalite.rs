@@ -80,6 +80,11 @@ pub(crate) struct KinesisApi {
 }
 
 impl KinesisApi {
+    /// Where kinesalite listens, for other Kinesis clients (boto3).
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// Creates a stream, waits for it to be ACTIVE and answers its shards.
     pub(crate) async fn create_stream(&self, name: &str, shard_count: u32) -> Vec<Shard> {
         self.post(

@@ -21,6 +21,7 @@ mod kinesis;
 mod lifecycle;
 mod names;
 mod observability;
+mod order_kinesis;
 mod outage;
 mod python_client;
 mod rate;

@@ -13,15 +13,38 @@ const GENERATOR_CONFIG: &str = r#"{"package_name_override": "keyspread_client", 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_python_client_drives_the_live_server() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
+    let work = tempfile::tempdir().expect("temp dir");
+    let client_dir = generate(work.path()).await;
+
+    let app = spawn_app().await;
+    // tokio's Command lets the server keep serving on this runtime meanwhile.
+    let driven = Command::new(&python)
+        .arg(manifest.join("tests/python/drive_client.py"))
+        .arg("--client-dir")
+        .arg(&client_dir)
+        .arg("--base-url")
+        .arg(app.url(""))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run drive_client.py");
+    assert_success("drive_client.py", &driven);
+    print!("{}", String::from_utf8_lossy(&driven.stdout));
+}
+
+/// Generates the Python client from the committed OpenAPI document under `work`; answers
+/// the directory that holds the package `keyspread_client` (for `PYTHONPATH`).
+pub async fn generate(work: &Path) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let generator = tool(
         "KEYSPREAD_TEST_OPENAPI_CLIENT",
         manifest.join(".venv/bin/openapi-python-client"),
     );
-    let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
-    let work = tempfile::tempdir().expect("temp dir");
-    let config = work.path().join("config.json");
+    let config = work.join("config.json");
     std::fs::write(&config, GENERATOR_CONFIG).expect("write generator config");
-    let client_dir = work.path().join("client");
+    let client_dir = work.join("client");
     let document = manifest.join("openapi/openapi.json");
     assert!(document.exists(), "{} is missing", document.display());
 
@@ -39,22 +62,7 @@ async fn generated_python_client_drives_the_live_server() {
         .await
         .expect("run openapi-python-client");
     assert_success("openapi-python-client generate", &generated);
-
-    let app = spawn_app().await;
-    // tokio's Command lets the server keep serving on this runtime meanwhile.
-    let driven = Command::new(&python)
-        .arg(manifest.join("tests/python/drive_client.py"))
-        .arg("--client-dir")
-        .arg(&client_dir)
-        .arg("--base-url")
-        .arg(app.url(""))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run drive_client.py");
-    assert_success("drive_client.py", &driven);
-    print!("{}", String::from_utf8_lossy(&driven.stdout));
+    client_dir
 }
 
 /// The program `var` names (found on PATH like any command), else `default`,

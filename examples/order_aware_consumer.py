@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""An order-aware Kinesis consumer: each account's records in order across keyspread's moves.
+
+Kinesis orders records within a shard only. When a rebalance moves account X's key from
+shard A to shard B, producers switch at the move's `switch_at` T (see
+order_safe_producer.py), so X's records before T are on A and those after are on B. This
+consumer reads every shard and hands X's records from B on only once A has been read past
+arrival time T plus a clock-skew allowance: any record of X a producer with a slow clock
+still sent to A comes out first.
+
+It learns of moves from keyspread's event log (`GET /events`, `move` events carry
+`switch_at`), so none is missed, switched or not; a move is announced `switch_after_s`
+before its switch, so a consumer that polls more often than that knows of it before the
+first record of X reaches B.
+
+The account of a record is its PartitionKey (what order_safe_producer.py sends). The shard
+set is read once: reading the children of a split after their parents is left to the
+Kinesis Client Library, or to keyspread's consumer leases.
+
+Usage:
+
+    order_aware_consumer.py --keyspread http://127.0.0.1:8080 --stream orders \\
+        [--endpoint-url http://127.0.0.1:4567] [--skew-ms 1000] [--seconds 60]
+
+prints one JSON line per record, in the order it hands them on.
+"""
+
+import argparse
+import bisect
+import collections
+import json
+import sys
+import time
+
+from keyspread_client import Client
+from keyspread_client.api.observability import events as events_api
+from keyspread_client.models import EventKind, EventPage
+
+
+class Shards:
+    """A stream's shards in hash-key order, to name the shard of a key."""
+
+    def __init__(self, listed):
+        self.shards = sorted(listed, key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+        self.starts = [int(s["HashKeyRange"]["StartingHashKey"]) for s in self.shards]
+
+    def of(self, key):
+        return self.shards[bisect.bisect_right(self.starts, int(key)) - 1]["ShardId"]
+
+    def ids(self):
+        return [s["ShardId"] for s in self.shards]
+
+
+class Move:
+    """Account `account` moved from shard `source` to shard `target`, switching at `switch_at`."""
+
+    def __init__(self, account, source, target, applied_at, switch_at):
+        self.account, self.source, self.target = account, source, target
+        self.applied_at, self.switch_at = applied_at, switch_at
+
+
+class OrderAwareConsumer:
+    def __init__(self, kinesis, stream, client, skew_ms=1000, deliver=None, after_event=0,
+                 clock=time.time):
+        self.kinesis = kinesis
+        self.stream = stream
+        self.client = client
+        self.skew = skew_ms / 1000
+        self.deliver = deliver or (lambda shard, record: print(json.dumps(record), flush=True))
+        self.clock = clock
+        self.after_event = after_event
+        listed = kinesis.list_shards(StreamName=stream)["Shards"]
+        self.shards = Shards(listed)
+        self.iterators = {
+            shard: kinesis.get_shard_iterator(
+                StreamName=stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+            )["ShardIterator"]
+            for shard in self.shards.ids()
+        }
+        # How far each shard has been read: the newest arrival time handed on or held, and
+        # when it was last read to its tip (Unix seconds).
+        self.read_to = collections.defaultdict(float)
+        self.tip_at = collections.defaultdict(float)
+        # account -> moves whose boundary is not behind us yet
+        self.moves = collections.defaultdict(list)
+        # (account, shard) -> records held back, in arrival order
+        self.held = collections.defaultdict(list)
+        self.delivered = 0
+        self.held_back = 0
+        self.rounds = 0
+
+    def learn_moves(self):
+        """Reads the event log on from the last look; remembers every move."""
+        while True:
+            page = events_api.sync(client=self.client, after=self.after_event, limit=1000)
+            if not isinstance(page, EventPage):
+                raise RuntimeError(f"GET /events failed: {page}")
+            for event in page.events:
+                if event.kind == EventKind.MOVE and event.switch_at:
+                    self.moves[event.account].append(Move(
+                        event.account,
+                        self.shards.of(event.key_before),
+                        self.shards.of(event.key_after),
+                        event.at.timestamp(),
+                        event.switch_at.timestamp(),
+                    ))
+            self.after_event = page.next_
+            if len(page.events) < 1000:
+                return
+
+    def read_past(self, shard, moment):
+        """Whether every record `shard` got up to arrival time `moment` has been read."""
+        return self.read_to[shard] > moment or self.tip_at[shard] > moment + self.skew
+
+    def blocking(self, account, shard, arrival):
+        """The moves of `account` into `shard` whose old shard is not read far enough."""
+        return [
+            m for m in self.moves.get(account, ())
+            if m.target == shard and m.source != shard
+            and arrival >= m.applied_at - self.skew
+            and not self.read_past(m.source, m.switch_at + self.skew)
+        ]
+
+    def poll(self):
+        """One round: learn moves, read every shard once, hand on what may go."""
+        self.learn_moves()
+        # Each round starts at the next shard, so that none is always read first: like
+        # workers reading shards side by side, at their own pace.
+        ids = self.shards.ids()
+        self.rounds += 1
+        start = self.rounds % len(ids)
+        for shard in ids[start:] + ids[:start]:
+            iterator = self.iterators.get(shard)
+            if iterator is None:
+                continue
+            started = self.clock()
+            answer = self.kinesis.get_records(ShardIterator=iterator, Limit=10000)
+            self.iterators[shard] = answer.get("NextShardIterator")
+            records = answer["Records"]
+            for r in records:
+                arrival = r["ApproximateArrivalTimestamp"].timestamp()
+                self.read_to[shard] = max(self.read_to[shard], arrival)
+                account = r["PartitionKey"]
+                record = {"shard": shard, "account": account, "arrival": arrival,
+                          "sequence": r["SequenceNumber"], "data": r["Data"].decode()}
+                if self.held.get((account, shard)) or self.blocking(account, shard, arrival):
+                    self.held[(account, shard)].append(record)
+                    self.held_back += 1
+                else:
+                    self.hand_on(record)
+            if not records and answer.get("MillisBehindLatest", 0) == 0:
+                self.tip_at[shard] = started
+            self.release()
+
+    def release(self):
+        """Hands on held records whose moves' old shards are read far enough."""
+        for (account, shard), records in list(self.held.items()):
+            if records and not self.blocking(account, shard, records[0]["arrival"]):
+                for record in records:
+                    self.hand_on(record)
+                del self.held[(account, shard)]
+        # Moves whose boundary is behind us need no more looking at.
+        for account, moves in list(self.moves.items()):
+            moves[:] = [m for m in moves if not self.read_past(m.source, m.switch_at + self.skew)]
+            if not moves:
+                del self.moves[account]
+
+    def hand_on(self, record):
+        self.delivered += 1
+        self.deliver(record["shard"], record)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keyspread", required=True, help="e.g. http://127.0.0.1:8080")
+    parser.add_argument("--stream", required=True)
+    parser.add_argument("--endpoint-url", help="a Kinesis endpoint other than AWS's (kinesalite)")
+    parser.add_argument("--skew-ms", type=int, default=1000,
+                        help="how far producers' clocks may be off keyspread's (default 1000)")
+    parser.add_argument("--seconds", type=float, default=60, help="how long to read")
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between rounds")
+    args = parser.parse_args()
+
+    import boto3  # credentials and region as boto3 reads them (AWS_DEFAULT_REGION, ...)
+
+    kinesis = boto3.client("kinesis", endpoint_url=args.endpoint_url)
+    consumer = OrderAwareConsumer(kinesis, args.stream, Client(base_url=args.keyspread),
+                                  skew_ms=args.skew_ms)
+    until = time.monotonic() + args.seconds
+    while time.monotonic() < until:
+        consumer.poll()
+        time.sleep(args.every)
+    print(f"handed on {consumer.delivered} records, {consumer.held_back} of them held back "
+          f"behind a move", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

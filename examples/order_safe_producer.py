@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""An order-safe Kinesis producer: keyspread's keys, switched on time, PutRecords in order.
+
+Three rules keep each account's records (each sub-key's, for an account with several
+keys) in order on the stream, through rebalances and partial failures:
+
+1. Send each record with the key whose time has come: a lookup's `hash_keys` until its
+   `next.switch_at`, then `next.hash_keys` (by this machine's clock). Lookups are cached
+   by ETag for their `max-age`; keyspread cuts that short before a switch. In the last
+   half second before a switch the account's records wait for it, so that none sent with
+   the old key arrives late on the old shard.
+2. Put at most one record per account key in each PutRecords call (seed 003): Kinesis
+   orders a call's records only within a shard and may fail any of them.
+3. Resend a failed record before that key's next one: it stays at the head of its queue.
+
+Usage as a library (boto3 + the generated client, see examples/python_client.md):
+
+    producer = OrderSafeProducer(boto3.client("kinesis"), "orders",
+                                 Client(base_url="http://127.0.0.1:8080"))
+    producer.put("acme", b"...")                       # or sub_key="order-17"
+    producer.flush()                                   # until every record is in
+
+Usage from the command line (one record per line of stdin, `ACCOUNT<TAB>DATA`):
+
+    order_safe_producer.py --keyspread http://127.0.0.1:8080 --stream orders < records.tsv
+"""
+
+import argparse
+import collections
+import hashlib
+import re
+import sys
+import time
+
+from keyspread_client import Client
+from keyspread_client.api.keys import lookup
+from keyspread_client.models import Assignment
+
+# Kinesis takes at most 500 records in one PutRecords call.
+MAX_RECORDS_PER_CALL = 500
+
+# Seconds before a switch during which an account's records wait for it: a record sent
+# with the old key must reach the old shard before consumers stop reading it for the
+# account (its switch_at plus their skew allowance).
+SWITCH_GUARD = 0.5
+
+
+def jump(key, buckets):
+    """Lamping and Veach's jump consistent hash, as DESIGN.md ("Hot accounts") writes it."""
+    b, j = -1, 0
+    while j < buckets:
+        b = j
+        key = (key * 2862933555777941757 + 1) % 2**64
+        j = int((b + 1) * 2**31 / ((key >> 33) + 1))
+    return b
+
+
+def sub_key_index(sub_key, fanout):
+    """Which of an account's `fanout` keys carries `sub_key`'s records."""
+    digest = hashlib.md5(sub_key.encode("utf-8")).digest()
+    return jump(int.from_bytes(digest[:8], "big"), fanout)
+
+
+def unix_seconds(stamp):
+    """A `switch_at` as the generated client parses it (a datetime), in Unix seconds."""
+    return stamp.timestamp()
+
+
+class Lookups:
+    """Each account's lookup, cached by its ETag for its `max-age`."""
+
+    def __init__(self, client, clock=time.time):
+        self.client = client
+        self.clock = clock
+        # account -> (assignment, etag, fresh until)
+        self.cache = {}
+
+    def assignment(self, account):
+        now = self.clock()
+        cached = self.cache.get(account)
+        if cached and now < cached[2]:
+            return cached[0]
+        tag = cached[1] if cached else None
+        kwargs = {"if_none_match": tag} if tag else {}
+        response = lookup.sync_detailed(account, client=self.client, **kwargs)
+        max_age = _max_age(response.headers.get("cache-control", ""))
+        if response.status_code == 304 and cached:
+            assignment = cached[0]
+        elif response.status_code == 200 and isinstance(response.parsed, Assignment):
+            assignment = response.parsed
+        else:
+            raise LookupError(f"lookup {account}: HTTP {response.status_code} {response.content!r}")
+        self.cache[account] = (assignment, response.headers.get("etag"), now + max_age)
+        return assignment
+
+    def keys(self, account, guard=0.0):
+        """The keys to send `account`'s records with now: `next` once its time has come;
+        `None` within `guard` seconds before a switch (wait for it)."""
+        a = self.assignment(account)
+        nxt = a.next_ if a.next_ else None
+        if nxt:
+            left = unix_seconds(nxt.switch_at) - self.clock()
+            if left <= 0:
+                return list(nxt.hash_keys)
+            if left < guard:
+                return None
+        return list(a.hash_keys)
+
+
+def _max_age(cache_control):
+    found = re.search(r"max-age=(\d+)", cache_control)
+    return int(found.group(1)) if found else 0
+
+
+class OrderSafeProducer:
+    """Queues records per account key and sends them by the three rules above."""
+
+    def __init__(self, kinesis, stream, client, clock=time.time):
+        self.kinesis = kinesis
+        self.stream = stream
+        self.lookups = Lookups(client, clock)
+        # (account, index) -> records waiting, oldest first; the head goes next.
+        self.queues = collections.OrderedDict()
+        self.sent = 0
+        self.resent = 0
+
+    def put(self, account, data, sub_key=None):
+        """Queues `data` for `account` (under `sub_key`'s key, if the account has several)."""
+        fanout = len(self.lookups.assignment(account).hash_keys)
+        index = sub_key_index(sub_key, fanout) if sub_key is not None and fanout > 1 else 0
+        self.queues.setdefault((account, index), collections.deque()).append(data)
+
+    def pending(self):
+        return sum(len(q) for q in self.queues.values())
+
+    def send_once(self):
+        """One PutRecords call carrying the head record of up to 500 account keys.
+
+        Answers how many of them Kinesis took; the failed ones stay at their queues' heads.
+        """
+        heads = []
+        for (account, index), queue in self.queues.items():
+            if queue:
+                heads.append((account, index, queue[0]))
+            if len(heads) == MAX_RECORDS_PER_CALL:
+                break
+        if not heads:
+            return 0
+        sending, entries = [], []
+        for account, index, data in heads:
+            keys = self.lookups.keys(account, guard=SWITCH_GUARD)
+            if keys is None:
+                continue
+            sending.append((account, index, data))
+            entries.append({
+                "Data": data,
+                "PartitionKey": account[:256],
+                "ExplicitHashKey": keys[index % len(keys)],
+            })
+        heads = sending
+        if not heads:
+            return 0
+        answer = self.kinesis.put_records(StreamName=self.stream, Records=entries)
+        taken = 0
+        for (account, index, _), result in zip(heads, answer["Records"]):
+            if "ErrorCode" in result:
+                self.resent += 1
+                continue
+            self.queues[(account, index)].popleft()
+            taken += 1
+        self.sent += taken
+        # Keys with nothing left to send leave the rotation.
+        for key in [k for k, q in self.queues.items() if not q]:
+            del self.queues[key]
+        return taken
+
+    def flush(self, timeout=30.0):
+        """Sends until every queued record is in, or raises after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.queues:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.pending()} records still queued after {timeout} s")
+            if self.send_once() == 0:
+                time.sleep(0.05)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keyspread", required=True, help="e.g. http://127.0.0.1:8080")
+    parser.add_argument("--stream", required=True)
+    parser.add_argument("--endpoint-url", help="a Kinesis endpoint other than AWS's (kinesalite)")
+    args = parser.parse_args()
+
+    import boto3  # credentials and region as boto3 reads them (AWS_DEFAULT_REGION, ...)
+
+    kinesis = boto3.client("kinesis", endpoint_url=args.endpoint_url)
+    producer = OrderSafeProducer(kinesis, args.stream, Client(base_url=args.keyspread))
+    try:
+        for line in sys.stdin:
+            account, _, data = line.rstrip("\n").partition("\t")
+            producer.put(account, data.encode())
+            producer.send_once()
+        producer.flush()
+    except LookupError as e:
+        sys.exit(f"{e}\n(allocate the account first: POST /keys/{{account}})")
+    print(f"sent {producer.sent} records, {producer.resent} resent after a failure")
+
+
+if __name__ == "__main__":
+    main()
