@@ -27,7 +27,6 @@ Usage from the command line (one record per line of stdin, `ACCOUNT<TAB>DATA`):
 
 import argparse
 import collections
-import hashlib
 import re
 import sys
 import time
@@ -35,6 +34,7 @@ import time
 from keyspread_client import Client
 from keyspread_client.api.keys import lookup
 from keyspread_client.models import Assignment
+from sub_key import sub_key_index  # examples/sub_key.py: DESIGN.md's jump hash of the MD5
 
 # Kinesis takes at most 500 records in one PutRecords call.
 MAX_RECORDS_PER_CALL = 500
@@ -43,22 +43,6 @@ MAX_RECORDS_PER_CALL = 500
 # with the old key must reach the old shard before consumers stop reading it for the
 # account (its switch_at plus their skew allowance).
 SWITCH_GUARD = 0.5
-
-
-def jump(key, buckets):
-    """Lamping and Veach's jump consistent hash, as DESIGN.md ("Hot accounts") writes it."""
-    b, j = -1, 0
-    while j < buckets:
-        b = j
-        key = (key * 2862933555777941757 + 1) % 2**64
-        j = int((b + 1) * 2**31 / ((key >> 33) + 1))
-    return b
-
-
-def sub_key_index(sub_key, fanout):
-    """Which of an account's `fanout` keys carries `sub_key`'s records."""
-    digest = hashlib.md5(sub_key.encode("utf-8")).digest()
-    return jump(int.from_bytes(digest[:8], "big"), fanout)
 
 
 def unix_seconds(stamp):

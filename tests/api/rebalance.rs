@@ -7,17 +7,7 @@ use crate::helpers::{TestApp, assert_problem, spawn_app};
 /// Eight accounts over two shards, then the four on shard 1 released: 4 vs 0.
 async fn lopsided() -> TestApp {
     let app = spawn_app().await;
-    for i in 0..8 {
-        app.allocate(&format!("acct-{i}")).await;
-    }
-    for i in 0..8 {
-        let on_shard = app
-            .get(&format!("/shard-of?account=acct-{i}&shards=2"))
-            .await;
-        if on_shard.body["shard_index"] == 1 {
-            assert_eq!(app.delete(&format!("/keys/acct-{i}")).await.status, 204);
-        }
-    }
+    crate::staged::lopsided(&app).await;
     app
 }
 

@@ -31,7 +31,7 @@ pub async fn sleep_until(at: i64, margin_ms: i64) {
 
 /// Eight accounts over two uniform shards, then those on shard 1 released: 4 vs 0, which
 /// a rebalance evens out with two moves.
-async fn lopsided(app: &TestApp) {
+pub async fn lopsided(app: &TestApp) {
     for i in 0..8 {
         app.allocate(&format!("acct-{i}")).await;
     }
@@ -43,6 +43,15 @@ async fn lopsided(app: &TestApp) {
             assert_eq!(app.delete(&format!("/keys/acct-{i}")).await.status, 204);
         }
     }
+}
+
+/// Allocates accounts until the keyspace is full (409); answers how many got a key.
+async fn fill(app: &TestApp) -> usize {
+    let mut got = 0;
+    while app.post(&format!("/keys/new-{got}"), None).await.status == 201 {
+        got += 1;
+    }
+    got
 }
 
 /// Previews over two uniform shards and applies the plan with `body` (plus its plan id).
@@ -293,10 +302,7 @@ async fn pending_moves_survive_a_restart_and_switch_on_time() {
         2
     );
     // The old keys are still held: 4 accounts and 2 old keys leave 10.
-    let mut got = 0;
-    while app.post(&format!("/keys/new-{got}"), None).await.status == 201 {
-        got += 1;
-    }
+    let got = fill(&app).await;
     assert!(now_ms() < switch_at);
     assert_eq!(got, 10);
 
@@ -351,10 +357,7 @@ async fn switch_after_s_0_switches_at_once() {
     }
     assert_eq!(app.get("/moves").await.body["items"], json!([]));
     // Nothing held beyond the 4 accounts' keys.
-    let mut got = 0;
-    while app.post(&format!("/keys/new-{got}"), None).await.status == 201 {
-        got += 1;
-    }
+    let got = fill(&app).await;
     assert_eq!(got, 12);
 }
 
@@ -407,10 +410,7 @@ async fn shrinking_or_releasing_a_moving_account_frees_both_of_its_keys() {
     }
     assert_eq!(app.get("/moves").await.body["items"], json!([]));
     // 2 accounts left: 14 keys free, the moved ones' old and new keys among them.
-    let mut got = 0;
-    while app.post(&format!("/keys/new-{got}"), None).await.status == 201 {
-        got += 1;
-    }
+    let got = fill(&app).await;
     assert_eq!(got, 14);
 }
 
