@@ -9,7 +9,7 @@ async fn import(app: &TestApp, csv: &str) -> std::process::Output {
     let file = app.dir().join("table.csv");
     std::fs::write(&file, csv).unwrap();
     // The server runs on this test's runtime: wait for the command without blocking it.
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
         .args([
             "import",
             file.to_str().unwrap(),
@@ -18,7 +18,34 @@ async fn import(app: &TestApp, csv: &str) -> std::process::Output {
         ])
         .output()
         .await
-        .unwrap()
+        .unwrap();
+    caught_up(app).await;
+    out
+}
+
+/// Waits until the running server has applied every event the database holds: an import
+/// commits several transactions (keyed rows' other keys come in the last), and the server
+/// follows them one poll at a time.
+async fn caught_up(app: &TestApp) {
+    let logged = app.db().await.last_event_id().await;
+    let started = Instant::now();
+    loop {
+        let metrics = app.client.get(app.url("/metrics")).send().await.unwrap();
+        let text = metrics.text().await.unwrap();
+        let applied: i64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("keyspread_event_applied_id "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(-1);
+        if applied >= logged {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the server applied events to {applied}, the log holds {logged}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until the running server answers `account`, as it follows the event log.
