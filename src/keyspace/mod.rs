@@ -6,6 +6,7 @@ mod account;
 mod alloc;
 mod balance;
 mod key;
+pub mod leases;
 mod list_shards;
 mod rebalance;
 mod selector;
