@@ -7,9 +7,11 @@ use crate::config::Token;
 use crate::keyspace::{self, Allocator, Keyspace, ListShards, Load, ShardMap, Skew};
 
 mod fanout;
+mod leases;
 mod rows;
 
 pub use fanout::{FanoutFigures, fanout_figures, simulate_fanout};
+pub use leases::{SchemeFigures, lease_figures, simulate_leases};
 pub use rows::{Row, Rows};
 
 /// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a

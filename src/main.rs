@@ -45,14 +45,17 @@ enum Command {
     /// Print the OpenAPI document.
     Openapi,
     /// Compare MD5 of account names with keyspread's keys over a uniform map.
+    #[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
     Simulate {
+        #[command(subcommand)]
+        what: Option<SimulateCommand>,
         /// Accounts, named "1".."N" as in the seed example; with --fanout, the accounts whose
         /// load is compared (default 100).
         #[arg(long, required_unless_present = "fanout")]
         accounts: Option<u64>,
         /// Shards of the uniform map.
-        #[arg(long)]
-        shards: u64,
+        #[arg(long, required = true)]
+        shards: Option<u64>,
         /// Keys per account: compare MD5 of "account#0".."account#{K-1}" with keyspread's
         /// placement of an account's K keys.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -65,6 +68,24 @@ enum Command {
     /// Manage the streams a running keyspread knows.
     #[command(subcommand)]
     Streams(StreamsCommand),
+}
+
+/// What else `simulate` compares.
+#[derive(Subcommand)]
+enum SimulateCommand {
+    /// Shard leases over consumer workers: seed 004's hash ring, a KCL-style lease taker and
+    /// keyspread, after a cold start and when one worker joins or leaves.
+    Leases {
+        /// Shards of the stream.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        shards: u64,
+        /// Workers at the start (one more joins, one leaves).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(2..=1000))]
+        workers: u64,
+        /// Streams tried (the ring hashes the stream's name; the taker's choices are random).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        trials: u64,
+    },
 }
 
 /// The database a subcommand works on directly. Not `Debug`: the URL may hold a password.
@@ -130,21 +151,35 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Simulate {
+            what:
+                Some(SimulateCommand::Leases {
+                    shards,
+                    workers,
+                    trials,
+                }),
+            ..
+        } => report(
+            cli::simulate_leases(shards, workers as usize, trials).map_err(|e| e.to_string()),
+        ),
+        Command::Simulate {
+            what: None,
             accounts,
             shards,
             fanout,
             trials,
         } => report(
-            match (fanout, accounts) {
-                (Some(fanout), accounts) => cli::simulate_fanout(
+            match (fanout, accounts, shards.expect("clap requires --shards")) {
+                (Some(fanout), accounts, shards) => cli::simulate_fanout(
                     fanout,
                     shards,
                     accounts.unwrap_or(100),
                     trials,
                     Keyspace::KINESIS,
                 ),
-                (None, Some(accounts)) => cli::simulate(accounts, shards, Keyspace::KINESIS),
-                (None, None) => unreachable!("clap requires --accounts without --fanout"),
+                (None, Some(accounts), shards) => {
+                    cli::simulate(accounts, shards, Keyspace::KINESIS)
+                }
+                (None, None, _) => unreachable!("clap requires --accounts without --fanout"),
             }
             .map_err(|e| e.to_string()),
         ),

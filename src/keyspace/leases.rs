@@ -5,8 +5,10 @@
 //! the keys in its range weigh (at least 1); a lease *moves* when it is taken from one live
 //! worker and given to another (giving out a shard nobody live holds moves nothing).
 //!
-//! The balance rule: no worker holds more than the mean plus the heaviest shard; when every
-//! shard weighs the same, lease counts differ by at most 1.
+//! The balance rule: no worker holds more than the mean plus the heaviest shard, nor less
+//! than the mean less the heaviest shard, and no worker is idle while another holds two
+//! shards or more (a worker that joins gets work); when every shard weighs the same, lease
+//! counts differ by at most 1.
 
 /// The owner of each shard: `owners[s]` is the worker reading shard `s`, `None` only when
 /// there is no worker.
@@ -55,10 +57,13 @@ pub fn balanced(weights: &[u64], workers: usize, owners: &[Option<usize>]) -> bo
     }
     let total: u64 = weights.iter().sum();
     let heaviest = weights.iter().copied().max().unwrap_or(0);
-    // load <= total / workers + heaviest, in integers.
-    loads
-        .iter()
-        .all(|&load| load * workers as u64 <= total + heaviest * workers as u64)
+    // mean - heaviest <= load <= mean + heaviest, in integers.
+    let w = workers as u64;
+    let idle_beside_two = counts.contains(&0) && counts.iter().any(|&c| c >= 2);
+    !idle_beside_two
+        && loads
+            .iter()
+            .all(|&load| load * w <= total + heaviest * w && load * w + heaviest * w >= total)
 }
 
 /// How many leases go from one live worker to another between `before` and `after`.
@@ -112,7 +117,9 @@ fn assign_counts(shards: usize, workers: usize, current: &[Option<usize>]) -> Ow
 /// Unequal weights: a worker over the mean plus the heaviest shard gives up its heaviest
 /// shards until it is not; every shard without an owner then goes, heaviest first, to the
 /// worker holding the least weight (which holds at most the mean, so it ends within the
-/// rule).
+/// rule); then, while a worker holds less than the mean less the heaviest shard, the most
+/// loaded worker gives it its heaviest shard (both stay within the rule, and the spread of
+/// loads shrinks each time, so this ends).
 fn assign_weights(weights: &[u64], workers: usize, current: &[Option<usize>]) -> Owners {
     let total: u64 = weights.iter().sum();
     let heaviest = weights.iter().copied().max().unwrap_or(0);
@@ -148,7 +155,44 @@ fn assign_weights(weights: &[u64], workers: usize, current: &[Option<usize>]) ->
         owners[s] = Some(w);
         loads[w] += weights[s];
     }
-    owners
+    let w = workers as u64;
+    let mut counts = vec![0usize; workers];
+    owners.iter().flatten().for_each(|&w| counts[w] += 1);
+    // An idle worker takes the heaviest shard of the most loaded worker holding two or more.
+    while let Some(idle) = (0..workers).find(|&w| counts[w] == 0) {
+        let Some(donor) = (0..workers)
+            .filter(|&w| counts[w] >= 2)
+            .max_by_key(|&w| (loads[w], std::cmp::Reverse(w)))
+        else {
+            break;
+        };
+        let s = (0..weights.len())
+            .filter(|&s| owners[s] == Some(donor))
+            .max_by_key(|&s| (weights[s], std::cmp::Reverse(s)))
+            .expect("the donor holds shards");
+        owners[s] = Some(idle);
+        (loads[donor], loads[idle]) = (loads[donor] - weights[s], weights[s]);
+        (counts[donor], counts[idle]) = (counts[donor] - 1, 1);
+    }
+    let under = |load: u64| (load + heaviest) * w < total;
+    loop {
+        let light = (0..workers)
+            .min_by_key(|&w| (loads[w], w))
+            .expect("a worker");
+        if !under(loads[light]) {
+            return owners;
+        }
+        let heavy = (0..workers)
+            .max_by_key(|&w| (loads[w], std::cmp::Reverse(w)))
+            .expect("a worker");
+        let s = (0..weights.len())
+            .filter(|&s| owners[s] == Some(heavy))
+            .max_by_key(|&s| (weights[s], std::cmp::Reverse(s)))
+            .expect("the most loaded worker holds a shard");
+        owners[s] = Some(light);
+        loads[heavy] -= weights[s];
+        loads[light] += weights[s];
+    }
 }
 
 #[cfg(test)]

@@ -42,3 +42,38 @@ fn fanout_compares_md5_suffixes_with_keyspread() {
     let load = row("heaviest shard / mean, 100 accounts");
     assert_eq!(load[1], "1.000", "{out}");
 }
+
+#[test]
+fn leases_compares_the_ring_a_kcl_style_taker_and_keyspread() {
+    let out = simulate(&[
+        "leases",
+        "--shards",
+        "64",
+        "--workers",
+        "10",
+        "--trials",
+        "5",
+    ]);
+    let row = |scheme: &str| -> Vec<f64> {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("| {scheme} |")))
+            .expect(scheme);
+        (line.split('|').skip(2))
+            .filter_map(|cell| cell.trim().parse().ok())
+            .collect()
+    };
+    let (ring, ours) = (row("hash ring (seed 004)"), row("keyspread"));
+    assert_eq!((ring.len(), ours.len()), (5, 5), "{out}");
+    // Busiest by weight, idle workers, leases moved when one joins and when one leaves.
+    assert!(ours[1] < ring[1], "{out}");
+    assert_eq!((ours[2], ours[4]), (0.0, 0.0), "{out}");
+    assert!(ours[3] >= 1.0 && ours[3] < ring[3], "{out}");
+    // Both forms of the command still need their arguments.
+    let missing = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args(["simulate", "leases", "--shards", "64"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("--workers"));
+}
