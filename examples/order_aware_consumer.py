@@ -8,10 +8,12 @@ consumer reads every shard and hands X's records from B on only once A has been 
 arrival time T plus a clock-skew allowance: any record of X a producer with a slow clock
 still sent to A comes out first.
 
-It learns of moves from keyspread's event log (`GET /events`, `move` events carry
-`switch_at`), so none is missed, switched or not; a move is announced `switch_after_s`
-before its switch, so a consumer that polls more often than that knows of it before the
-first record of X reaches B.
+It learns of moves from `GET /moves` (the moves not switched yet) every round, and keeps
+each until its boundary is behind it; a move is announced `switch_after_s` before its
+switch, so a consumer that polls more often than that knows of it before the first record
+of X reaches B. A consumer that reads history (from TRIM_HORIZON, say) gives
+`--after-event ID` to learn the moves of the event log (`GET /events`) from there on, the
+switched ones too.
 
 The account of a record is its PartitionKey (what order_safe_producer.py sends). The shard
 set is read once: reading the children of a split after their parents is left to the
@@ -34,7 +36,8 @@ import time
 
 from keyspread_client import Client
 from keyspread_client.api.observability import events as events_api
-from keyspread_client.models import EventKind, EventPage
+from keyspread_client.api.rebalance import moves as moves_api
+from keyspread_client.models import EventKind, EventPage, MovesPage
 
 
 class Shards:
@@ -54,13 +57,13 @@ class Shards:
 class Move:
     """Account `account` moved from shard `source` to shard `target`, switching at `switch_at`."""
 
-    def __init__(self, account, source, target, applied_at, switch_at):
-        self.account, self.source, self.target = account, source, target
+    def __init__(self, event_id, account, source, target, applied_at, switch_at):
+        self.event_id, self.account, self.source, self.target = event_id, account, source, target
         self.applied_at, self.switch_at = applied_at, switch_at
 
 
 class OrderAwareConsumer:
-    def __init__(self, kinesis, stream, client, skew_ms=1000, deliver=None, after_event=0,
+    def __init__(self, kinesis, stream, client, skew_ms=1000, deliver=None, after_event=None,
                  clock=time.time):
         self.kinesis = kinesis
         self.stream = stream
@@ -90,23 +93,41 @@ class OrderAwareConsumer:
         self.rounds = 0
 
     def learn_moves(self):
-        """Reads the event log on from the last look; remembers every move."""
+        """Learns the moves not switched yet (or, with `after_event`, every move the event
+        log holds after it, read on from the last look)."""
+        if self.after_event is not None:
+            self.learn_logged_moves()
+            return
+        after = 0
+        while True:
+            page = moves_api.sync(client=self.client, after=after, limit=1000)
+            if not isinstance(page, MovesPage):
+                raise RuntimeError(f"GET /moves failed: {page}")
+            for m in page.items:
+                self.remember(m.event_id, m.account, m.from_, m.to, m.applied_at, m.switch_at)
+            if not page.next_:
+                return
+            after = page.next_
+
+    def learn_logged_moves(self):
         while True:
             page = events_api.sync(client=self.client, after=self.after_event, limit=1000)
             if not isinstance(page, EventPage):
                 raise RuntimeError(f"GET /events failed: {page}")
-            for event in page.events:
-                if event.kind == EventKind.MOVE and event.switch_at:
-                    self.moves[event.account].append(Move(
-                        event.account,
-                        self.shards.of(event.key_before),
-                        self.shards.of(event.key_after),
-                        event.at.timestamp(),
-                        event.switch_at.timestamp(),
-                    ))
+            for e in page.events:
+                if e.kind == EventKind.MOVE and e.switch_at:
+                    self.remember(e.id, e.account, e.key_before, e.key_after, e.at, e.switch_at)
             self.after_event = page.next_
             if len(page.events) < 1000:
                 return
+
+    def remember(self, event_id, account, from_key, to_key, applied_at, switch_at):
+        if any(m.event_id == event_id for m in self.moves.get(account, ())):
+            return
+        self.moves[account].append(Move(
+            event_id, account, self.shards.of(from_key), self.shards.of(to_key),
+            applied_at.timestamp(), switch_at.timestamp(),
+        ))
 
     def read_past(self, shard, moment):
         """Whether every record `shard` got up to arrival time `moment` has been read."""
@@ -179,13 +200,15 @@ def main():
                         help="how far producers' clocks may be off keyspread's (default 1000)")
     parser.add_argument("--seconds", type=float, default=60, help="how long to read")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between rounds")
+    parser.add_argument("--after-event", type=int,
+                        help="learn moves from the event log after this id (when reading history)")
     args = parser.parse_args()
 
     import boto3  # credentials and region as boto3 reads them (AWS_DEFAULT_REGION, ...)
 
     kinesis = boto3.client("kinesis", endpoint_url=args.endpoint_url)
     consumer = OrderAwareConsumer(kinesis, args.stream, Client(base_url=args.keyspread),
-                                  skew_ms=args.skew_ms)
+                                  skew_ms=args.skew_ms, after_event=args.after_event)
     until = time.monotonic() + args.seconds
     while time.monotonic() < until:
         consumer.poll()

@@ -210,6 +210,10 @@ pub struct PendingMoveBody {
     pub switch_at: String,
     /// Id of the move's event in `GET /events`.
     pub event_id: i64,
+    /// When the move was applied (RFC 3339, milliseconds, UTC): records of the account a
+    /// consumer reads from `to`'s shard after this belong after the switch.
+    #[schema(format = DateTime)]
+    pub applied_at: String,
 }
 
 /// One page of pending moves.
@@ -261,6 +265,7 @@ async fn moves(
             to: m.to,
             switch_at: super::timestamp_ms(m.switch_at),
             event_id: m.event_id,
+            applied_at: super::timestamp_ms(m.applied_at),
         })
         .collect();
     Ok(Json(MovesPage { items, next }))

@@ -250,6 +250,8 @@ pub struct PendingMove {
     pub switch_at: i64,
     /// Id of the `move` event.
     pub event_id: i64,
+    /// When the move was applied (the event's time), Unix milliseconds.
+    pub applied_at: i64,
 }
 
 /// One entry of the event log.

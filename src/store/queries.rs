@@ -96,8 +96,9 @@ macro_rules! queries {
         /// above `after`, by event id.
         pub async fn moves(conn: &mut Conn, after: i64, now: i64, limit: i64) -> Result<Vec<PendingMove>> {
             let rows = sqlx::query(
-                "SELECT account, idx, prev_hash_key, hash_key, switch_at, moved_by FROM assignments \
-                 WHERE switch_at > $1 AND moved_by > $2 ORDER BY moved_by LIMIT $3",
+                "SELECT a.account, a.idx, a.prev_hash_key, a.hash_key, a.switch_at, a.moved_by, e.at \
+                 FROM assignments a JOIN events e ON e.id = a.moved_by \
+                 WHERE a.switch_at > $1 AND a.moved_by > $2 ORDER BY a.moved_by LIMIT $3",
             )
             .bind(now)
             .bind(after)
@@ -120,6 +121,7 @@ macro_rules! queries {
                         to: decode_key(&r.try_get::<Vec<u8>, _>(3)?)?,
                         switch_at: r.try_get(4)?,
                         event_id: r.try_get(5)?,
+                        applied_at: r.try_get(6)?,
                     })
                 })
                 .collect()

@@ -191,6 +191,10 @@ async fn a_staged_move_answers_the_old_key_with_next_until_switch_at_then_the_ne
         );
         assert_eq!(event["switch_at"], applied["switch_at"]);
         assert_eq!(item["switch_at"], applied["switch_at"]);
+        assert_eq!(
+            unix_ms(item["applied_at"].as_str().unwrap()),
+            unix_ms(event["at"].as_str().unwrap())
+        );
         assert_eq!(item["index"], 0);
     }
     let page = app.get("/moves?limit=1").await.body;

@@ -180,7 +180,6 @@ def main():
     sys.path.insert(0, examples)
     from keyspread_client import Client
     from keyspread_client.api.keys import allocate, release
-    from keyspread_client.api.observability import events as events_api
     from keyspread_client.api.rebalance import apply, preview
     from keyspread_client.api.shards import shard_of
     from keyspread_client.models import AllocateRequest, ApplyRequest, RebalancePlan
@@ -212,13 +211,6 @@ def main():
         f"/streams/{args.stream}", json={"shard_count": 3, "primary": True})
     assert put.status_code in (200, 201), put.text
     streams = [(a, None) for a in singles] + [(a, f"s{j}") for a in hot for j in range(3)]
-    first_event = events_api.sync(client=client, limit=1000).next_
-    while True:
-        page = events_api.sync(client=client, after=first_event, limit=1000)
-        if not page.events:
-            break
-        first_event = page.next_
-
     turn = mp.Value("i", 0)
     counters = mp.Array("q", len(streams))
     report = mp.Queue()
@@ -237,8 +229,7 @@ def main():
     if args.blind_consumer:
         OrderAwareConsumer.learn_moves = lambda self: None
     consumer = OrderAwareConsumer(kinesis, args.stream, client, skew_ms=args.skew_ms,
-                                  deliver=lambda shard, record: handed.append(record),
-                                  after_event=first_event)
+                                  deliver=lambda shard, record: handed.append(record))
     applied = None
     while time.time() < stop_at + 1:
         consumer.poll()
