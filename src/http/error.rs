@@ -151,7 +151,13 @@ impl From<registry::Error> for ApiError {
     fn from(err: registry::Error) -> Self {
         use registry::Error as E;
         match err {
-            E::NotFound(_) | E::UnknownStream(_) => ApiError::not_found(err.to_string()),
+            E::NotFound(_)
+            | E::UnknownStream(_)
+            | E::UnknownWorker { .. }
+            | E::UnknownShard { .. } => ApiError::not_found(err.to_string()),
+            E::NotLeaseHolder { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "not-lease-holder", err.to_string())
+            }
             E::Keyspace(e) => e.into(),
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
             E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),

@@ -8,6 +8,7 @@ mod extract;
 mod health;
 mod heavy;
 mod keys;
+mod leases;
 mod limit;
 mod linger;
 mod local;
@@ -66,6 +67,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(shards::router().layer(small()))
         .merge(rebalance::router().layer(small()))
         .merge(streams::router().layer(small()))
+        .merge(leases::router().layer(small()))
         .merge(health::router().layer(small()))
         .merge(metrics::router().layer(small()))
         .merge(events::router().layer(small()));
@@ -84,6 +86,14 @@ impl HttpMetrics {
         let (_, doc) = api().split_for_parts();
         let api_paths = doc.paths.paths.into_keys();
         HttpMetrics::new(api_paths.chain(DOC_PATHS.map(String::from)))
+    }
+}
+
+/// At most the first 64 characters of something a client sent, for an error's detail.
+fn clip(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_owned(),
     }
 }
 

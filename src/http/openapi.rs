@@ -27,6 +27,7 @@ use crate::keyspace::HashKey;
         (name = "shards", description = "Where keys land on a stream's shards"),
         (name = "rebalance", description = "Evening out accounts over shards"),
         (name = "streams", description = "Real shard maps of Kinesis streams, and split plans"),
+        (name = "leases", description = "Consumer leases: which worker reads which shard, balanced by weight"),
         (name = "health", description = "Liveness and readiness"),
         (name = "observability", description = "Metrics and the event log"),
     )

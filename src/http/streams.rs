@@ -284,19 +284,22 @@ async fn put_stream(
 ) -> Result<(StatusCode, Json<StreamChange>), ApiError> {
     let name = stream_name(name)?;
     let keyspace = state.registry.keyspace();
-    let (map, next_shard) = match (body.shards, body.shard_count) {
+    let (map, listed, next_shard) = match (body.shards, body.shard_count) {
         (Some(shards), None) => {
             let listed = ListShards { shards };
             let map = listed
                 .open_map(keyspace)
                 .map_err(|e| ApiError::unprocessable(e.to_string()))?;
-            (map, listed.next_shard_number())
+            let lease_shards = listed
+                .lease_shards(keyspace)
+                .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+            (map, Some(lease_shards), listed.next_shard_number())
         }
         (None, Some(count)) => {
             let uniform = ShardMap::uniform(keyspace, count)
                 .map_err(|e| ApiError::unprocessable(e.to_string()))?;
             let open = uniform.iter().map(|s| (s.id, s.start, s.end)).collect();
-            (ShardMap::explicit(keyspace, open)?, count)
+            (ShardMap::explicit(keyspace, open)?, None, count)
         }
         _ => {
             return Err(ApiError::unprocessable(
@@ -308,7 +311,7 @@ async fn put_stream(
         &state,
         state
             .registry
-            .put_stream(name, map, next_shard, body.primary),
+            .put_stream(name, map, listed, next_shard, body.primary),
     )
     .await?;
     let status = if change.before.is_some() {

@@ -2,6 +2,7 @@
 
 use serde::Deserialize;
 
+use super::lease_state::LeaseShard;
 use super::shards::{MAX_SHARDS, ShardMap};
 use super::{Error, HashKey, Keyspace};
 
@@ -52,6 +53,19 @@ pub struct SequenceNumberRange {
 }
 
 impl ListedShard {
+    /// The hash key range, parsed.
+    fn range(&self) -> Result<(HashKey, HashKey), Error> {
+        let key = |text: &str, field: &str| {
+            text.parse::<HashKey>()
+                .map_err(|e| Error::Tiling(format!("{}: {field} {text:?}: {e}", self.shard_id)))
+        };
+        let range = &self.hash_key_range;
+        Ok((
+            key(&range.starting_hash_key, "StartingHashKey")?,
+            key(&range.ending_hash_key, "EndingHashKey")?,
+        ))
+    }
+
     /// Open shards have no ending sequence number.
     pub fn is_open(&self) -> bool {
         self.sequence_number_range.ending_sequence_number.is_none()
@@ -83,17 +97,8 @@ impl ListShards {
             .iter()
             .filter(|s| s.is_open())
             .map(|s| {
-                let key = |text: &str, field: &str| {
-                    text.parse::<HashKey>().map_err(|e| {
-                        Error::Tiling(format!("{}: {field} {text:?}: {e}", s.shard_id))
-                    })
-                };
-                let range = &s.hash_key_range;
-                Ok((
-                    s.shard_id.clone(),
-                    key(&range.starting_hash_key, "StartingHashKey")?,
-                    key(&range.ending_hash_key, "EndingHashKey")?,
-                ))
+                let (start, end) = s.range()?;
+                Ok((s.shard_id.clone(), start, end))
             })
             .collect::<Result<Vec<_>, Error>>()?;
         if open.len() > MAX_SHARDS as usize {
@@ -103,6 +108,39 @@ impl ListShards {
             });
         }
         ShardMap::explicit(keyspace, open)
+    }
+
+    /// Every shard consumers read, closed ones included, with its parents; each id once,
+    /// each range within the keyspace. Call after [`ListShards::open_map`] (which checks
+    /// the ids and the open shards' tiling).
+    pub fn lease_shards(&self, keyspace: Keyspace) -> Result<Vec<LeaseShard>, Error> {
+        let mut seen = std::collections::HashSet::new();
+        self.shards
+            .iter()
+            .map(|s| {
+                if !seen.insert(s.shard_id.as_str()) {
+                    return Err(Error::ListShards(format!(
+                        "ShardId {:?} is listed twice",
+                        s.shard_id
+                    )));
+                }
+                let (start, end) = s.range()?;
+                if start > end || end > keyspace.max() {
+                    return Err(Error::Tiling(format!(
+                        "{}: hash key range {start}..={end} is not within the keyspace",
+                        s.shard_id
+                    )));
+                }
+                let parents = [&s.parent_shard_id, &s.adjacent_parent_shard_id];
+                Ok(LeaseShard {
+                    id: s.shard_id.clone(),
+                    start,
+                    end,
+                    parents: parents.into_iter().flatten().cloned().collect(),
+                    closed: !s.is_open(),
+                })
+            })
+            .collect()
     }
 
     /// Every shard id, parents' included, is one Kinesis could have given.

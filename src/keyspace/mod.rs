@@ -6,6 +6,7 @@ mod account;
 mod alloc;
 mod balance;
 mod key;
+pub mod lease_state;
 pub mod leases;
 mod list_shards;
 mod rebalance;

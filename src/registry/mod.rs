@@ -16,12 +16,17 @@ use crate::store::{
 mod accounts;
 mod follow;
 mod group;
+mod leases;
 mod metrics;
 mod rebalance;
 mod streams;
 
 use accounts::{Accounts, Held};
 pub use follow::POLL;
+pub use leases::{
+    Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease, WEIGHT_RECHECK_MS,
+    WorkerLeases,
+};
 use metrics::Committed;
 pub use rebalance::MapSpec;
 pub use streams::{Stream, StreamChange};
@@ -37,6 +42,18 @@ pub enum Error {
     StalePlan(String),
     #[error("no stream named {0:?} is registered")]
     UnknownStream(String),
+    #[error("worker {worker:?} is not in stream {stream:?}'s group (it left, or expired)")]
+    UnknownWorker { stream: String, worker: String },
+    #[error("stream {stream:?} lists no shard {shard:?}")]
+    UnknownShard { stream: String, shard: String },
+    #[error(
+        "worker {worker:?} does not hold the lease of shard {shard:?} at epoch {epoch}: it passed to another worker (or ended); stop reading the shard"
+    )]
+    NotLeaseHolder {
+        shard: String,
+        worker: String,
+        epoch: u64,
+    },
     #[error("{0:?} is not a plan id issued by this service")]
     BadPlanId(String),
     #[error("the database refused the change because another writer changed the same rows")]

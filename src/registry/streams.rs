@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::rebalance::plan_id;
 use super::{Committed, Error, MapSpec, Registry, Writer, detached, now_ms};
+use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{self, Keyspace, Load, Plan, ShardMap, SplitPlan};
 use crate::store::{Change, Event, StreamRow, Tx};
 
@@ -22,6 +23,11 @@ pub struct Stream {
     /// Whether the ranges are a uniform map's (known once here: listing many streams must
     /// not walk every map).
     pub uniform: bool,
+    /// The shards consumers read: every shard list-shards named, closed ones and parents
+    /// included, or the open shards when the map was given as a shard count.
+    pub lease_shards: Arc<[LeaseShard]>,
+    /// Whether `lease_shards` came from list-shards output.
+    pub listed: bool,
 }
 
 /// What registering a stream's map did to balance.
@@ -39,7 +45,23 @@ pub struct StreamChange {
 impl Stream {
     pub(super) fn from_row(row: StreamRow, keyspace: Keyspace) -> Result<Stream, Error> {
         let map = ShardMap::explicit(keyspace, row.shards)?;
+        let listed = row.listed.is_some();
+        let lease_shards = match row.listed {
+            Some(listed) => listed.into(),
+            None => map
+                .iter()
+                .map(|s| LeaseShard {
+                    id: s.id,
+                    start: s.start,
+                    end: s.end,
+                    parents: Vec::new(),
+                    closed: false,
+                })
+                .collect(),
+        };
         Ok(Stream {
+            lease_shards,
+            listed,
             name: row.name,
             uniform: map.is_uniform(),
             map: Arc::new(map),
@@ -58,7 +80,13 @@ impl Stream {
             primary: self.primary,
             updated_at: self.updated_at,
             version: self.version,
+            listed: self.listed.then(|| self.lease_shards.to_vec()),
         }
+    }
+
+    /// The shard consumers know as `id`, if the stream lists it.
+    pub fn lease_shard(&self, id: &str) -> Option<&LeaseShard> {
+        self.lease_shards.iter().find(|s| s.id == id)
     }
 }
 
@@ -82,12 +110,14 @@ impl Registry {
             .cloned()
     }
 
-    /// Registers or replaces `name`'s map. `primary: None` keeps the stream's current role
-    /// (or makes it primary if configuration named it so).
+    /// Registers or replaces `name`'s map. `listed` is every shard list-shards named
+    /// (`None` for a map given as a shard count). `primary: None` keeps the stream's
+    /// current role (or makes it primary if configuration named it so).
     pub async fn put_stream(
         self: &Arc<Self>,
         name: String,
         map: ShardMap,
+        listed: Option<Vec<LeaseShard>>,
         next_shard: u64,
         primary: Option<bool>,
     ) -> Result<StreamChange, Error> {
@@ -106,6 +136,7 @@ impl Registry {
                 primary,
                 updated_at: at,
                 version: 0,
+                listed,
             };
             let id = tx.put_stream(&row).await?;
             this.commit_stream_change(
@@ -155,6 +186,10 @@ impl Registry {
             this.stream(&name)
                 .ok_or_else(|| Error::UnknownStream(name.clone()))?;
             let at = now_ms();
+            // Its consumers' leases and checkpoints go with it: a stream created again
+            // under the name starts its sequence numbers afresh.
+            tx.lease_lock(&name).await?;
+            tx.delete_lease_group(&name).await?;
             let id = tx.delete_stream(&name, at).await?;
             this.commit_stream_change(
                 &mut w,

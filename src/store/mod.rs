@@ -6,6 +6,7 @@
 //! database's write lock, so writers in other processes or replicas take turns; the
 //! in-memory tree is only a cache of what is committed here.
 
+pub mod leases;
 mod postgres;
 mod queries;
 mod raw_sqlite;
@@ -17,7 +18,9 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{AccountId, HashKey, Move};
+use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
 pub use postgres::CHANNEL;
 
@@ -236,6 +239,9 @@ pub struct StreamRow {
     /// Id of the `stream_put` event that last wrote the row: set by the database (see
     /// migration `stream_map_references`), ignored when writing.
     pub version: i64,
+    /// Every shard list-shards named, closed ones and parents included; `None` when the
+    /// map was given as a shard count (the open shards are all there is).
+    pub listed: Option<Vec<LeaseShard>>,
 }
 
 /// A staged move not yet switched: a key of `account` is `to` in the table, and producers
@@ -544,6 +550,23 @@ impl Store {
         })
     }
 
+    /// Starts a transaction for changing `stream`'s leases and workers: lease changes of
+    /// one stream take turns (on Postgres apart from other writes).
+    pub async fn begin_leases(&self, stream: &str) -> Result<Tx> {
+        Ok(match self {
+            Store::Sqlite(pools) => Tx::Sqlite(sqlite::begin_leases(pools, stream).await?),
+            Store::Postgres(pool) => Tx::Postgres(postgres::begin_leases(pool, stream).await?),
+        })
+    }
+
+    /// A stream's lease rows and workers, read together (one snapshot).
+    pub async fn lease_view(&self, stream: &str) -> Result<(Vec<LeaseRow>, Vec<WorkerRow>)> {
+        let mut tx = self.snapshot().await?;
+        let leases = tx.leases(stream).await?;
+        let workers = tx.lease_workers(stream).await?;
+        Ok((leases, workers))
+    }
+
     /// Starts a write transaction; it waits for writers in other processes to finish.
     pub async fn begin(&self) -> Result<Tx> {
         Ok(match self {
@@ -623,6 +646,68 @@ impl Tx {
     /// Deletes a stream and logs `stream_delete`; answers the event id.
     pub async fn delete_stream(&mut self, name: &str, at: i64) -> Result<i64> {
         in_tx!(self, delete_stream(name, at))
+    }
+
+    /// Takes `stream`'s lease lock (see [`Store::begin_leases`]) until the transaction ends.
+    pub async fn lease_lock(&mut self, stream: &str) -> Result<()> {
+        in_tx!(self, lease_lock(stream))
+    }
+
+    pub async fn lease_workers(&mut self, stream: &str) -> Result<Vec<WorkerRow>> {
+        in_tx!(self, lease_workers(stream))
+    }
+
+    /// Sets a worker's time to live and expiry; whether it was in the group.
+    pub async fn touch_worker(&mut self, stream: &str, worker: &WorkerRow) -> Result<bool> {
+        in_tx!(self, touch_worker(stream, worker))
+    }
+
+    pub async fn insert_worker(&mut self, stream: &str, worker: &WorkerRow, at: i64) -> Result<()> {
+        in_tx!(self, insert_worker(stream, worker, at))
+    }
+
+    /// Whether the worker was in the group.
+    pub async fn delete_worker(&mut self, stream: &str, worker: &str) -> Result<bool> {
+        in_tx!(self, delete_worker(stream, worker))
+    }
+
+    /// Whether some worker of `stream` expired at or before `now`, without a scan.
+    pub async fn any_expired(&mut self, stream: &str, now: i64) -> Result<bool> {
+        in_tx!(self, any_expired(stream, now))
+    }
+
+    pub async fn leases(&mut self, stream: &str) -> Result<Vec<LeaseRow>> {
+        in_tx!(self, leases(stream))
+    }
+
+    /// The leases `worker` owns, without a scan.
+    pub async fn owned_leases(&mut self, stream: &str, worker: &str) -> Result<Vec<LeaseRow>> {
+        in_tx!(self, owned_leases(stream, worker))
+    }
+
+    pub async fn lease(&mut self, stream: &str, shard_id: &str) -> Result<Option<LeaseRow>> {
+        in_tx!(self, lease(stream, shard_id))
+    }
+
+    pub async fn put_lease(&mut self, stream: &str, lease: &LeaseRow) -> Result<()> {
+        in_tx!(self, put_lease(stream, lease))
+    }
+
+    pub async fn delete_lease(&mut self, stream: &str, shard_id: &str) -> Result<()> {
+        in_tx!(self, delete_lease(stream, shard_id))
+    }
+
+    pub async fn lease_group(&mut self, stream: &str) -> Result<Option<LeaseGroup>> {
+        in_tx!(self, lease_group(stream))
+    }
+
+    pub async fn put_lease_group(&mut self, stream: &str, group: &LeaseGroup) -> Result<()> {
+        in_tx!(self, put_lease_group(stream, group))
+    }
+
+    /// Forgets `stream`'s workers, leases and checkpoints.
+    pub async fn delete_lease_group(&mut self, stream: &str) -> Result<()> {
+        in_tx!(self, delete_lease_group(stream))
     }
 
     /// Makes the changes durable (and, on Postgres, tells the other replicas).
@@ -771,4 +856,19 @@ fn encode_shards(shards: &[(String, HashKey, HashKey)]) -> String {
 
 fn decode_shards(name: &str, json: &str) -> Result<Vec<(String, HashKey, HashKey)>> {
     serde_json::from_str(json).map_err(|e| StoreError::Corrupt(format!("stream {name}: {e}")))
+}
+
+/// The stored form of every listed shard: `[{"id", "start", "end", "parents"?, "closed"?}]`.
+fn encode_listed(listed: &Option<Vec<LeaseShard>>) -> Option<String> {
+    listed
+        .as_ref()
+        .map(|l| serde_json::to_string(l).expect("shards serialize"))
+}
+
+fn decode_listed(name: &str, json: Option<String>) -> Result<Option<Vec<LeaseShard>>> {
+    json.map(|json| {
+        serde_json::from_str(&json)
+            .map_err(|e| StoreError::Corrupt(format!("stream {name}, listed shards: {e}")))
+    })
+    .transpose()
 }

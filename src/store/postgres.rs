@@ -272,6 +272,28 @@ pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
     Ok(pool.begin_with(begin).await?)
 }
 
+/// The class of the advisory locks that serialize each stream's lease changes (the stream
+/// name's hash is the other half), apart from the write lock: heartbeats never wait on
+/// allocations.
+const LEASE_LOCK: i32 = 0x6c65_6173; // "leas"
+
+/// A transaction holding `stream`'s lease lock, for changing its leases and workers.
+pub async fn begin_leases(pool: &PgPool, stream: &str) -> Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    lease_lock(&mut tx, stream).await?;
+    Ok(tx)
+}
+
+/// Takes `stream`'s lease lock until the transaction ends.
+pub async fn lease_lock(conn: &mut Conn, stream: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .bind(LEASE_LOCK)
+        .bind(stream)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// A read-only transaction over one snapshot of the database, waiting for no lock.
 pub async fn snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
     Ok(pool

@@ -15,9 +15,11 @@ macro_rules! queries {
         use sqlx::Row as _;
 
         use crate::keyspace::Move;
+        use crate::keyspace::lease_state::Holder;
+        use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
         use crate::store::{
             EventRow, KeyRow, LoggedEvent, PendingMove, Result, StoreError, StreamRow, Switch,
-            decode_account, decode_key, decode_row, decode_shards, encode_shards,
+            decode_account, decode_key, decode_listed, decode_row, decode_shards, encode_listed, encode_shards,
         };
 
         type Conn = <$db as sqlx::Database>::Connection;
@@ -186,7 +188,7 @@ macro_rules! queries {
         }
 
         pub async fn load_streams(conn: &mut Conn) -> Result<Vec<StreamRow>> {
-            let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version FROM streams ORDER BY name")
+            let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed FROM streams ORDER BY name")
                 .fetch_all(&mut *conn)
                 .await?;
             rows.iter()
@@ -194,12 +196,13 @@ macro_rules! queries {
                     let name: String = row.try_get(0)?;
                     let shards = decode_shards(&name, &row.try_get::<String, _>(1)?)?;
                     Ok(StreamRow {
-                        name,
                         shards,
                         next_shard: row.try_get::<i64, _>(2)? as u64,
                         primary: row.try_get(3)?,
                         updated_at: row.try_get(4)?,
                         version: row.try_get(5)?,
+                        listed: decode_listed(&name, row.try_get(6)?)?,
+                        name,
                     })
                 })
                 .collect()
@@ -214,15 +217,16 @@ macro_rules! queries {
             }
             let shards = encode_shards(&stream.shards);
             sqlx::query(
-                "INSERT INTO streams (name, shards, next_shard, is_primary, updated_at) VALUES ($1, $2, $3, $4, $5) \
+                "INSERT INTO streams (name, shards, next_shard, is_primary, updated_at, listed) VALUES ($1, $2, $3, $4, $5, $6) \
                  ON CONFLICT (name) DO UPDATE SET shards = excluded.shards, next_shard = excluded.next_shard, \
-                 is_primary = excluded.is_primary, updated_at = excluded.updated_at",
+                 is_primary = excluded.is_primary, updated_at = excluded.updated_at, listed = excluded.listed",
             )
             .bind(&stream.name)
             .bind(&shards)
             .bind(stream.next_shard as i64)
             .bind(stream.primary)
             .bind(stream.updated_at)
+            .bind(encode_listed(&stream.listed))
             .execute(&mut *conn)
             .await?;
             let count = stream.shards.len() as i64;
@@ -266,6 +270,173 @@ macro_rules! queries {
             .bind(switch_at)
             .fetch_one(&mut *conn)
             .await?)
+        }
+
+        /// The stream's workers, by name.
+        pub async fn lease_workers(conn: &mut Conn, stream: &str) -> Result<Vec<WorkerRow>> {
+            let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+                "SELECT worker, ttl_ms, expires_at FROM lease_workers WHERE stream = $1",
+            )
+            .bind(stream)
+            .fetch_all(&mut *conn)
+            .await?;
+            let mut workers: Vec<WorkerRow> = rows
+                .into_iter()
+                .map(|(worker, ttl_ms, expires_at)| WorkerRow { worker, ttl_ms, expires_at })
+                .collect();
+            workers.sort_unstable_by(|a, b| a.worker.cmp(&b.worker));
+            Ok(workers)
+        }
+
+        /// Sets a worker's time to live and expiry; whether it was in the group.
+        pub async fn touch_worker(conn: &mut Conn, stream: &str, worker: &WorkerRow) -> Result<bool> {
+            let done = sqlx::query("UPDATE lease_workers SET ttl_ms = $1, expires_at = $2 WHERE stream = $3 AND worker = $4")
+                .bind(worker.ttl_ms)
+                .bind(worker.expires_at)
+                .bind(stream)
+                .bind(&worker.worker)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        pub async fn insert_worker(conn: &mut Conn, stream: &str, worker: &WorkerRow, at: i64) -> Result<()> {
+            sqlx::query("INSERT INTO lease_workers (stream, worker, ttl_ms, expires_at, joined_at) VALUES ($1, $2, $3, $4, $5)")
+                .bind(stream)
+                .bind(&worker.worker)
+                .bind(worker.ttl_ms)
+                .bind(worker.expires_at)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+
+        /// Whether the worker was in the group.
+        pub async fn delete_worker(conn: &mut Conn, stream: &str, worker: &str) -> Result<bool> {
+            let done = sqlx::query("DELETE FROM lease_workers WHERE stream = $1 AND worker = $2")
+                .bind(stream)
+                .bind(worker)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        /// Whether some worker of the stream expired at or before `now`: one index probe.
+        pub async fn any_expired(conn: &mut Conn, stream: &str, now: i64) -> Result<bool> {
+            let expired: Option<i64> = sqlx::query_scalar(
+                "SELECT expires_at FROM lease_workers WHERE stream = $1 AND expires_at <= $2 LIMIT 1",
+            )
+            .bind(stream)
+            .bind(now)
+            .fetch_optional(&mut *conn)
+            .await?;
+            Ok(expired.is_some())
+        }
+
+        /// Every lease row of the stream.
+        pub async fn leases(conn: &mut Conn, stream: &str) -> Result<Vec<LeaseRow>> {
+            lease_rows(conn, "WHERE stream = $1", stream, None).await
+        }
+
+        /// The leases `worker` owns: one index range.
+        pub async fn owned_leases(conn: &mut Conn, stream: &str, worker: &str) -> Result<Vec<LeaseRow>> {
+            lease_rows(conn, "WHERE stream = $1 AND owner = $2", stream, Some(worker)).await
+        }
+
+        /// One shard's lease row, if it has one.
+        pub async fn lease(conn: &mut Conn, stream: &str, shard_id: &str) -> Result<Option<LeaseRow>> {
+            Ok(lease_rows(conn, "WHERE stream = $1 AND shard_id = $2", stream, Some(shard_id)).await?.pop())
+        }
+
+        async fn lease_rows(conn: &mut Conn, filter: &str, stream: &str, second: Option<&str>) -> Result<Vec<LeaseRow>> {
+            let sql = format!(
+                "SELECT shard_id, owner, next_owner, told, epoch, checkpoint FROM leases {filter} ORDER BY shard_id"
+            );
+            let mut query = sqlx::query_as::<_, (String, Option<String>, Option<String>, bool, i64, Option<String>)>(&sql).bind(stream);
+            if let Some(second) = second {
+                query = query.bind(second);
+            }
+            query
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .map(|(shard_id, owner, next, told, epoch, checkpoint)| {
+                    let epoch = u64::try_from(epoch)
+                        .map_err(|_| StoreError::Corrupt(format!("lease {shard_id}: epoch {epoch}")))?;
+                    Ok(LeaseRow {
+                        shard_id,
+                        holder: Holder { owner, next, told, epoch },
+                        checkpoint,
+                    })
+                })
+                .collect()
+        }
+
+        /// Writes a lease row (creating it if the shard had none).
+        pub async fn put_lease(conn: &mut Conn, stream: &str, lease: &LeaseRow) -> Result<()> {
+            let h = &lease.holder;
+            sqlx::query(
+                "INSERT INTO leases (stream, shard_id, owner, next_owner, told, epoch, checkpoint) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream, shard_id) DO UPDATE SET \
+                 owner = excluded.owner, next_owner = excluded.next_owner, told = excluded.told, \
+                 epoch = excluded.epoch, checkpoint = excluded.checkpoint",
+            )
+            .bind(stream)
+            .bind(&lease.shard_id)
+            .bind(&h.owner)
+            .bind(&h.next)
+            .bind(h.told)
+            .bind(h.epoch as i64)
+            .bind(&lease.checkpoint)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        pub async fn delete_lease(conn: &mut Conn, stream: &str, shard_id: &str) -> Result<()> {
+            sqlx::query("DELETE FROM leases WHERE stream = $1 AND shard_id = $2")
+                .bind(stream)
+                .bind(shard_id)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+
+        pub async fn lease_group(conn: &mut Conn, stream: &str) -> Result<Option<LeaseGroup>> {
+            let row: Option<(i64, i64, i64)> = sqlx::query_as(
+                "SELECT map_version, assigned_at, weights_event FROM lease_groups WHERE stream = $1",
+            )
+            .bind(stream)
+            .fetch_optional(&mut *conn)
+            .await?;
+            Ok(row.map(|(map_version, assigned_at, weights_event)| LeaseGroup { map_version, assigned_at, weights_event }))
+        }
+
+        pub async fn put_lease_group(conn: &mut Conn, stream: &str, group: &LeaseGroup) -> Result<()> {
+            sqlx::query(
+                "INSERT INTO lease_groups (stream, map_version, assigned_at, weights_event) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (stream) DO UPDATE SET map_version = excluded.map_version, \
+                 assigned_at = excluded.assigned_at, weights_event = excluded.weights_event",
+            )
+            .bind(stream)
+            .bind(group.map_version)
+            .bind(group.assigned_at)
+            .bind(group.weights_event)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        /// Forgets a stream's consumer group: workers, leases and checkpoints.
+        pub async fn delete_lease_group(conn: &mut Conn, stream: &str) -> Result<()> {
+            for table in ["leases", "lease_workers", "lease_groups"] {
+                sqlx::query(&format!("DELETE FROM {table} WHERE stream = $1"))
+                    .bind(stream)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
         }
 
         /// Logs a stream event; the database sets the stream's `version` to its id.

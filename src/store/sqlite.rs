@@ -183,6 +183,17 @@ pub async fn begin(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {
     Ok(pools.writes.begin_with("BEGIN IMMEDIATE").await?)
 }
 
+/// A transaction for changing `stream`'s leases and workers: a write transaction, whose
+/// lock (the file's) serializes them.
+pub async fn begin_leases(pools: &Pools, _stream: &str) -> Result<Transaction<'static, Sqlite>> {
+    begin(pools).await
+}
+
+/// Nothing to take: a write transaction holds the whole file.
+pub async fn lease_lock(_conn: &mut Conn, _stream: &str) -> Result<()> {
+    Ok(())
+}
+
 /// A read transaction: in WAL mode its first read fixes the state every later one sees,
 /// while writers go on.
 pub async fn snapshot(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {

@@ -1,0 +1,455 @@
+//! Consumer leases: which worker reads which shard of a stream, kept in the database so
+//! that every replica answers the same.
+//!
+//! A heartbeat costs O(the worker's own leases): it touches the worker's row, completes
+//! the revocations it was told of, and reads its leases. The whole group is assigned again
+//! (O(shards + workers)) only when something changed: a worker joined, left or expired, a
+//! shard was read to its end, the stream's map was registered again, or, at most every
+//! [`WEIGHT_RECHECK_MS`], the weights moved. Each stream's lease changes take turns on a
+//! lock of their own (see [`Store::begin_leases`](crate::store::Store::begin_leases)).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::{Error, Registry, Stream, detached, now_ms};
+use crate::keyspace::lease_state::{HolderState, LeaseShard, SHARD_END, leasable};
+use crate::keyspace::leases::assign;
+use crate::store::Tx;
+use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
+
+/// Longest a group goes without its weights checked against the balance rule while keys
+/// are being allocated, released or moved. Weights drift slowly; checking costs O(shards).
+pub const WEIGHT_RECHECK_MS: i64 = 10_000;
+
+/// What a heartbeat answers: the worker's leases.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    pub worker: String,
+    pub ttl_ms: i64,
+    /// Unix milliseconds: the worker's leases are its until then unless it heartbeats.
+    pub expires_at: i64,
+    pub leases: Vec<OwnLease>,
+}
+
+/// A lease as its owner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnLease {
+    pub shard_id: String,
+    pub epoch: u64,
+    pub state: HolderState,
+    pub checkpoint: Option<String>,
+}
+
+/// A shard's lease as the whole group sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// A live worker reads it.
+    Held,
+    /// A live worker reads it and has been (or will be, at its next heartbeat) told to stop.
+    Revoking,
+    /// Nobody live reads it (no live worker, or its owner expired a moment ago).
+    Free,
+    /// A child whose parents are not all read to their end yet.
+    Waiting,
+    /// A closed shard read to its end.
+    Done,
+}
+
+/// One shard in the whole assignment.
+#[derive(Debug, Clone)]
+pub struct ShardLease {
+    pub shard: LeaseShard,
+    /// The live worker reading it.
+    pub owner: Option<String>,
+    /// The worker it is going to, while revoking.
+    pub next_owner: Option<String>,
+    pub epoch: u64,
+    pub state: LeaseState,
+    pub weight: u64,
+    pub checkpoint: Option<String>,
+}
+
+/// One live worker in the whole assignment.
+#[derive(Debug, Clone)]
+pub struct WorkerLeases {
+    pub worker: String,
+    /// The shards it reads (held or revoking), in the stream's order.
+    pub shards: Vec<String>,
+    pub weight: u64,
+    /// Unix milliseconds.
+    pub expires_at: i64,
+}
+
+/// The whole assignment of a stream.
+#[derive(Debug, Clone)]
+pub struct LeaseView {
+    pub shards: Vec<ShardLease>,
+    pub workers: Vec<WorkerLeases>,
+}
+
+/// A recorded checkpoint.
+#[derive(Debug, Clone)]
+pub struct Checkpointed {
+    pub shard_id: String,
+    pub worker: String,
+    pub epoch: u64,
+    pub checkpoint: String,
+}
+
+impl Registry {
+    /// Joins `worker` to `stream`'s consumer group, or keeps it in: it stays live for
+    /// `ttl_ms` from now. Answers its leases.
+    pub async fn heartbeat(
+        self: &Arc<Self>,
+        stream: &str,
+        worker: String,
+        ttl_ms: i64,
+    ) -> Result<Heartbeat, Error> {
+        let stream = self.leased_stream(stream)?;
+        let this = Arc::clone(self);
+        detached(async move {
+            let name = stream.name.as_str();
+            let now = now_ms();
+            let me = WorkerRow {
+                worker,
+                ttl_ms,
+                expires_at: now + ttl_ms,
+            };
+            let mut tx = this.store.begin_leases(name).await?;
+            let joined = !tx.touch_worker(name, &me).await?;
+            if joined {
+                tx.insert_worker(name, &me, now).await?;
+            }
+            // The revocations it was told of at an earlier heartbeat complete now: it has
+            // stopped reading those shards.
+            for mut lease in tx.owned_leases(name, &me.worker).await? {
+                if lease.holder.told {
+                    lease.holder = lease.holder.owner_heartbeats();
+                    tx.put_lease(name, &lease).await?;
+                }
+            }
+            if joined || this.leases_due(&mut tx, &stream, now).await? {
+                // The weights are read outside any transaction: they wait on the writer
+                // lock, which may be waiting on this database connection.
+                tx.commit().await?;
+                let weights = this.lease_weights(&stream).await;
+                tx = this.store.begin_leases(name).await?;
+                this.assign_leases(&mut tx, &stream, &weights, now_ms())
+                    .await?;
+            }
+            let mut leases = Vec::new();
+            for mut lease in tx.owned_leases(name, &me.worker).await? {
+                if lease.holder.next.is_some() && !lease.holder.told {
+                    lease.holder = lease.holder.owner_heartbeats();
+                    tx.put_lease(name, &lease).await?;
+                }
+                leases.push(own_lease(lease));
+            }
+            tx.commit().await?;
+            Ok(Heartbeat {
+                worker: me.worker,
+                ttl_ms,
+                expires_at: me.expires_at,
+                leases: sorted_like(&stream, leases),
+            })
+        })
+        .await
+    }
+
+    /// Takes `worker` out of `stream`'s group; its leases go to the others at once.
+    pub async fn leave(self: &Arc<Self>, stream: &str, worker: String) -> Result<(), Error> {
+        let stream = self.leased_stream(stream)?;
+        let weights = self.lease_weights(&stream).await;
+        let this = Arc::clone(self);
+        detached(async move {
+            let name = stream.name.as_str();
+            let mut tx = this.store.begin_leases(name).await?;
+            if !tx.delete_worker(name, &worker).await? {
+                return Err(Error::UnknownWorker {
+                    stream: stream.name.clone(),
+                    worker,
+                });
+            }
+            this.assign_leases(&mut tx, &stream, &weights, now_ms())
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Records `worker`'s progress on `shard_id`, if it holds that lease at `epoch`. A
+    /// shard read to its end ([`SHARD_END`]) is done: its lease ends, and its children may
+    /// be leased.
+    pub async fn checkpoint(
+        self: &Arc<Self>,
+        stream: &str,
+        shard_id: String,
+        worker: String,
+        epoch: u64,
+        sequence_number: String,
+    ) -> Result<Checkpointed, Error> {
+        let stream = self.leased_stream(stream)?;
+        if stream.lease_shard(&shard_id).is_none() {
+            return Err(Error::UnknownShard {
+                stream: stream.name.clone(),
+                shard: shard_id,
+            });
+        }
+        let end = sequence_number == SHARD_END;
+        let weights = if end {
+            Some(self.lease_weights(&stream).await)
+        } else {
+            None
+        };
+        let this = Arc::clone(self);
+        detached(async move {
+            let name = stream.name.as_str();
+            let mut tx = this.store.begin_leases(name).await?;
+            let lease = tx.lease(name, &shard_id).await?;
+            let Some(mut lease) = lease.filter(|l| {
+                l.holder.owner.as_deref() == Some(worker.as_str()) && l.holder.epoch == epoch
+            }) else {
+                return Err(Error::NotLeaseHolder {
+                    shard: shard_id,
+                    worker,
+                    epoch,
+                });
+            };
+            lease.checkpoint = Some(sequence_number.clone());
+            if end {
+                lease.holder = lease.holder.pass(None);
+            }
+            tx.put_lease(name, &lease).await?;
+            if let Some(weights) = weights {
+                this.assign_leases(&mut tx, &stream, &weights, now_ms())
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(Checkpointed {
+                shard_id,
+                worker,
+                epoch,
+                checkpoint: sequence_number,
+            })
+        })
+        .await
+    }
+
+    /// The whole assignment of `stream`, as the database holds it now: one read of its
+    /// lease rows and workers, and the weights of its shards.
+    pub async fn lease_view(self: &Arc<Self>, stream: &str) -> Result<LeaseView, Error> {
+        let stream = self.leased_stream(stream)?;
+        let (rows, workers) = self.store.lease_view(&stream.name).await?;
+        let weights = self.lease_weights(&stream).await;
+        let now = now_ms();
+        let live: HashSet<&str> = workers
+            .iter()
+            .filter(|w| w.expires_at > now)
+            .map(|w| w.worker.as_str())
+            .collect();
+        let rows: HashMap<&str, &LeaseRow> =
+            rows.iter().map(|r| (r.shard_id.as_str(), r)).collect();
+        let done = |id: &str| rows.get(id).is_some_and(|r| is_done(r));
+        let can = leasable(&stream.lease_shards, done);
+        let mut shards = Vec::with_capacity(stream.lease_shards.len());
+        let mut held: HashMap<String, (Vec<String>, u64)> = HashMap::new();
+        for ((shard, can), weight) in stream.lease_shards.iter().zip(can).zip(&weights) {
+            let row = rows.get(shard.id.as_str());
+            let holder = row.map(|r| r.holder.clone()).unwrap_or_default();
+            let owner = holder.owner.filter(|o| live.contains(o.as_str()));
+            let next_owner = holder.next.filter(|_| owner.is_some());
+            let state = if done(&shard.id) {
+                LeaseState::Done
+            } else if !can {
+                LeaseState::Waiting
+            } else if owner.is_none() {
+                LeaseState::Free
+            } else if next_owner.is_some() {
+                LeaseState::Revoking
+            } else {
+                LeaseState::Held
+            };
+            if let Some(owner) = &owner {
+                let (ids, load) = held.entry(owner.clone()).or_default();
+                ids.push(shard.id.clone());
+                *load += weight;
+            }
+            shards.push(ShardLease {
+                shard: shard.clone(),
+                owner,
+                next_owner,
+                epoch: holder.epoch,
+                state,
+                weight: *weight,
+                checkpoint: row.and_then(|r| r.checkpoint.clone()),
+            });
+        }
+        let workers = workers
+            .iter()
+            .filter(|w| w.expires_at > now)
+            .map(|w| {
+                let (shards, weight) = held.remove(w.worker.as_str()).unwrap_or_default();
+                WorkerLeases {
+                    worker: w.worker.clone(),
+                    shards,
+                    weight,
+                    expires_at: w.expires_at,
+                }
+            })
+            .collect();
+        Ok(LeaseView { shards, workers })
+    }
+
+    fn leased_stream(&self, name: &str) -> Result<Stream, Error> {
+        self.stream(name)
+            .ok_or_else(|| Error::UnknownStream(name.to_owned()))
+    }
+
+    /// Whether `stream`'s leases must be assigned again: its map changed, a worker expired,
+    /// or the weights moved and were last checked [`WEIGHT_RECHECK_MS`] ago or more. One
+    /// row and one index probe.
+    async fn leases_due(&self, tx: &mut Tx, stream: &Stream, now: i64) -> Result<bool, Error> {
+        let Some(group) = tx.lease_group(&stream.name).await? else {
+            return Ok(true);
+        };
+        if group.map_version != stream.version {
+            // A replica that has not read the newest map yet leaves the assignment to one
+            // that has.
+            return Ok(group.map_version < stream.version);
+        }
+        if tx.any_expired(&stream.name, now).await? {
+            return Ok(true);
+        }
+        Ok(group.weights_event < self.applied_event()
+            && now - group.assigned_at >= WEIGHT_RECHECK_MS)
+    }
+
+    /// Assigns `stream`'s leases again (O(shards + workers)): expired workers leave, shards
+    /// no longer listed are forgotten, and every leasable shard goes toward the owner the
+    /// balanced, sticky assignment gives it, fenced (see [`Holder::toward`](crate::keyspace::lease_state::Holder::toward)).
+    async fn assign_leases(
+        &self,
+        tx: &mut Tx,
+        stream: &Stream,
+        weights: &[u64],
+        now: i64,
+    ) -> Result<(), Error> {
+        let name = stream.name.as_str();
+        let weights_event = self.applied_event();
+        let mut live = Vec::new();
+        for w in tx.lease_workers(name).await? {
+            if w.expires_at > now {
+                live.push(w.worker);
+            } else {
+                tx.delete_worker(name, &w.worker).await?;
+            }
+        }
+        let index: HashMap<&str, usize> = live
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.as_str(), i))
+            .collect();
+        let is_live = |w: &String| index.contains_key(w.as_str());
+        let listed: HashSet<&str> = stream.lease_shards.iter().map(|s| s.id.as_str()).collect();
+        let mut rows: HashMap<String, LeaseRow> = HashMap::new();
+        for row in tx.leases(name).await? {
+            if listed.contains(row.shard_id.as_str()) {
+                rows.insert(row.shard_id.clone(), row);
+            } else {
+                tx.delete_lease(name, &row.shard_id).await?;
+            }
+        }
+        let done = |id: &str| rows.get(id).is_some_and(is_done);
+        let can = leasable(&stream.lease_shards, done);
+        let open: Vec<usize> = (0..can.len()).filter(|&i| can[i]).collect();
+        let current: Vec<Option<usize>> = open
+            .iter()
+            .map(|&i| {
+                let holder = rows.get(&stream.lease_shards[i].id).map(|r| &r.holder)?;
+                let live_index =
+                    |w: &Option<String>| w.as_deref().and_then(|w| index.get(w)).copied();
+                live_index(&holder.next).or_else(|| live_index(&holder.owner))
+            })
+            .collect();
+        let open_weights: Vec<u64> = open.iter().map(|&i| weights[i]).collect();
+        let target = assign(&open_weights, live.len(), &current);
+        let mut targets: Vec<Option<usize>> = vec![None; can.len()];
+        for (k, &i) in open.iter().enumerate() {
+            targets[i] = target[k];
+        }
+        for (i, shard) in stream.lease_shards.iter().enumerate() {
+            let row = rows.get(&shard.id);
+            let holder = row.map(|r| r.holder.clone()).unwrap_or_default();
+            let new = if can[i] {
+                holder.toward(targets[i].map(|w| live[w].clone()), is_live)
+            } else if holder.owner.is_some() || holder.next.is_some() {
+                // Done, or waiting on a parent: nobody reads it.
+                holder.pass(None)
+            } else {
+                holder.clone()
+            };
+            if new != holder {
+                let lease = LeaseRow {
+                    shard_id: shard.id.clone(),
+                    holder: new,
+                    checkpoint: row.and_then(|r| r.checkpoint.clone()),
+                };
+                tx.put_lease(name, &lease).await?;
+            }
+        }
+        let group = LeaseGroup {
+            map_version: stream.version,
+            assigned_at: now,
+            weights_event,
+        };
+        tx.put_lease_group(name, &group).await?;
+        Ok(())
+    }
+
+    /// What each of `stream`'s shards weighs: the weights of the keys in its range, at
+    /// least 1. O(shards × log keys) under the writer lock, off the async threads.
+    async fn lease_weights(self: &Arc<Self>, stream: &Stream) -> Vec<u64> {
+        let this = Arc::clone(self);
+        let shards = Arc::clone(&stream.lease_shards);
+        tokio::task::spawn_blocking(move || {
+            let w = this.writer.blocking_lock();
+            shards
+                .iter()
+                .map(|s| w.alloc.load_in(s.start, s.end).weight.max(1))
+                .collect()
+        })
+        .await
+        .expect("weights task")
+    }
+}
+
+fn is_done(row: &LeaseRow) -> bool {
+    row.checkpoint.as_deref() == Some(SHARD_END)
+}
+
+fn own_lease(row: LeaseRow) -> OwnLease {
+    OwnLease {
+        state: row.holder.state().unwrap_or(HolderState::Held),
+        epoch: row.holder.epoch,
+        shard_id: row.shard_id,
+        checkpoint: row.checkpoint,
+    }
+}
+
+/// `leases` in the order the stream lists its shards.
+fn sorted_like(stream: &Stream, mut leases: Vec<OwnLease>) -> Vec<OwnLease> {
+    let order: HashMap<&str, usize> = stream
+        .lease_shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.as_str(), i))
+        .collect();
+    leases.sort_by_key(|l| {
+        order
+            .get(l.shard_id.as_str())
+            .copied()
+            .unwrap_or(usize::MAX)
+    });
+    leases
+}
