@@ -19,7 +19,7 @@ use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
 
 /// Longest a group goes without its weights checked against the balance rule while keys
 /// are being allocated, released or moved. Weights drift slowly; checking costs O(shards).
-pub const WEIGHT_RECHECK_MS: i64 = 10_000;
+pub const WEIGHT_RECHECK_MS: i64 = 5_000;
 
 /// What a heartbeat answers: the worker's leases.
 #[derive(Debug, Clone)]

@@ -18,6 +18,7 @@ mod import;
 mod keys;
 mod kinesalite;
 mod kinesis;
+mod leases;
 mod lifecycle;
 mod names;
 mod observability;
