@@ -127,7 +127,6 @@ pub mod whole_number {
         }
     }
 
-    #[cfg(test)]
     pub fn required<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         Whole::deserialize(d).map(|w| w.0)
     }

@@ -236,6 +236,7 @@ pub struct CheckpointRequest {
     #[schema(pattern = r"^[a-zA-Z0-9._:-]{1,128}$")]
     pub worker: String,
     /// The lease's epoch, as the worker's heartbeat answered it.
+    #[serde(deserialize_with = "whole_number::required")]
     pub epoch: u64,
     /// The last sequence number processed (1 to 128 digits), or `SHARD_END` once a closed
     /// shard is read to its end.

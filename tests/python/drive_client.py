@@ -40,13 +40,24 @@ sys.path.insert(0, ARGS.client_dir)
 from keyspread_client import Client  # noqa: E402
 from keyspread_client.api.keys import allocate, list_keys, lookup, release, reweight  # noqa: E402
 from keyspread_client.api.rebalance import apply, preview  # noqa: E402
+from keyspread_client.api.leases import checkpoint, heartbeat, leases, leave  # noqa: E402
 from keyspread_client.api.shards import shard_of  # noqa: E402
+from keyspread_client.api.streams import put_stream  # noqa: E402
 from keyspread_client.errors import UnexpectedStatus  # noqa: E402
 from keyspread_client.models import (  # noqa: E402
     AllocateRequest,
     ApplyRequest,
     Assignment,
     AssignmentPage,
+    CheckpointBody,
+    CheckpointRequest,
+    HeartbeatRequest,
+    LeasesBody,
+    OwnLeaseState,
+    PutStream,
+    ShardLeaseState,
+    StreamChange,
+    WorkerBody,
     Problem,
     RebalancePlan,
     ReweightRequest,
@@ -305,6 +316,55 @@ def check_fanout():
     step("reweight hot (fanout 2) -> 200, keys 0..2 kept")
 
 
+def check_leases():
+    """A worker joins, a second one joins, the first hands two leases over (DESIGN.md)."""
+    call("put stream readers", put_stream, 201, StreamChange, "readers", body=PutStream(shard_count=4))
+    first = call("heartbeat w1", heartbeat, 200, WorkerBody, "readers", "w1", body=HeartbeatRequest(ttl_s=30)).parsed
+    expect(
+        [(lease.state, lease.epoch) for lease in first.leases] == [(OwnLeaseState.HELD, 1)] * 4,
+        f"heartbeat w1: a lone worker holds every shard at epoch 1: {first.to_dict()}",
+    )
+    second = call("heartbeat w2", heartbeat, 200, WorkerBody, "readers", "w2").parsed
+    expect(second.leases == [] and second.ttl_s == 30, f"heartbeat w2: nothing until w1 lets go: {second.to_dict()}")
+    told = call("heartbeat w1 again", heartbeat, 200, WorkerBody, "readers", "w1").parsed
+    going = [lease for lease in told.leases if lease.state == OwnLeaseState.REVOKING]
+    # The shards carry the keys allocated above, so they weigh differently: w2's share
+    # is one shard or more, by weight.
+    expect(1 <= len(going) <= 3, f"heartbeat w1 again: some revoking: {told.to_dict()}")
+    shard = going[0].shard_id
+    done = call(
+        "checkpoint while revoking", checkpoint, 200, CheckpointBody, "readers", shard,
+        body=CheckpointRequest(worker="w1", epoch=1, sequence_number="4959"),
+    ).parsed
+    expect(done.checkpoint == "4959", f"checkpoint: {done.to_dict()}")
+    step(f"heartbeat w1, w2, w1 -> 4 held, then {len(going)} revoking; checkpoint -> 200")
+
+    call("heartbeat w1 (hands over)", heartbeat, 200, WorkerBody, "readers", "w1")
+    taken = call("heartbeat w2 (takes)", heartbeat, 200, WorkerBody, "readers", "w2").parsed
+    got = {lease.shard_id: lease for lease in taken.leases}
+    expect(
+        sorted(got) == sorted(lease.shard_id for lease in going)
+        and got[shard].epoch == 2 and got[shard].checkpoint == "4959",
+        f"heartbeat w2: the leases w1 gave up, at epoch 2, with w1's checkpoint: {taken.to_dict()}",
+    )
+    stale = call(
+        "stale checkpoint", checkpoint, 409, Problem, "readers", shard,
+        body=CheckpointRequest(worker="w1", epoch=1, sequence_number="4960"),
+    ).parsed
+    expect(stale.status == 409, f"stale checkpoint: {stale.to_dict()}")
+    step("heartbeat w1, w2 -> handed over at epoch 2 with the checkpoint; w1's checkpoint -> 409")
+
+    call("leave w1", leave, 204, None, "readers", "w1")
+    call("leave w1 again", leave, 404, Problem, "readers", "w1")
+    view = call("leases", leases, 200, LeasesBody, "readers").parsed
+    expect(
+        [w.worker for w in view.workers] == ["w2"]
+        and all(s.owner == "w2" and s.state == ShardLeaseState.HELD for s in view.shards),
+        f"leases after w1 left: {view.to_dict()}",
+    )
+    step("leave w1 -> 204, then 404; GET leases -> every shard w2's")
+
+
 def fail(message):
     FAILURES.append(message)
     print(f"FAIL  {message}", flush=True)
@@ -320,6 +380,7 @@ def main():
     check_rebalance(acme)
     check_release("acme")
     check_fanout()
+    check_leases()
 
 
 if __name__ == "__main__":
