@@ -74,7 +74,7 @@ async fn worker(api: Api, i: usize, start: Instant, seed: u64) -> Log {
     let mut holding: HashMap<String, (u64, Instant)> = HashMap::new();
     let mut lost: Vec<(String, u64)> = Vec::new();
     let mut owned_before: HashMap<String, u64> = HashMap::new();
-    let mut close =
+    let close =
         |holding: &mut HashMap<String, (u64, Instant)>, log: &mut Log, shard: &str, at: Instant| {
             let (epoch, from) = holding.remove(shard).expect("held");
             log.periods.push((
