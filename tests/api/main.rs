@@ -19,6 +19,7 @@ mod keys;
 mod kinesalite;
 mod kinesis;
 mod leases;
+mod leases_kinesis;
 mod leases_replicas;
 mod lifecycle;
 mod names;
