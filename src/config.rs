@@ -56,6 +56,18 @@ pub struct ServeConfig {
     )]
     pub lookup_cache_control: axum::http::HeaderValue,
 
+    /// Milliseconds a consumer worker's join waits for other joins, so that they are assigned
+    /// together: joins within this long of a stream's last assignment wait for the next one
+    /// (a thousand workers starting at once cost a few assignments, not a thousand). 0
+    /// assigns at every join.
+    #[arg(
+        long,
+        env = "KEYSPREAD_LEASE_JOIN_BATCH_MS",
+        default_value_t = crate::registry::DEFAULT_JOIN_BATCH_MS as u64,
+        value_parser = clap::value_parser!(u64).range(0..=60_000)
+    )]
+    pub lease_join_batch_ms: u64,
+
     /// Seconds a request may take before it is answered 408.
     #[arg(long, env = "KEYSPREAD_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
@@ -111,6 +123,7 @@ impl ServeConfig {
             keyspace_bits: 128,
             primary_stream: None,
             lookup_cache_control: axum::http::HeaderValue::from_static("max-age=60"),
+            lease_join_batch_ms: crate::registry::DEFAULT_JOIN_BATCH_MS as u64,
             request_timeout_secs: 10,
             header_timeout_secs: 10,
             max_connections: 10_000,

@@ -76,6 +76,7 @@ impl AppState {
         let keyspace = Keyspace::new(config.keyspace_bits)?;
         let store = Store::connect(&config.database_url).await?;
         let registry = Registry::open(store, keyspace, config.primary_stream.clone()).await?;
+        registry.set_lease_join_batch_ms(config.lease_join_batch_ms as i64);
         // Other processes and replicas may write too: follow the event log.
         registry.follow();
         Ok(AppState {

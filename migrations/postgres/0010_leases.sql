@@ -34,10 +34,12 @@ CREATE TABLE leases (
 CREATE INDEX leases_owner ON leases (stream, owner) WHERE owner IS NOT NULL;
 
 -- When each stream's leases were last assigned: over which map (the streams row's
--- `version`), at what time and with the weights of which event.
+-- `version`), at what time and with the weights of which event; and whether a worker has
+-- joined since (joins close together wait for one assignment).
 CREATE TABLE lease_groups (
     stream        TEXT    NOT NULL PRIMARY KEY,
     map_version   BIGINT  NOT NULL,
     assigned_at   BIGINT  NOT NULL,
-    weights_event BIGINT  NOT NULL
+    weights_event BIGINT  NOT NULL,
+    pending_join  BOOLEAN NOT NULL DEFAULT FALSE
 );

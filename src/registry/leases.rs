@@ -96,7 +96,23 @@ pub struct Checkpointed {
     pub checkpoint: String,
 }
 
+/// Joins within this many milliseconds of a stream's last assignment wait for the next
+/// one, unless configured otherwise: a thousand workers starting together cost a few
+/// assignments, not a thousand.
+pub const DEFAULT_JOIN_BATCH_MS: i64 = 1000;
+
 impl Registry {
+    /// How long joins wait to be assigned together (see [`DEFAULT_JOIN_BATCH_MS`]).
+    pub fn set_lease_join_batch_ms(&self, ms: i64) {
+        self.lease_join_batch
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn lease_join_batch_ms(&self) -> i64 {
+        self.lease_join_batch
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Joins `worker` to `stream`'s consumer group, or keeps it in: it stays live for
     /// `ttl_ms` from now. Answers its leases.
     pub async fn heartbeat(
@@ -128,7 +144,7 @@ impl Registry {
                     tx.put_lease(name, &lease).await?;
                 }
             }
-            if joined || this.leases_due(&mut tx, &stream, now).await? {
+            if this.leases_due(&mut tx, &stream, now, joined).await? {
                 // The weights are read outside any transaction: they wait on the writer
                 // lock, which may be waiting on this database connection.
                 tx.commit().await?;
@@ -307,9 +323,17 @@ impl Registry {
     }
 
     /// Whether `stream`'s leases must be assigned again: its map changed, a worker expired,
-    /// or the weights moved and were last checked [`WEIGHT_RECHECK_MS`] ago or more. One
-    /// row and one index probe.
-    async fn leases_due(&self, tx: &mut Tx, stream: &Stream, now: i64) -> Result<bool, Error> {
+    /// a worker joined (`joined`: this one) and the last assignment is the join batch's
+    /// time old, or the weights moved and were last checked [`WEIGHT_RECHECK_MS`] ago or
+    /// more. One row and one index probe. A join that must wait is noted on the group, for
+    /// the next heartbeat of any worker.
+    async fn leases_due(
+        &self,
+        tx: &mut Tx,
+        stream: &Stream,
+        now: i64,
+        joined: bool,
+    ) -> Result<bool, Error> {
         let Some(group) = tx.lease_group(&stream.name).await? else {
             return Ok(true);
         };
@@ -320,6 +344,18 @@ impl Registry {
         }
         if tx.any_expired(&stream.name, now).await? {
             return Ok(true);
+        }
+        if joined || group.pending_join {
+            if now - group.assigned_at >= self.lease_join_batch_ms() {
+                return Ok(true);
+            }
+            if !group.pending_join {
+                let pending = LeaseGroup {
+                    pending_join: true,
+                    ..group
+                };
+                tx.put_lease_group(&stream.name, &pending).await?;
+            }
         }
         Ok(group.weights_event < self.applied_event()
             && now - group.assigned_at >= WEIGHT_RECHECK_MS)
@@ -402,6 +438,7 @@ impl Registry {
             map_version: stream.version,
             assigned_at: now,
             weights_event,
+            pending_join: false,
         };
         tx.put_lease_group(name, &group).await?;
         Ok(())

@@ -24,8 +24,8 @@ mod streams;
 use accounts::{Accounts, Held};
 pub use follow::POLL;
 pub use leases::{
-    Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease, WEIGHT_RECHECK_MS,
-    WorkerLeases,
+    Checkpointed, DEFAULT_JOIN_BATCH_MS, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease,
+    WEIGHT_RECHECK_MS, WorkerLeases,
 };
 use metrics::Committed;
 pub use rebalance::MapSpec;
@@ -118,6 +118,8 @@ pub struct Registry {
     /// Where single allocations and releases queue for group commit.
     group: std::sync::OnceLock<group::Queues>,
     metrics: metrics::Metrics,
+    /// See [`leases::DEFAULT_JOIN_BATCH_MS`].
+    lease_join_batch: std::sync::atomic::AtomicI64,
 }
 
 /// Files every stored key row by account: key 0 makes the entry, the keys of accounts
@@ -230,6 +232,7 @@ impl Registry {
             }),
             group: std::sync::OnceLock::new(),
             metrics: Default::default(),
+            lease_join_batch: leases::DEFAULT_JOIN_BATCH_MS.into(),
         });
         let w = registry.writer.lock().await;
         registry.count_applied(&w, last_event);

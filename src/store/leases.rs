@@ -30,4 +30,6 @@ pub struct LeaseGroup {
     pub assigned_at: i64,
     /// The newest event whose weights the assignment saw.
     pub weights_event: i64,
+    /// Whether a worker joined since, its share not assigned yet.
+    pub pending_join: bool,
 }

@@ -404,25 +404,32 @@ macro_rules! queries {
         }
 
         pub async fn lease_group(conn: &mut Conn, stream: &str) -> Result<Option<LeaseGroup>> {
-            let row: Option<(i64, i64, i64)> = sqlx::query_as(
-                "SELECT map_version, assigned_at, weights_event FROM lease_groups WHERE stream = $1",
+            let row: Option<(i64, i64, i64, bool)> = sqlx::query_as(
+                "SELECT map_version, assigned_at, weights_event, pending_join FROM lease_groups WHERE stream = $1",
             )
             .bind(stream)
             .fetch_optional(&mut *conn)
             .await?;
-            Ok(row.map(|(map_version, assigned_at, weights_event)| LeaseGroup { map_version, assigned_at, weights_event }))
+            Ok(row.map(|(map_version, assigned_at, weights_event, pending_join)| LeaseGroup {
+                map_version,
+                assigned_at,
+                weights_event,
+                pending_join,
+            }))
         }
 
         pub async fn put_lease_group(conn: &mut Conn, stream: &str, group: &LeaseGroup) -> Result<()> {
             sqlx::query(
-                "INSERT INTO lease_groups (stream, map_version, assigned_at, weights_event) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (stream) DO UPDATE SET map_version = excluded.map_version, \
-                 assigned_at = excluded.assigned_at, weights_event = excluded.weights_event",
+                "INSERT INTO lease_groups (stream, map_version, assigned_at, weights_event, pending_join) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (stream) DO UPDATE SET map_version = excluded.map_version, \
+                 assigned_at = excluded.assigned_at, weights_event = excluded.weights_event, \
+                 pending_join = excluded.pending_join",
             )
             .bind(stream)
             .bind(group.map_version)
             .bind(group.assigned_at)
             .bind(group.weights_event)
+            .bind(group.pending_join)
             .execute(&mut *conn)
             .await?;
             Ok(())

@@ -93,13 +93,19 @@ fn owners(group: &Value) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// A server that assigns leases at every join (`--lease-join-batch-ms 0`), so that each
+/// step below shows its effect at once; the batching itself is tested on its own.
+async fn spawn_assigning_every_join() -> TestApp {
+    spawn_app_with(|c| c.lease_join_batch_ms = 0).await
+}
+
 fn shard(n: u32) -> String {
     format!("shardId-{n:012}")
 }
 
 #[tokio::test]
 async fn a_joining_worker_gets_a_lease_only_after_its_owner_lets_go() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "orders", json!({"shard_count": 4})).await;
 
     let first = heartbeat(&app, "orders", "w1", 30).await;
@@ -207,7 +213,7 @@ async fn a_joining_worker_gets_a_lease_only_after_its_owner_lets_go() {
 
 #[tokio::test]
 async fn heartbeats_of_a_balanced_group_move_nothing() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "clicks", json!({"shard_count": 10})).await;
     let workers = ["a", "b", "c"];
     for _ in 0..3 {
@@ -245,7 +251,7 @@ async fn heartbeats_of_a_balanced_group_move_nothing() {
 
 #[tokio::test]
 async fn a_leaving_worker_hands_its_leases_over_at_once() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "s", json!({"shard_count": 6})).await;
     for _ in 0..3 {
         for w in ["a", "b", "c"] {
@@ -305,7 +311,7 @@ async fn a_leaving_worker_hands_its_leases_over_at_once() {
 
 #[tokio::test]
 async fn an_expired_worker_loses_its_leases_to_the_live_ones() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "s", json!({"shard_count": 4})).await;
     heartbeat(&app, "s", "quiet", 1).await;
     heartbeat(&app, "s", "busy", 30).await;
@@ -378,7 +384,7 @@ fn resharded() -> Value {
 
 #[tokio::test]
 async fn children_are_leased_only_once_every_listed_parent_is_at_shard_end() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "r", resharded()).await;
     let states = |g: &Value| -> BTreeMap<String, String> {
         g["shards"]
@@ -463,7 +469,7 @@ async fn children_are_leased_only_once_every_listed_parent_is_at_shard_end() {
 
 #[tokio::test]
 async fn a_heavy_shard_counts_for_its_weight() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "w", json!({"shard_count": 4, "primary": true})).await;
     // One account of weight 1000 on some shard, and light ones.
     let heavy = app.post("/keys/whale", Some(json!({"weight": 1000}))).await;
@@ -509,7 +515,7 @@ async fn a_heavy_shard_counts_for_its_weight() {
 
 #[tokio::test]
 async fn leases_outlive_a_restart_and_deleting_the_stream_forgets_them() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "s", json!({"shard_count": 2})).await;
     let w = heartbeat(&app, "s", "w", 60).await;
     assert_eq!(
@@ -537,7 +543,7 @@ async fn leases_outlive_a_restart_and_deleting_the_stream_forgets_them() {
 
 #[tokio::test]
 async fn bad_lease_requests_get_problems() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "s", json!({"shard_count": 2})).await;
     let put = |path: String, body: Option<Value>| {
         let app = &app;
@@ -646,7 +652,7 @@ async fn lease_changes_need_the_token() {
 
 #[tokio::test]
 async fn a_worker_whose_shards_grow_heavy_gives_one_up() {
-    let app = spawn_app().await;
+    let app = spawn_assigning_every_join().await;
     put_stream(&app, "s", json!({"shard_count": 8, "primary": true})).await;
     for i in 0..8 {
         app.allocate(&format!("acct-{i}")).await;
@@ -704,4 +710,38 @@ async fn a_worker_whose_shards_grow_heavy_gives_one_up() {
         .filter(|(id, o)| before[*id] != **o)
         .count();
     assert_eq!(moved, 1);
+}
+
+#[tokio::test]
+async fn joins_close_together_are_assigned_together() {
+    // The default: joins within a second of the last assignment wait for the next one.
+    let app = spawn_app().await;
+    put_stream(&app, "s", json!({"shard_count": 4})).await;
+    let first = heartbeat(&app, "s", "w1", 30).await;
+    assert_eq!(
+        held(&first).len(),
+        4,
+        "the first worker is assigned at once: {first}"
+    );
+    let joined = heartbeat(&app, "s", "w2", 30).await;
+    assert_eq!(leases_of(&joined).len(), 0);
+    // Within the batch: nothing is revoked yet.
+    let still = heartbeat(&app, "s", "w1", 30).await;
+    assert_eq!(held(&still).len(), 4, "{still}");
+    let g = group(&app, "s").await;
+    assert!(
+        g["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["state"] == "held" && s["owner"] == "w1")
+    );
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    // The next heartbeat of any worker assigns every join since.
+    let told = heartbeat(&app, "s", "w1", 30).await;
+    let revoking = leases_of(&told)
+        .values()
+        .filter(|(s, _)| s == "revoking")
+        .count();
+    assert_eq!(revoking, 2, "{told}");
 }
