@@ -1,7 +1,6 @@
 //! Consumer leases at scale: a release `keyspread serve` on its default database (a fresh
 //! SQLite file), a stream of S shards carrying weighted accounts, W workers joining over
-//! the first heartbeat period and then heartbeating every 5 s (ttl 30 s), as the Kinesis
-//! Client Library's default lease renewal does. Prints the joins' and the steady
+//! the first heartbeat period and then heartbeating every 5 s (ttl 30 s). Prints the joins' and the steady
 //! heartbeats' latency, the server's CPU over the steady window, and its CPU time per
 //! heartbeat: a heartbeat costs O(its own leases), so that figure stays flat as the
 //! stream grows with the group.
@@ -243,6 +242,22 @@ async fn run(args: &Args, shards: usize, workers: usize) {
     let timed = Instant::now();
     let group = group.await;
     let view_ms = timed.elapsed().as_secs_f64() * 1000.0;
+    let metrics = client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let metric = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let assignments = metric("keyspread_lease_assignments_total");
+    let assign_ms = metric("keyspread_lease_assignment_seconds_sum") * 1000.0 / assignments;
     let counts: Vec<usize> = group["workers"]
         .as_array()
         .unwrap()
@@ -268,7 +283,7 @@ async fn run(args: &Args, shards: usize, workers: usize) {
         "{shards} shards, {workers} workers ({backend}, {} accounts): joins p50 {:.1} ms, p99 {:.1} ms; \
          {} steady heartbeats over {wall:.0} s ({:.0}/s, {mean_own:.1} leases each): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
          server CPU {:.1} % of one core, {:.3} ms per heartbeat; GET leases {view_ms:.0} ms; \
-         leases per worker {}..={}",
+         leases per worker {}..={}; {assignments} assignments in all, {assign_ms:.0} ms each on average",
         shards * ACCOUNTS_PER_SHARD,
         percentile(&joins, 0.5),
         percentile(&joins, 0.99),

@@ -113,7 +113,7 @@ pub struct WorkerBody {
     /// UTC); its leases then go to others.
     #[schema(format = DateTime)]
     pub expires_at: String,
-    /// In the order the stream lists its shards.
+    /// By shard id.
     pub leases: Vec<LeaseBody>,
 }
 

@@ -162,11 +162,17 @@ impl Registry {
                 leases.push(own_lease(lease));
             }
             tx.commit().await?;
+            this.metrics.lease_heartbeats.add(1);
             Ok(Heartbeat {
                 worker: me.worker,
                 ttl_ms,
                 expires_at: me.expires_at,
-                leases: sorted_like(&stream, leases),
+                leases: {
+                    // By shard id (Kinesis numbers shards upwards): O(own leases), where the
+                    // stream's own order would cost a walk of all its shards.
+                    leases.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+                    leases
+                },
             })
         })
         .await
@@ -371,6 +377,7 @@ impl Registry {
         weights: &[u64],
         now: i64,
     ) -> Result<(), Error> {
+        let started = std::time::Instant::now();
         let name = stream.name.as_str();
         let weights_event = self.applied_event();
         let mut live = Vec::new();
@@ -441,6 +448,8 @@ impl Registry {
             pending_join: false,
         };
         tx.put_lease_group(name, &group).await?;
+        self.metrics.lease_assignments.add(1);
+        self.metrics.lease_assign_time.observe(started.elapsed());
         Ok(())
     }
 
@@ -472,21 +481,4 @@ fn own_lease(row: LeaseRow) -> OwnLease {
         shard_id: row.shard_id,
         checkpoint: row.checkpoint,
     }
-}
-
-/// `leases` in the order the stream lists its shards.
-fn sorted_like(stream: &Stream, mut leases: Vec<OwnLease>) -> Vec<OwnLease> {
-    let order: HashMap<&str, usize> = stream
-        .lease_shards
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.id.as_str(), i))
-        .collect();
-    leases.sort_by_key(|l| {
-        order
-            .get(l.shard_id.as_str())
-            .copied()
-            .unwrap_or(usize::MAX)
-    });
-    leases
 }

@@ -21,6 +21,9 @@ pub struct Metrics {
     follow_delay: Histogram,
     last_follow_delay_ms: Gauge,
     follow_reads: Counter,
+    pub(super) lease_heartbeats: Counter,
+    pub(super) lease_assignments: Counter,
+    pub(super) lease_assign_time: Histogram,
 }
 
 /// A change this process committed, for the counters.
@@ -130,6 +133,17 @@ impl Registry {
                 &m.moves,
             ),
             (
+                "keyspread_lease_heartbeats_total",
+                "Consumer workers' joins and heartbeats this process answered.",
+                &m.lease_heartbeats,
+            ),
+            (
+                "keyspread_lease_assignments_total",
+                "Times this process assigned a stream's leases again (a join, leave, expiry, \
+                 SHARD_END, new map or moved weights); heartbeats in between assign nothing.",
+                &m.lease_assignments,
+            ),
+            (
                 "keyspread_follow_reads_total",
                 "Reads of the event log between writes: at each poll, and at each commit \
                  notice of another writer (a notice of this process's own commit needs none).",
@@ -180,6 +194,14 @@ impl Registry {
             "Commits of write transactions (for a one-round-trip allocation, the whole round trip).",
         );
         m.commits.render(out, "keyspread_db_commit_seconds", "");
+        header(
+            out,
+            "keyspread_lease_assignment_seconds",
+            "histogram",
+            "Assignments of a stream's leases: reading its leases and workers, assigning, writing the changes.",
+        );
+        m.lease_assign_time
+            .render(out, "keyspread_lease_assignment_seconds", "");
         let applied = m.applied_event.get();
         single(
             out,
