@@ -262,6 +262,119 @@ mod tests {
         }
     }
 
+    /// One change to a group between assignments.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Join,
+        /// Worker `i % workers` leaves or expires; the workers after it are renumbered.
+        Leave(usize),
+        /// Shard `i % shards` weighs this now (ignored when all weigh the same).
+        Reweigh(usize, u64),
+        /// A shard is added (a split's child, say) or shard `i % shards` removed.
+        AddShard,
+        RemoveShard(usize),
+    }
+
+    fn history() -> impl Strategy<Value = (bool, Vec<u64>, usize, Vec<Step>)> {
+        let step = prop_oneof![
+            Just(Step::Join),
+            any::<usize>().prop_map(Step::Leave),
+            (any::<usize>(), 1u64..=20).prop_map(|(i, w)| Step::Reweigh(i, w)),
+            Just(Step::AddShard),
+            any::<usize>().prop_map(Step::RemoveShard),
+        ];
+        (
+            any::<bool>(),
+            prop::collection::vec(1u64..=20, 1..=6),
+            1usize..=3,
+        )
+            .prop_flat_map(move |(equal, weights, workers)| {
+                (
+                    Just(equal),
+                    Just(weights),
+                    Just(workers),
+                    prop::collection::vec(step.clone(), 1..=8),
+                )
+            })
+    }
+
+    /// The fewest leases any balanced assignment moves from `live`, by brute force.
+    fn least_moves(weights: &[u64], workers: usize, live: &[Option<usize>]) -> usize {
+        all_assignments(weights.len(), workers)
+            .into_iter()
+            .filter(|o| balanced(weights, workers, o))
+            .map(|o| moves(live, &o))
+            .min()
+            .unwrap_or(0)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Through any history of joins, leaves, weight changes and reshards, assigning
+        /// after each step keeps the rule, changes nothing when the group was still
+        /// balanced, is stable, and with equal weights moves exactly the fewest leases.
+        #[test]
+        fn every_step_of_a_history_is_balanced_sticky_and_minimal(
+            (equal, mut weights, mut workers, steps) in history()
+        ) {
+            if equal {
+                weights.iter_mut().for_each(|w| *w = 3);
+            }
+            let mut owners = assign(&weights, workers, &vec![None; weights.len()]);
+            for step in steps {
+                match step {
+                    Step::Join => workers += 1,
+                    Step::Leave(i) if workers > 0 => {
+                        let gone = i % workers;
+                        workers -= 1;
+                        for o in &mut owners {
+                            *o = match *o {
+                                Some(w) if w == gone => None,
+                                Some(w) if w > gone => Some(w - 1),
+                                other => other,
+                            };
+                        }
+                    }
+                    Step::Leave(_) => {}
+                    Step::Reweigh(i, w) if !equal => {
+                        let n = weights.len();
+                        weights[i % n] = w;
+                    }
+                    Step::Reweigh(..) => {}
+                    Step::AddShard => {
+                        weights.push(if equal { 3 } else { 1 + weights.len() as u64 % 7 });
+                        owners.push(None);
+                    }
+                    Step::RemoveShard(i) if weights.len() > 1 => {
+                        let n = weights.len();
+                        weights.remove(i % n);
+                        owners.remove(i % n);
+                    }
+                    Step::RemoveShard(_) => {}
+                }
+                let before = owners.clone();
+                owners = assign(&weights, workers, &before);
+                if workers == 0 {
+                    prop_assert!(owners.iter().all(Option::is_none));
+                    continue;
+                }
+                prop_assert!(balanced(&weights, workers, &owners), "{weights:?} {before:?} -> {owners:?}");
+                if balanced(&weights, workers, &before) {
+                    prop_assert_eq!(&owners, &before, "a balanced group moves nothing");
+                }
+                prop_assert_eq!(&assign(&weights, workers, &owners), &owners);
+                if equal && weights.len() <= 7 && workers <= 4 {
+                    prop_assert_eq!(
+                        moves(&before, &owners),
+                        least_moves(&weights, workers, &before),
+                        "{:?} -> {:?}", before, owners
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_cold_start_spreads_sixty_four_shards_over_ten_workers() {
         let owners = assign(&[1; 64], 10, &[None; 64]);
