@@ -155,6 +155,9 @@ impl From<registry::Error> for ApiError {
             | E::UnknownStream(_)
             | E::UnknownWorker { .. }
             | E::UnknownShard { .. } => ApiError::not_found(err.to_string()),
+            E::GroupFull { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "group-full", err.to_string())
+            }
             E::NotLeaseHolder { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "not-lease-holder", err.to_string())
             }

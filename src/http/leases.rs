@@ -308,6 +308,7 @@ fn stream_name(name: &str) -> Result<(), ApiError> {
         (status = 200, description = "The worker is live until `expires_at`; its leases", body = WorkerBody),
         (status = 400, description = "Invalid stream name or worker id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A new worker, and the group already has 10000", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "ttl_s outside 1..=600", body = Problem, content_type = "application/problem+json"),
     ),

@@ -96,6 +96,10 @@ pub struct Checkpointed {
     pub checkpoint: String,
 }
 
+/// Most workers a stream's group holds: as many as a stream may have shards. A join
+/// beyond is refused (409), so that an assignment stays O(shards + workers).
+pub const MAX_WORKERS: i64 = 10_000;
+
 /// Joins within this many milliseconds of a stream's last assignment wait for the next
 /// one, unless configured otherwise: a thousand workers starting together cost a few
 /// assignments, not a thousand.
@@ -134,6 +138,17 @@ impl Registry {
             let mut tx = this.store.begin_leases(name).await?;
             let joined = !tx.touch_worker(name, &me).await?;
             if joined {
+                // Under the lease lock, which deleting the stream takes too: a join never
+                // outlives its stream.
+                if !tx.stream_exists(name).await? {
+                    return Err(Error::UnknownStream(stream.name.clone()));
+                }
+                if tx.count_workers(name).await? >= MAX_WORKERS {
+                    return Err(Error::GroupFull {
+                        stream: stream.name.clone(),
+                        max: MAX_WORKERS,
+                    });
+                }
                 tx.insert_worker(name, &me, now).await?;
             }
             // The revocations it was told of at an earlier heartbeat complete now: it has

@@ -44,6 +44,8 @@ pub enum Error {
     UnknownStream(String),
     #[error("worker {worker:?} is not in stream {stream:?}'s group (it left, or expired)")]
     UnknownWorker { stream: String, worker: String },
+    #[error("stream {stream:?}'s consumer group already has {max} workers, the most it may have")]
+    GroupFull { stream: String, max: i64 },
     #[error("stream {stream:?} lists no shard {shard:?}")]
     UnknownShard { stream: String, shard: String },
     #[error(

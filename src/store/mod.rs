@@ -666,6 +666,16 @@ impl Tx {
         in_tx!(self, insert_worker(stream, worker, at))
     }
 
+    /// How many workers `stream`'s group has (live or not yet found expired).
+    pub async fn count_workers(&mut self, stream: &str) -> Result<i64> {
+        in_tx!(self, count_workers(stream))
+    }
+
+    /// Whether `name` is a registered stream, as committed.
+    pub async fn stream_exists(&mut self, name: &str) -> Result<bool> {
+        in_tx!(self, stream_exists(name))
+    }
+
     /// Whether the worker was in the group.
     pub async fn delete_worker(&mut self, stream: &str, worker: &str) -> Result<bool> {
         in_tx!(self, delete_worker(stream, worker))

@@ -312,6 +312,23 @@ macro_rules! queries {
             Ok(())
         }
 
+        /// How many workers the stream's group has (live or not yet found expired).
+        pub async fn count_workers(conn: &mut Conn, stream: &str) -> Result<i64> {
+            Ok(sqlx::query_scalar("SELECT COUNT(*) FROM lease_workers WHERE stream = $1")
+                .bind(stream)
+                .fetch_one(&mut *conn)
+                .await?)
+        }
+
+        /// Whether `name` is a registered stream, as committed.
+        pub async fn stream_exists(conn: &mut Conn, name: &str) -> Result<bool> {
+            let found: Option<String> = sqlx::query_scalar("SELECT name FROM streams WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(found.is_some())
+        }
+
         /// Whether the worker was in the group.
         pub async fn delete_worker(conn: &mut Conn, stream: &str, worker: &str) -> Result<bool> {
             let done = sqlx::query("DELETE FROM lease_workers WHERE stream = $1 AND worker = $2")

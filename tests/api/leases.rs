@@ -745,3 +745,27 @@ async fn joins_close_together_are_assigned_together() {
         .count();
     assert_eq!(revoking, 2, "{told}");
 }
+
+#[tokio::test]
+async fn a_group_holds_at_most_ten_thousand_workers() {
+    let app = spawn_assigning_every_join().await;
+    put_stream(&app, "s", json!({"shard_count": 2})).await;
+    let mut db = app.db().await;
+    db.execute(
+        "INSERT INTO lease_workers (stream, worker, ttl_ms, expires_at, joined_at) \
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 9999) \
+         SELECT 's', 'filler-' || i, 600000, 99999999999999, 0 FROM n",
+        &[],
+    )
+    .await;
+    heartbeat(&app, "s", "the-last", 30).await;
+    let full = app
+        .call(Method::PUT, "/streams/s/workers/one-too-many", None)
+        .await;
+    assert_problem(&full, 409, "10000 workers");
+    assert_eq!(full.body["type"], "urn:keyspread:problem:group-full");
+    // A member heartbeats on; a leaver makes room.
+    heartbeat(&app, "s", "the-last", 30).await;
+    assert_eq!(app.delete("/streams/s/workers/filler-1").await.status, 204);
+    heartbeat(&app, "s", "one-too-many", 30).await;
+}
