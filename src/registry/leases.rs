@@ -165,8 +165,11 @@ impl Registry {
                 tx.commit().await?;
                 let weights = this.lease_weights(&stream).await;
                 tx = this.store.begin_leases(name).await?;
-                this.assign_leases(&mut tx, &stream, &weights, now_ms())
-                    .await?;
+                // Another heartbeat may have assigned them meanwhile.
+                let now = now_ms();
+                if this.leases_due(&mut tx, &stream, now, joined).await? {
+                    this.assign_leases(&mut tx, &stream, &weights, now).await?;
+                }
             }
             let mut leases = Vec::new();
             for mut lease in tx.owned_leases(name, &me.worker).await? {

@@ -73,7 +73,13 @@ async fn staged_moves_keep_every_account_in_order_through_failures_on_kinesalite
         ("staged", &["--blind-consumer"]),
     ];
     for (mode, flags) in wrongs {
-        let wrong = prove(&kinesalite, &client_dir, mode, flags).await;
+        let mut wrong = prove(&kinesalite, &client_dir, mode, flags).await;
+        if wrong["inversions"] == 0 {
+            // A wrong way is wrong only when records are in flight at the switch: on a
+            // loaded machine one run in a while has none; a second run must show it.
+            println!("{mode}: no inversion in this run; running it again");
+            wrong = prove(&kinesalite, &client_dir, mode, flags).await;
+        }
         assert!(wrong["inversions"].as_u64() > Some(0), "{wrong}");
         assert_eq!(wrong["lost"], 0, "{wrong}");
     }

@@ -236,6 +236,7 @@ def reshard(args, kinesis, work):
     kinesis.split_shard(StreamName=args.stream, ShardToSplit=first["ShardId"],
                         NewStartingHashKey=str((lo + hi + 1) // 2))
     wait_active(kinesis, args.stream)
+    time.sleep(1.5)  # records for the split's children, before one of them is merged
     listed = kinesis.list_shards(StreamName=args.stream)["Shards"]
     upper = next(s for s in listed if s.get("ParentShardId") == first["ShardId"]
                  and int(s["HashKeyRange"]["StartingHashKey"]) > lo)
