@@ -15,31 +15,33 @@ use crate::kinesalite::Kinesalite;
 use crate::python_client::{assert_success, generate, tool};
 
 /// Runs the harness in `mode` on a fresh server whose lookups may be cached 5 s, and
-/// answers its figures.
-async fn prove(kinesalite: &Kinesalite, client_dir: &Path, mode: &str, flags: &[&str]) -> Value {
+/// answers its figures. `run` names the stream apart from earlier runs on the same
+/// kinesalite (a stream name can be created once).
+async fn prove(
+    kinesalite: &Kinesalite,
+    client_dir: &Path,
+    run: usize,
+    mode: &str,
+    flags: &[&str],
+) -> Value {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
     let app = spawn_app_with(|c| c.lookup_cache_control = "max-age=5".parse().unwrap()).await;
-    let run = Command::new(&python)
+    let output = Command::new(&python)
         .arg(manifest.join("tests/python/order_proof.py"))
         .arg("--client-dir")
         .arg(client_dir)
         .args(["--keyspread", &app.url("")])
         .args(["--kinesis", kinesalite.api.endpoint()])
-        .args([
-            "--stream",
-            &format!("order-{mode}{}", flags.len()),
-            "--mode",
-            mode,
-        ])
+        .args(["--stream", &format!("order-{run}-{mode}"), "--mode", mode])
         .args(flags)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .kill_on_drop(true)
         .output()
         .await
         .expect("run order_proof.py");
-    assert_success(&format!("order_proof.py --mode {mode}"), &run);
-    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert_success(&format!("order_proof.py --mode {mode}"), &output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
     print!("{stdout}");
     let last = stdout.lines().last().expect("a summary line");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"))
@@ -51,7 +53,9 @@ async fn staged_moves_keep_every_account_in_order_through_failures_on_kinesalite
     let work = tempfile::tempdir().unwrap();
     let client_dir = generate(work.path()).await;
 
-    let staged = prove(&kinesalite, &client_dir, "staged", &[]).await;
+    let mut runs = 0..;
+    let mut next_run = move || runs.next().unwrap();
+    let staged = prove(&kinesalite, &client_dir, next_run(), "staged", &[]).await;
     assert!(staged["moves"].as_u64() >= Some(5), "{staged}");
     assert!(staged["records"].as_u64() >= Some(5000), "{staged}");
     assert!(staged["failed_entries"].as_u64() > Some(0), "{staged}");
@@ -73,12 +77,12 @@ async fn staged_moves_keep_every_account_in_order_through_failures_on_kinesalite
         ("staged", &["--blind-consumer"]),
     ];
     for (mode, flags) in wrongs {
-        let mut wrong = prove(&kinesalite, &client_dir, mode, flags).await;
+        let mut wrong = prove(&kinesalite, &client_dir, next_run(), mode, flags).await;
         if wrong["inversions"] == 0 {
             // A wrong way is wrong only when records are in flight at the switch: on a
             // loaded machine one run in a while has none; a second run must show it.
             println!("{mode}: no inversion in this run; running it again");
-            wrong = prove(&kinesalite, &client_dir, mode, flags).await;
+            wrong = prove(&kinesalite, &client_dir, next_run(), mode, flags).await;
         }
         assert!(wrong["inversions"].as_u64() > Some(0), "{wrong}");
         assert_eq!(wrong["lost"], 0, "{wrong}");

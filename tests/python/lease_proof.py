@@ -191,15 +191,22 @@ def check(lines, producer, killed):
     }
 
 
-def churn(args, kinesis, work):
-    kinesis.create_stream(StreamName=args.stream, ShardCount=8)
+def begin(args, kinesis, work, shards, workers):
+    """A registered stream of `shards` shards, a producer writing to it, and `workers`
+    workers reading it."""
+    kinesis.create_stream(StreamName=args.stream, ShardCount=shards)
     wait_active(kinesis, args.stream)
     register(args.keyspread, kinesis, args.stream)
     producer = Producer(kinesis, args.stream)
     producer.start()
-    workers = Workers(args, work)
-    for n in range(4):
-        workers.start(f"w{n}")
+    group = Workers(args, work)
+    for n in range(workers):
+        group.start(f"w{n}")
+    return producer, group
+
+
+def churn(args, kinesis, work):
+    producer, workers = begin(args, kinesis, work, shards=8, workers=4)
     time.sleep(7)
     workers.kill("w1")
     time.sleep(4)
@@ -221,14 +228,7 @@ def churn(args, kinesis, work):
 
 
 def reshard(args, kinesis, work):
-    kinesis.create_stream(StreamName=args.stream, ShardCount=2)
-    wait_active(kinesis, args.stream)
-    register(args.keyspread, kinesis, args.stream)
-    producer = Producer(kinesis, args.stream)
-    producer.start()
-    workers = Workers(args, work)
-    for n in range(2):
-        workers.start(f"w{n}")
+    producer, workers = begin(args, kinesis, work, shards=2, workers=2)
     time.sleep(5)
     shards = kinesis.list_shards(StreamName=args.stream)["Shards"]
     first = shards[0]
