@@ -63,6 +63,22 @@ impl HeavyWork {
         T: Serialize,
         F: FnOnce() -> Result<T, ApiError> + Send + 'static,
     {
+        let body = self
+            .run(move || {
+                let value = work()?;
+                serde_json::to_vec(&value).map_err(|e| ApiError::internal(&e))
+            })
+            .await?;
+        let json = HeaderValue::from_static("application/json");
+        Ok(([(header::CONTENT_TYPE, json)], body).into_response())
+    }
+
+    /// Runs `work` on a heavy-work thread once one is free and answers what it made.
+    pub async fn run<T, F>(&self, work: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+    {
         let permit = Arc::clone(&self.permits)
             .acquire_owned()
             .await
@@ -71,25 +87,19 @@ impl HeavyWork {
         let (answer, answered) = oneshot::channel();
         let job: Job = Box::new(move || {
             let _span = span.enter();
-            let body = catch_unwind(AssertUnwindSafe(work)).map(|result| {
-                result.and_then(|value| {
-                    serde_json::to_vec(&value).map_err(|e| ApiError::internal(&e))
-                })
-            });
+            let made = catch_unwind(AssertUnwindSafe(work));
             // The thread is free before anyone hears the answer.
             drop(permit);
             // Without a receiver the client is gone: there is no one to answer.
-            let _ = answer.send(body);
+            let _ = answer.send(made);
         });
         self.jobs
             .send(job)
             .expect("heavy-work threads live as long as a sender");
-        let body = answered
+        answered
             .await
             .map_err(|e| ApiError::internal(&e))?
-            .map_err(|_| ApiError::internal(&"heavy work panicked"))??;
-        let json = HeaderValue::from_static("application/json");
-        Ok(([(header::CONTENT_TYPE, json)], body).into_response())
+            .map_err(|_| ApiError::internal(&"heavy work panicked"))?
     }
 }
 

@@ -373,9 +373,14 @@ async fn leases(
     State(state): State<AppState>,
     Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<Json<LeasesBody>, ApiError> {
-    stream_name(&name)?;
-    let view = in_time(&state, state.registry.lease_view(&name)).await?;
-    Ok(Json(view.into()))
+    Ok(Json(assignment(&state, &name).await?))
+}
+
+/// A stream's whole assignment, as `GET /streams/{name}/leases` answers it.
+pub(super) async fn assignment(state: &AppState, name: &str) -> Result<LeasesBody, ApiError> {
+    stream_name(name)?;
+    let view = in_time(state, state.registry.lease_view(name)).await?;
+    Ok(view.into())
 }
 
 /// Record a worker's progress on a shard it holds.

@@ -248,6 +248,15 @@ async fn moves(
             "after must be an event id (0 or more), got {after}"
         )));
     }
+    Ok(Json(moves_page(&state, after, limit).await?))
+}
+
+/// One page of pending moves after event `after`, as `GET /moves` answers it.
+pub(super) async fn moves_page(
+    state: &AppState,
+    after: i64,
+    limit: u32,
+) -> Result<MovesPage, ApiError> {
     let now = crate::registry::now_ms();
     let mut rows = state.registry.moves(after, now, limit + 1).await?;
     let next = if rows.len() > limit as usize {
@@ -268,5 +277,5 @@ async fn moves(
             applied_at: super::timestamp_ms(m.applied_at),
         })
         .collect();
-    Ok(Json(MovesPage { items, next }))
+    Ok(MovesPage { items, next })
 }

@@ -214,7 +214,7 @@ async fn distribution(
 }
 
 /// Accounts per shard of `map`, with keyspread's keys and with MD5 of the names.
-fn distribution_of(registry: &Registry, map: &ShardMap) -> Distribution {
+pub(super) fn distribution_of(registry: &Registry, map: &ShardMap) -> Distribution {
     let loads = registry.loads(map);
     let md5 = registry.md5_loads(map);
     let shards = map

@@ -100,6 +100,30 @@ impl Accounts {
             .map(|(id, e)| (id, self.held(id.as_str(), e)))
     }
 
+    /// The `n` accounts of most weight, heaviest first (ties by account id), with their
+    /// keys: one pass over the accounts, keeping the best `n` seen.
+    pub fn heaviest(&self, n: usize) -> Vec<(AccountId, Held)> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        // The heap's top is the worst of the best kept so far.
+        let mut best = BinaryHeap::with_capacity(n + 1);
+        for (id, e) in &self.entries {
+            let rank = Reverse((e.weight, Reverse(id)));
+            if best.len() < n {
+                best.push(rank);
+            } else if best.peek().is_some_and(|worst| rank < *worst) {
+                best.pop();
+                best.push(rank);
+            }
+        }
+        best.into_sorted_vec()
+            .into_iter()
+            .map(|Reverse((_, Reverse(id)))| {
+                (id.clone(), self.held(id.as_str(), &self.entries[id]))
+            })
+            .collect()
+    }
+
     /// Every account holding several keys, with its keys by index.
     pub fn several(&self) -> impl Iterator<Item = (&AccountId, &[HashKey])> + '_ {
         self.several.iter().map(|(id, keys)| (id, &keys[..]))
@@ -265,6 +289,25 @@ mod tests {
     #[test]
     fn an_account_of_one_key_takes_one_small_entry() {
         assert_eq!(std::mem::size_of::<Entry>(), 32);
+    }
+
+    #[test]
+    fn the_heaviest_come_by_weight_then_by_name() {
+        let mut accounts = Accounts::with_capacity(8);
+        for (name, weight) in [("c", 5), ("a", 5), ("d", 1), ("b", 9), ("e", 5), ("f", 2)] {
+            let id = AccountId::parse(name).unwrap();
+            accounts.file_one(id, HashKey(u128::from(weight)), weight, 0);
+        }
+        let names = |n| -> Vec<String> {
+            let top = accounts.heaviest(n);
+            top.into_iter()
+                .map(|(id, _)| id.as_str().to_owned())
+                .collect()
+        };
+        assert_eq!(names(4), ["b", "a", "c", "e"]);
+        assert_eq!(names(10), ["b", "a", "c", "e", "f", "d"]);
+        assert!(names(0).is_empty());
+        assert_eq!(accounts.heaviest(1)[0].1.weight, 9);
     }
 
     #[test]

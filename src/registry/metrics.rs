@@ -107,6 +107,13 @@ impl Registry {
         self.metrics.last_follow_delay_ms.set(delay as i64);
     }
 
+    /// Keys a staged move is switching after `now` (Unix milliseconds): their old value is
+    /// still the one producers send.
+    pub fn switching_keys(&self, now: i64) -> usize {
+        let accounts = self.accounts.read().expect("accounts lock poisoned");
+        accounts.switching_after(now)
+    }
+
     /// The registry's metrics in the Prometheus text format; reads the log's newest event
     /// id from the database (left out while the database does not answer).
     pub async fn render_metrics(&self, out: &mut String) {
@@ -160,11 +167,7 @@ impl Registry {
             "Accounts holding a hash key.",
             self.len(),
         );
-        let now = super::now_ms();
-        let switching = {
-            let accounts = self.accounts.read().expect("accounts lock poisoned");
-            accounts.switching_after(now)
-        };
+        let switching = self.switching_keys(super::now_ms());
         single(
             out,
             "keyspread_switching_keys",

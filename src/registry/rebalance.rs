@@ -119,6 +119,17 @@ impl Registry {
         loads
     }
 
+    /// The `n` accounts of most weight, heaviest first (ties by account id), as lookups
+    /// answer them: one pass over the accounts under their read lock.
+    pub fn heaviest(&self, n: usize) -> Vec<crate::store::Assignment> {
+        let accounts = self.accounts.read().expect("accounts lock poisoned");
+        accounts
+            .heaviest(n)
+            .into_iter()
+            .map(|(id, held)| super::assignment(id, held))
+            .collect()
+    }
+
     /// Applies the plan `id` names, if nothing changed since it was previewed, staging its
     /// moves: each account keeps its old key until `switch_after_ms` from now, then switches.
     /// Answers the plan and the switch time (Unix milliseconds).

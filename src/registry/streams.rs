@@ -110,6 +110,12 @@ impl Registry {
             .cloned()
     }
 
+    /// The primary stream, the one new keys balance on, if one is registered.
+    pub fn primary_stream(&self) -> Option<Stream> {
+        let streams = self.streams.read().expect("streams lock poisoned");
+        streams.values().find(|s| s.primary).cloned()
+    }
+
     /// Registers or replaces `name`'s map. `listed` is every shard list-shards named
     /// (`None` for a map given as a shard count). `primary: None` keeps the stream's
     /// current role (or makes it primary if configuration named it so).
