@@ -182,14 +182,18 @@ fn same_secret(given: &str, expected: &str) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// Turns any error response that is not already problem+json into one.
+/// Turns any error response that is not already problem+json into one. The operator
+/// page's own error pages stay HTML: a person reads them.
 pub async fn problem_for_errors(response: Response<Body>) -> Response<Body> {
     let status = response.status();
-    let is_problem = response
+    let kept = response
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
-    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        .is_some_and(|v| {
+            let v = v.as_bytes();
+            v.starts_with(PROBLEM_JSON.as_bytes()) || v.starts_with(b"text/html")
+        });
+    if !(status.is_client_error() || status.is_server_error()) || kept {
         return response;
     }
     let (parts, body) = response.into_parts();

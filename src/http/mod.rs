@@ -19,6 +19,7 @@ mod openapi;
 mod rebalance;
 mod shards;
 mod streams;
+mod ui;
 
 use std::sync::Arc;
 
@@ -70,7 +71,8 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(leases::router().layer(small()))
         .merge(health::router().layer(small()))
         .merge(metrics::router().layer(small()))
-        .merge(events::router().layer(small()));
+        .merge(events::router().layer(small()))
+        .merge(ui::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
     openapi::guarded_mutations(api.get_openapi_mut());
     openapi::guarded_hosts(api.get_openapi_mut());

@@ -30,6 +30,7 @@ use crate::keyspace::HashKey;
         (name = "leases", description = "Consumer leases: which worker reads which shard, balanced by weight"),
         (name = "health", description = "Liveness and readiness"),
         (name = "observability", description = "Metrics and the event log"),
+        (name = "page", description = "The operator page: HTML for people, made from the same calls as the JSON"),
     )
 )]
 pub struct ApiDoc;

@@ -40,3 +40,4 @@ mod store;
 mod streams;
 mod sub_key;
 mod truth;
+mod ui;

@@ -114,6 +114,13 @@ def map_params(case):
     exactly_one(case.query, ["shards", "stream"], ("shards", 4))
 
 
+def page(case):
+    """The page shows one map: `shards` or `stream`, or by default the primary stream."""
+    present = [n for n in ("shards", "stream") if case.query.get(n) is not None]
+    for extra in present[1:]:
+        del case.query[extra]
+
+
 def cap(params, name, most, limit=LIMIT):
     """Lowers a valid count above `most` to `most`; invalid ones stay as generated."""
     # Some phases hand over query values already written as strings.
@@ -180,6 +187,7 @@ RULES = {
     ("PATCH", "/keys/{account}"): reweight,
     ("DELETE", "/keys/{account}"): account_path,
     ("PUT", "/streams/{name}"): put_stream,
+    ("GET", "/ui"): page,
 }
 
 
