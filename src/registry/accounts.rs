@@ -46,6 +46,8 @@ pub struct Accounts {
     switching: Map<Vec<Switch>>,
     /// When each of those switches: (switch_at, account, index).
     due: BTreeSet<(i64, AccountId, u32)>,
+    /// Bumped whenever an account may have come, gone, or changed weight or fanout.
+    changes: u64,
 }
 
 /// Why a change cannot apply: the log and memory disagree.
@@ -58,7 +60,14 @@ impl Accounts {
             several: Map::default(),
             switching: Map::default(),
             due: BTreeSet::new(),
+            changes: 0,
         }
+    }
+
+    /// A count that moves whenever an account may have come, gone, or changed weight or
+    /// fanout: what is computed from names and weights alone holds while it stays.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Number of accounts.
@@ -124,6 +133,12 @@ impl Accounts {
             .collect()
     }
 
+    /// Every account with its weight and fanout, in no particular order: all that MD5 of
+    /// the names needs, read without copying any account's keys.
+    pub fn named(&self) -> impl Iterator<Item = (&AccountId, u64, u32)> + '_ {
+        (self.entries.iter()).map(|(id, e)| (id, u64::from(e.weight), e.fanout))
+    }
+
     /// Every account holding several keys, with its keys by index.
     pub fn several(&self) -> impl Iterator<Item = (&AccountId, &[HashKey])> + '_ {
         self.several.iter().map(|(id, keys)| (id, &keys[..]))
@@ -131,6 +146,7 @@ impl Accounts {
 
     /// Files an account of one key.
     pub fn file_one(&mut self, id: AccountId, key: HashKey, weight: u64, created_at: i64) {
+        self.changes += 1;
         let entry = Entry {
             key,
             weight: weight as u32,
@@ -142,6 +158,7 @@ impl Accounts {
 
     /// Files an account's keys, by index, as read from the table.
     pub fn file(&mut self, id: AccountId, keys: Vec<HashKey>, weight: u64, created_at: i64) {
+        self.changes += 1;
         let entry = Entry {
             key: keys[0],
             weight: weight as u32,
@@ -204,6 +221,7 @@ impl Accounts {
         }
         self.several.remove(id.as_str());
         if index == 0 {
+            self.changes += 1;
             self.entries.remove(id.as_str());
         } else {
             keys.pop();
@@ -278,6 +296,7 @@ impl Accounts {
     pub fn reweight(&mut self, id: &str, before: u64, after: u64) {
         if let Some(e) = self.entries.get_mut(id) {
             e.weight = (u64::from(e.weight) - before + after) as u32;
+            self.changes += 1;
         }
     }
 }

@@ -17,6 +17,7 @@ mod accounts;
 mod follow;
 mod group;
 mod leases;
+mod md5_loads;
 mod metrics;
 mod rebalance;
 mod streams;
@@ -122,6 +123,8 @@ pub struct Registry {
     metrics: metrics::Metrics,
     /// See [`leases::DEFAULT_JOIN_BATCH_MS`].
     lease_join_batch: std::sync::atomic::AtomicI64,
+    /// The last MD5 comparison made, while no account changes.
+    md5_cache: std::sync::Mutex<Option<md5_loads::Md5Loads>>,
 }
 
 /// Files every stored key row by account: key 0 makes the entry, the keys of accounts
@@ -235,6 +238,7 @@ impl Registry {
             group: std::sync::OnceLock::new(),
             metrics: Default::default(),
             lease_join_batch: leases::DEFAULT_JOIN_BATCH_MS.into(),
+            md5_cache: Default::default(),
         });
         let w = registry.writer.lock().await;
         registry.count_applied(&w, last_event);

@@ -90,35 +90,6 @@ impl Registry {
             .collect()
     }
 
-    /// Keys and weight per shard had the account names been MD5-hashed by Kinesis: the
-    /// name itself for an account of one key, `name#0` .. `name#K-1` (seed 001's suffixes)
-    /// for one of K, each with its key's share. Blocks: the names are copied under the
-    /// accounts lock and hashed after releasing it, so lookups and changes never wait on
-    /// the hashing.
-    pub fn md5_loads(&self, map: &ShardMap) -> Vec<Load> {
-        let named: Vec<(AccountId, u64, u32)> = {
-            let accounts = self.accounts.read().expect("accounts lock poisoned");
-            accounts
-                .iter()
-                .map(|(id, e)| (id.clone(), e.weight, e.keys.len() as u32))
-                .collect()
-        };
-        let mut loads = vec![Load::default(); map.len()];
-        for (id, weight, fanout) in named {
-            if fanout == 1 {
-                let shard = map.index_of(keyspace::md5_hash(id.as_str(), self.keyspace));
-                loads[shard] = loads[shard] + Load::one(weight);
-                continue;
-            }
-            for i in 0..fanout {
-                let key = keyspace::md5_hash(&format!("{id}#{i}"), self.keyspace);
-                let shard = map.index_of(key);
-                loads[shard] = loads[shard] + Load::one(keyspace::key_weight(weight, fanout, i));
-            }
-        }
-        loads
-    }
-
     /// The `n` accounts of most weight, heaviest first (ties by account id), as lookups
     /// answer them: one pass over the accounts under their read lock.
     pub fn heaviest(&self, n: usize) -> Vec<crate::store::Assignment> {

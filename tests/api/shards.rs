@@ -122,3 +122,36 @@ async fn distribution_beats_md5_for_the_seed_example() {
         "exactly one of `shards`",
     );
 }
+
+/// Keys and weight over every shard of MD5's comparison.
+async fn md5_totals(app: &crate::helpers::TestApp, shards: u32) -> (u64, u64) {
+    let d = app.get(&format!("/distribution?shards={shards}")).await;
+    assert_eq!(d.status, 200, "{}", d.body);
+    let shards = d.body["shards"].as_array().unwrap().iter();
+    shards.fold((0, 0), |(keys, weight), s| {
+        let field = |f: &str| s[f].as_u64().unwrap();
+        (keys + field("md5_accounts"), weight + field("md5_weight"))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn md5_figures_follow_every_change_of_the_accounts() {
+    use reqwest::Method;
+    use serde_json::json;
+    let app = spawn_app().await;
+    for i in 0..10 {
+        app.allocate(&format!("a{i}")).await;
+    }
+    assert_eq!(md5_totals(&app, 4).await, (10, 10));
+    assert_eq!(md5_totals(&app, 4).await, (10, 10), "asked again");
+    app.allocate("a10").await;
+    assert_eq!(md5_totals(&app, 4).await, (11, 11), "after an allocation");
+    let patch = |body| app.call(Method::PATCH, "/keys/a3", Some(body));
+    assert_eq!(patch(json!({"weight": 5})).await.status, 200);
+    assert_eq!(md5_totals(&app, 4).await, (11, 15), "after a new weight");
+    assert_eq!(patch(json!({"fanout": 3})).await.status, 200);
+    assert_eq!(md5_totals(&app, 4).await, (13, 15), "after a new fanout");
+    assert_eq!(app.delete("/keys/a0").await.status, 204);
+    assert_eq!(md5_totals(&app, 4).await, (12, 14), "after a release");
+    assert_eq!(md5_totals(&app, 3).await, (12, 14), "on another map");
+}
