@@ -4,6 +4,7 @@
 mod accounts;
 mod band;
 mod bars;
+mod cards;
 mod html;
 mod render;
 mod style;
