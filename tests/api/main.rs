@@ -22,6 +22,7 @@ mod leases;
 mod leases_kinesis;
 mod leases_replicas;
 mod lifecycle;
+mod makefile;
 mod names;
 mod observability;
 mod order_kinesis;
