@@ -39,5 +39,6 @@ mod simulate;
 mod staged;
 mod store;
 mod streams;
+mod streams_put;
 mod sub_key;
 mod truth;
