@@ -103,11 +103,12 @@ struct DatabaseArgs {
 
 #[derive(Subcommand)]
 enum StreamsCommand {
-    /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output.
+    /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output, or
+    /// from any other body `PUT /streams/{name}` takes (`{"shard_count": 4}`).
     Put {
         /// The stream name.
         name: String,
-        /// The list-shards JSON file.
+        /// The JSON file: list-shards output, or `{"shard_count": N}`.
         #[arg(long = "from")]
         file: PathBuf,
         /// Balance new keys on this stream's shards.
