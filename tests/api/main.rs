@@ -27,6 +27,7 @@ mod names;
 mod observability;
 mod order_kinesis;
 mod outage;
+mod pipes;
 mod python_client;
 mod rate;
 mod rebalance;
