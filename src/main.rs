@@ -1,6 +1,7 @@
 //! The `keyspread` binary: parse configuration, start telemetry, serve.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -300,11 +301,25 @@ async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
         tracing::warn!("no KEYSPREAD_TOKEN: only clients on this host may change assignments");
     }
     let state = AppState::open(&config).await?;
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|err| cannot_listen(config.listen, &err))?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
     serve(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Why `serve` cannot listen, naming the address (and, when it is taken, how to pick another).
+fn cannot_listen(addr: SocketAddr, err: &std::io::Error) -> String {
+    if err.kind() == std::io::ErrorKind::AddrInUse {
+        format!(
+            "cannot listen on {addr}: address already in use (another process listens there; \
+             choose another address with --listen or KEYSPREAD_LISTEN)"
+        )
+    } else {
+        format!("cannot listen on {addr}: {err}")
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
