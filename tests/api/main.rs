@@ -30,6 +30,7 @@ mod outage;
 mod pipes;
 mod python_client;
 mod rate;
+mod readme;
 mod rebalance;
 mod replicas;
 mod reshard;
