@@ -4,7 +4,24 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: run test test-deps crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+.PHONY: help run test test-deps crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+
+# `make` alone lists the targets; CI names the ones it runs.
+.DEFAULT_GOAL := help
+
+## List the targets with what each does, read from these `##` comments (`make` alone does too).
+help:
+	@echo 'make TARGET, where TARGET is one of:'
+	@awk '/^## / { if (!open) doc = ""; doc = doc (doc == "" ? "" : "\n") substr($$0, 4); open = 1; next } \
+		/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { \
+			if (doc != "") { \
+				n = split(doc, line, "\n"); \
+				printf "  %-13s%s\n", substr($$1, 1, index($$1, ":") - 1), line[1]; \
+				for (i = 2; i <= n; i++) printf "  %-13s%s\n", "", line[i]; \
+			} \
+			doc = ""; open = 0; next } \
+		/^\t/ { doc = "" } \
+		{ open = 0 }' $(firstword $(MAKEFILE_LIST))
 
 ## Start the service on the embedded default (SQLite file keyspread.db, 127.0.0.1:8080).
 run:
@@ -43,9 +60,11 @@ tests/kinesis/node_modules/.installed: tests/kinesis/package.json tests/kinesis/
 	npm ci --prefix tests/kinesis --omit=optional --no-audit --no-fund --loglevel=error
 	touch $@
 
+## Format the code.
 fmt:
 	$(CARGO) fmt --all
 
+## What CI checks first: formatting, and clippy with every warning an error.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings

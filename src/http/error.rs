@@ -73,6 +73,11 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         self.status
     }
+
+    /// What was wrong, as the problem's `detail` says it.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
 }
 
 /// A problem response for `status` of kind `slug`.

@@ -46,6 +46,7 @@ pub use local::{HostName, LocalNames};
 pub use lookup_cache::LookupCache;
 pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
+pub use streams::{PutStream, StreamMap};
 
 use crate::AppState;
 
