@@ -8,6 +8,7 @@ mod abuse;
 mod bounds;
 mod crash;
 mod cross_site;
+mod documents;
 mod errors;
 mod fanout;
 mod fanout_kinesis;
