@@ -31,8 +31,10 @@ crash:
 		$(CARGO) test --test api crash:: -- --nocapture; \
 	fi
 
-## What the tests drive besides Rust: a venv with openapi-python-client, and kinesalite.
-test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed
+## What the tests drive besides Rust: a venv with openapi-python-client, kinesalite, and the
+## TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5).
+test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed \
+	examples/typescript/node_modules/.installed
 
 $(VENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +43,10 @@ $(VENV)/.installed: tests/python/requirements.txt
 
 tests/kinesis/node_modules/.installed: tests/kinesis/package.json tests/kinesis/package-lock.json
 	npm ci --prefix tests/kinesis --omit=optional --no-audit --no-fund --loglevel=error
+	touch $@
+
+examples/typescript/node_modules/.installed: examples/typescript/package.json examples/typescript/package-lock.json
+	npm ci --prefix examples/typescript --no-audit --no-fund --loglevel=error
 	touch $@
 
 fmt:

@@ -41,3 +41,4 @@ mod store;
 mod streams;
 mod sub_key;
 mod truth;
+mod typescript_client;
