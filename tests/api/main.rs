@@ -32,6 +32,7 @@ mod rate;
 mod rebalance;
 mod replicas;
 mod reshard;
+mod rust_client;
 mod schemathesis;
 mod secrets;
 mod shards;
