@@ -4,13 +4,14 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: run test test-deps crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+.PHONY: run test test-deps rust-client crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
 
 ## Start the service on the embedded default (SQLite file keyspread.db, 127.0.0.1:8080).
 run:
 	$(CARGO) run --release -- serve
 
-## Every test: unit, property, HTTP integration, the generated Python client, kinesalite.
+## Every test: unit, property, HTTP integration, the generated Python, TypeScript and Rust
+## clients, kinesalite.
 ## With KEYSPREAD_TEST_POSTGRES=postgres://user:pass@host/db (a server tests may create
 ## databases on), the HTTP suite runs a second time on Postgres, replicas included.
 test: test-deps
@@ -31,10 +32,11 @@ crash:
 		$(CARGO) test --test api crash:: -- --nocapture; \
 	fi
 
-## What the tests drive besides Rust: a venv with openapi-python-client, kinesalite, and the
-## TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5).
+## What the tests drive besides the service: a venv with openapi-python-client, kinesalite,
+## the TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5), and the
+## Rust client progenitor generates (built here, before the tests run beside it).
 test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed \
-	examples/typescript/node_modules/.installed
+	examples/typescript/node_modules/.installed rust-client
 
 $(VENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +50,11 @@ tests/kinesis/node_modules/.installed: tests/kinesis/package.json tests/kinesis/
 examples/typescript/node_modules/.installed: examples/typescript/package.json examples/typescript/package-lock.json
 	npm ci --prefix examples/typescript --no-audit --no-fund --loglevel=error
 	touch $@
+
+## Where tests/api/rust_client.rs builds examples/rust: beside the tests' own build.
+rust-client:
+	$(CARGO) build --locked --quiet --manifest-path examples/rust/Cargo.toml \
+		--target-dir $(or $(CARGO_TARGET_DIR),target)/rust-client
 
 fmt:
 	$(CARGO) fmt --all
