@@ -30,15 +30,28 @@ async fn generated_typescript_client_drives_the_live_server() {
         std::fs::copy(example.join(file), work.path().join(file)).expect("copy the example");
     }
     std::os::unix::fs::symlink(&modules, work.path().join("node_modules")).expect("link modules");
-    let generated = Command::new(&node)
-        .arg(modules.join("openapi-typescript/bin/cli.js"))
-        .arg(manifest.join("openapi/openapi.json"))
-        .arg("--output")
-        .arg(work.path().join("api.d.ts"))
-        .output()
+    let generate = |document: &str, output: &str| {
+        Command::new(&node)
+            .arg(modules.join("openapi-typescript/bin/cli.js"))
+            .arg(manifest.join("openapi").join(document))
+            .arg("--output")
+            .arg(work.path().join(output))
+            .output()
+    };
+    let generated = generate("openapi.json", "api.d.ts")
         .await
         .expect("run openapi-typescript");
     assert_success("openapi-typescript", &generated);
+    // The 3.0 rendition says the same: openapi-typescript reads both into the same types.
+    let generated = generate("openapi-3.0.json", "api-3.0.d.ts")
+        .await
+        .expect("run it again");
+    assert_success("openapi-typescript on the 3.0 rendition", &generated);
+    let types = |file: &str| std::fs::read_to_string(work.path().join(file)).expect("types");
+    assert!(
+        types("api.d.ts") == types("api-3.0.d.ts"),
+        "openapi-typescript reads openapi-3.0.json into other types than openapi.json"
+    );
     let checked = Command::new(&node)
         .arg(modules.join("typescript/bin/tsc"))
         .arg("--project")
