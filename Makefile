@@ -4,7 +4,7 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: help run test test-deps crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+.PHONY: help run test test-deps rust-client crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
 
 # `make` alone lists the targets; CI names the ones it runs.
 .DEFAULT_GOAL := help
@@ -27,7 +27,8 @@ help:
 run:
 	$(CARGO) run --release -- serve
 
-## Every test: unit, property, HTTP integration, the generated Python client, kinesalite.
+## Every test: unit, property, HTTP integration, the generated Python, TypeScript and Rust
+## clients, kinesalite.
 ## With KEYSPREAD_TEST_POSTGRES=postgres://user:pass@host/db (a server tests may create
 ## databases on), the HTTP suite runs a second time on Postgres, replicas included.
 test: test-deps
@@ -48,8 +49,11 @@ crash:
 		$(CARGO) test --test api crash:: -- --nocapture; \
 	fi
 
-## What the tests drive besides Rust: a venv with openapi-python-client, and kinesalite.
-test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed
+## What the tests drive besides the service: a venv with openapi-python-client, kinesalite,
+## the TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5), and the
+## Rust client progenitor generates (built here, before the tests run beside it).
+test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed \
+	examples/typescript/node_modules/.installed rust-client
 
 $(VENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +64,15 @@ tests/kinesis/node_modules/.installed: tests/kinesis/package.json tests/kinesis/
 	npm ci --prefix tests/kinesis --omit=optional --no-audit --no-fund --loglevel=error
 	touch $@
 
+examples/typescript/node_modules/.installed: examples/typescript/package.json examples/typescript/package-lock.json
+	npm ci --prefix examples/typescript --no-audit --no-fund --loglevel=error
+	touch $@
+
+## Build the Rust client progenitor generates (examples/rust) where tests/api/rust_client.rs runs it.
+rust-client:
+	$(CARGO) build --locked --quiet --manifest-path examples/rust/Cargo.toml \
+		--target-dir $(or $(CARGO_TARGET_DIR),target)/rust-client
+
 ## Format the code.
 fmt:
 	$(CARGO) fmt --all
@@ -69,9 +82,11 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-## Regenerate the committed OpenAPI document from the code.
+## Regenerate the committed OpenAPI documents from the code: 3.1, and its 3.0.3 rendition
+## for generators that read 3.0 only.
 openapi:
 	$(CARGO) run --quiet -- openapi > openapi/openapi.json
+	$(CARGO) run --quiet -- openapi --version 3.0 > openapi/openapi-3.0.json
 
 ## Every benchmark, one table at the end (~6 minutes after the build; the first run builds a
 ## 1M-account SQLite database, ~1 minute, cached in the target directory): the criterion

@@ -44,7 +44,12 @@ enum Command {
         keyspace_bits: u32,
     },
     /// Print the OpenAPI document.
-    Openapi,
+    Openapi {
+        /// OpenAPI version: 3.1 (the document), or 3.0 (its 3.0.3 rendition, for
+        /// generators that read 3.0 only).
+        #[arg(long, value_enum, default_value_t = OpenapiVersion::V31)]
+        version: OpenapiVersion,
+    },
     /// Compare MD5 of account names with keyspread's keys over a uniform map.
     #[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
     Simulate {
@@ -69,6 +74,15 @@ enum Command {
     /// Manage the streams a running keyspread knows.
     #[command(subcommand)]
     Streams(StreamsCommand),
+}
+
+/// Which OpenAPI version `openapi` prints.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OpenapiVersion {
+    #[value(name = "3.1")]
+    V31,
+    #[value(name = "3.0")]
+    V30,
 }
 
 /// What else `simulate` compares.
@@ -148,7 +162,13 @@ async fn main() -> ExitCode {
             database: DatabaseArgs { database_url },
             keyspace_bits,
         } => report(import(&file, &database_url, keyspace_bits).await),
-        Command::Openapi => print_out(&format!("{}\n", http::openapi_json())),
+        Command::Openapi { version } => print_out(&format!(
+            "{}\n",
+            match version {
+                OpenapiVersion::V31 => http::openapi_json(),
+                OpenapiVersion::V30 => http::openapi_30_json(),
+            }
+        )),
         Command::Simulate {
             what:
                 Some(SimulateCommand::Leases {
