@@ -4,13 +4,31 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: run test test-deps crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+.PHONY: help run test test-deps rust-client crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+
+# `make` alone lists the targets; CI names the ones it runs.
+.DEFAULT_GOAL := help
+
+## List the targets with what each does, read from these `##` comments (`make` alone does too).
+help:
+	@echo 'make TARGET, where TARGET is one of:'
+	@awk '/^## / { if (!open) doc = ""; doc = doc (doc == "" ? "" : "\n") substr($$0, 4); open = 1; next } \
+		/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { \
+			if (doc != "") { \
+				n = split(doc, line, "\n"); \
+				printf "  %-13s%s\n", substr($$1, 1, index($$1, ":") - 1), line[1]; \
+				for (i = 2; i <= n; i++) printf "  %-13s%s\n", "", line[i]; \
+			} \
+			doc = ""; open = 0; next } \
+		/^\t/ { doc = "" } \
+		{ open = 0 }' $(firstword $(MAKEFILE_LIST))
 
 ## Start the service on the embedded default (SQLite file keyspread.db, 127.0.0.1:8080).
 run:
 	$(CARGO) run --release -- serve
 
-## Every test: unit, property, HTTP integration, the generated Python client, kinesalite.
+## Every test: unit, property, HTTP integration, the generated Python, TypeScript and Rust
+## clients, kinesalite.
 ## With KEYSPREAD_TEST_POSTGRES=postgres://user:pass@host/db (a server tests may create
 ## databases on), the HTTP suite runs a second time on Postgres, replicas included.
 test: test-deps
@@ -31,8 +49,11 @@ crash:
 		$(CARGO) test --test api crash:: -- --nocapture; \
 	fi
 
-## What the tests drive besides Rust: a venv with openapi-python-client, and kinesalite.
-test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed
+## What the tests drive besides the service: a venv with openapi-python-client, kinesalite,
+## the TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5), and the
+## Rust client progenitor generates (built here, before the tests run beside it).
+test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed \
+	examples/typescript/node_modules/.installed rust-client
 
 $(VENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,16 +64,29 @@ tests/kinesis/node_modules/.installed: tests/kinesis/package.json tests/kinesis/
 	npm ci --prefix tests/kinesis --omit=optional --no-audit --no-fund --loglevel=error
 	touch $@
 
+examples/typescript/node_modules/.installed: examples/typescript/package.json examples/typescript/package-lock.json
+	npm ci --prefix examples/typescript --no-audit --no-fund --loglevel=error
+	touch $@
+
+## Build the Rust client progenitor generates (examples/rust) where tests/api/rust_client.rs runs it.
+rust-client:
+	$(CARGO) build --locked --quiet --manifest-path examples/rust/Cargo.toml \
+		--target-dir $(or $(CARGO_TARGET_DIR),target)/rust-client
+
+## Format the code.
 fmt:
 	$(CARGO) fmt --all
 
+## What CI checks first: formatting, and clippy with every warning an error.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-## Regenerate the committed OpenAPI document from the code.
+## Regenerate the committed OpenAPI documents from the code: 3.1, and its 3.0.3 rendition
+## for generators that read 3.0 only.
 openapi:
 	$(CARGO) run --quiet -- openapi > openapi/openapi.json
+	$(CARGO) run --quiet -- openapi --version 3.0 > openapi/openapi-3.0.json
 
 ## Every benchmark, one table at the end (~6 minutes after the build; the first run builds a
 ## 1M-account SQLite database, ~1 minute, cached in the target directory): the criterion

@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::config::Token;
-use crate::keyspace::{self, Allocator, Keyspace, ListShards, Load, ShardMap, Skew};
+use crate::http::PutStream;
+use crate::keyspace::{self, Allocator, Keyspace, Load, ShardMap, Skew};
 
 mod fanout;
 mod leases;
@@ -53,7 +54,8 @@ pub fn simulate(accounts: u64, shards: u64, keyspace: Keyspace) -> Result<String
     Ok(out)
 }
 
-/// `keyspread streams put`: registers list-shards output with a running server.
+/// `keyspread streams put`: registers a stream's map with a running server, from a file
+/// holding any body `PUT /streams/{name}` takes (list-shards output, or `{"shard_count": N}`).
 pub async fn put_stream(
     url: &str,
     token: Option<&Token>,
@@ -62,10 +64,12 @@ pub async fn put_stream(
     primary: bool,
 ) -> Result<String, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    // Check the file here first, so a typo is reported before anything is sent.
-    ListShards::parse(&bytes)
-        .and_then(|listed| listed.open_map(Keyspace::KINESIS))
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    // Check the file as the server will (the same body, the same checks), so a typo is
+    // reported before anything is sent.
+    serde_json::from_slice::<PutStream>(&bytes)
+        .map_err(|e| format!("{}: {e}", file.display()))?
+        .into_map(Keyspace::KINESIS)
+        .map_err(|e| format!("{}: {}", file.display(), e.detail()))?;
     let mut body: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
     if primary {

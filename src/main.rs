@@ -1,8 +1,9 @@
 //! The `keyspread` binary: parse configuration, start telemetry, serve.
 
-use std::process::ExitCode;
-
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use keyspread::config::{ServeConfig, Token, TokenParser, redact_url};
@@ -43,7 +44,12 @@ enum Command {
         keyspace_bits: u32,
     },
     /// Print the OpenAPI document.
-    Openapi,
+    Openapi {
+        /// OpenAPI version: 3.1 (the document), or 3.0 (its 3.0.3 rendition, for
+        /// generators that read 3.0 only).
+        #[arg(long, value_enum, default_value_t = OpenapiVersion::V31)]
+        version: OpenapiVersion,
+    },
     /// Compare MD5 of account names with keyspread's keys over a uniform map.
     #[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
     Simulate {
@@ -68,6 +74,15 @@ enum Command {
     /// Manage the streams a running keyspread knows.
     #[command(subcommand)]
     Streams(StreamsCommand),
+}
+
+/// Which OpenAPI version `openapi` prints.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OpenapiVersion {
+    #[value(name = "3.1")]
+    V31,
+    #[value(name = "3.0")]
+    V30,
 }
 
 /// What else `simulate` compares.
@@ -103,11 +118,12 @@ struct DatabaseArgs {
 
 #[derive(Subcommand)]
 enum StreamsCommand {
-    /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output.
+    /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output, or
+    /// from any other body `PUT /streams/{name}` takes (`{"shard_count": 4}`).
     Put {
         /// The stream name.
         name: String,
-        /// The list-shards JSON file.
+        /// The JSON file: list-shards output, or `{"shard_count": N}`.
         #[arg(long = "from")]
         file: PathBuf,
         /// Balance new keys on this stream's shards.
@@ -146,10 +162,13 @@ async fn main() -> ExitCode {
             database: DatabaseArgs { database_url },
             keyspace_bits,
         } => report(import(&file, &database_url, keyspace_bits).await),
-        Command::Openapi => {
-            println!("{}", http::openapi_json());
-            ExitCode::SUCCESS
-        }
+        Command::Openapi { version } => print_out(&format!(
+            "{}\n",
+            match version {
+                OpenapiVersion::V31 => http::openapi_json(),
+                OpenapiVersion::V30 => http::openapi_30_json(),
+            }
+        )),
         Command::Simulate {
             what:
                 Some(SimulateCommand::Leases {
@@ -195,7 +214,7 @@ async fn main() -> ExitCode {
 
 /// Runs `keyspread import`, showing progress on stderr.
 async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result<String, String> {
-    use std::io::{IsTerminal, Write};
+    use std::io::IsTerminal;
     let started = std::time::Instant::now();
     let total = std::fs::read(file)
         .map(|bytes| bytecount_lines(&bytes))
@@ -217,16 +236,15 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
             100.0 * rows as f64 / total.max(1) as f64
         );
         if terminal {
-            eprint!("\r{line}   ");
-            let _ = std::io::stderr().flush();
+            let _ = write!(std::io::stderr(), "\r{line}   ");
         } else if rows >= shown + 100_000 || rows >= total {
-            eprintln!("{line}");
+            let _ = writeln!(std::io::stderr(), "{line}");
             shown = rows;
         }
     })
     .await?;
     if terminal {
-        eprintln!();
+        let _ = writeln!(std::io::stderr());
     }
     let seconds = started.elapsed().as_secs_f64();
     let mut out = format!(
@@ -259,15 +277,34 @@ fn bytecount_lines(bytes: &[u8]) -> u64 {
 /// Prints a subcommand's output, or its error on stderr.
 fn report(result: Result<String, String>) -> ExitCode {
     match result {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
+        Ok(out) => print_out(&out),
         Err(err) => {
-            eprintln!("keyspread: {err}");
+            print_err(&err);
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes a subcommand's output. A reader that stops early (`keyspread openapi | head`)
+/// cuts it short quietly, with exit status 0, as tools that read a pipe expect.
+fn print_out(text: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(err) => {
+            print_err(&format!("cannot write the output: {err}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes `keyspread: MESSAGE` on stderr; a closed stderr leaves nobody to tell.
+fn print_err(message: &str) {
+    let _ = writeln!(std::io::stderr(), "keyspread: {message}");
 }
 
 async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
@@ -284,11 +321,25 @@ async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
         tracing::warn!("no KEYSPREAD_TOKEN: only clients on this host may change assignments");
     }
     let state = AppState::open(&config).await?;
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|err| cannot_listen(config.listen, &err))?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
     serve(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Why `serve` cannot listen, naming the address (and, when it is taken, how to pick another).
+fn cannot_listen(addr: SocketAddr, err: &std::io::Error) -> String {
+    if err.kind() == std::io::ErrorKind::AddrInUse {
+        format!(
+            "cannot listen on {addr}: address already in use (another process listens there; \
+             choose another address with --listen or KEYSPREAD_LISTEN)"
+        )
+    } else {
+        format!("cannot listen on {addr}: {err}")
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -356,7 +356,10 @@ async fn allocate(
     get, path = "/keys/{account}", tag = "keys",
     params(
         AccountPath,
-        ("If-None-Match" = Option<String>, Header, description = "ETag of a cached answer"),
+        // Optional, yet never null: a header is there or not (utoipa makes an Option
+        // in a header nullable, which generated Rust clients cannot compile).
+        ("If-None-Match" = Option<String>, Header, nullable = false,
+            description = "ETag of a cached answer"),
     ),
     responses(
         (status = 200, description = "The account's assignment", body = Assignment,

@@ -16,6 +16,7 @@ mod lookup_cache;
 mod metrics;
 mod middleware;
 mod openapi;
+mod openapi30;
 mod rebalance;
 mod shards;
 mod streams;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::Request;
-use axum::http::{HeaderName, StatusCode};
+use axum::http::{HeaderName, StatusCode, header};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -47,6 +48,7 @@ pub use local::{HostName, LocalNames};
 pub use lookup_cache::LookupCache;
 pub use metrics::HttpMetrics;
 pub use shards::ShardOf;
+pub use streams::{PutStream, StreamMap};
 
 use crate::AppState;
 
@@ -79,8 +81,17 @@ fn api() -> OpenApiRouter<AppState> {
     api
 }
 
-/// Paths the router serves besides the API's: the document and Swagger UI.
-const DOC_PATHS: [&str; 4] = ["/openapi.json", "/docs", "/docs/", "/docs/{*rest}"];
+/// Paths the router serves besides the API's: the document, its 3.0 rendition and Swagger UI.
+const DOC_PATHS: [&str; 5] = [
+    "/openapi.json",
+    OPENAPI_30_PATH,
+    "/docs",
+    "/docs/",
+    "/docs/{*rest}",
+];
+
+/// Where the OpenAPI 3.0.3 rendition is served.
+const OPENAPI_30_PATH: &str = "/openapi-3.0.json";
 
 impl HttpMetrics {
     /// Series for every route this service has.
@@ -230,6 +241,19 @@ pub fn openapi_json() -> String {
         .expect("the OpenAPI document serializes")
 }
 
+/// The same document in OpenAPI 3.0.3, for generators that read 3.0 only: as served at
+/// `/openapi-3.0.json` and committed as `openapi/openapi-3.0.json`.
+pub fn openapi_30_json() -> String {
+    let (_, doc) = api().split_for_parts();
+    rendition_30(&doc)
+}
+
+fn rendition_30(doc: &utoipa::openapi::OpenApi) -> String {
+    let doc = serde_json::to_value(doc).expect("the OpenAPI document serializes");
+    let doc = openapi30::downgrade(doc).unwrap_or_else(|e| panic!("no OpenAPI 3.0 rendition: {e}"));
+    serde_json::to_string_pretty(&doc).expect("the OpenAPI 3.0 rendition serializes")
+}
+
 /// The application: routes, Swagger UI and the middleware stack.
 pub fn router(state: AppState) -> Router {
     let timeout = state.request_timeout;
@@ -248,7 +272,14 @@ pub fn router(state: AppState) -> Router {
             .unwrap_or_default();
         tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), id)
     });
+    let doc_30 = rendition_30(&doc);
     routes
+        .route(
+            OPENAPI_30_PATH,
+            axum::routing::get(move || async move {
+                ([(header::CONTENT_TYPE, "application/json")], doc_30)
+            }),
+        )
         .merge(SwaggerUi::new("/docs").url("/openapi.json", doc))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)

@@ -192,6 +192,14 @@ mod tests {
         }
     }
 
+    /// `found` itself, or the schema its `$ref` names.
+    fn resolved(doc: &Value, found: &Value) -> Value {
+        match found["$ref"].as_str() {
+            Some(target) => schema(doc, target.trim_start_matches('#')),
+            None => found.clone(),
+        }
+    }
+
     /// The schema of query or path parameter `name` of `method path`.
     fn param(doc: &Value, method: &str, path: &str, name: &str) -> Value {
         let params = doc["paths"][path][method]["parameters"].as_array().unwrap();
@@ -203,6 +211,66 @@ mod tests {
                 path.replace('/', "~1")
             ),
         )
+    }
+
+    /// Whether `schema` lets `null` through: a 3.1 type list with "null", a 3.0
+    /// `nullable`, null in an `enum`, or such a `oneOf`/`anyOf` branch.
+    fn admits_null(schema: &Value) -> bool {
+        let has_null = |v: &Value| v.as_array().is_some_and(|all| all.contains(&"null".into()));
+        let null = |s: &Value| {
+            s["type"] == "null"
+                || has_null(&s["type"])
+                || s["nullable"] == true
+                || s["enum"]
+                    .as_array()
+                    .is_some_and(|all| all.contains(&Value::Null))
+        };
+        null(schema)
+            || ["oneOf", "anyOf"].iter().any(|k| {
+                schema[k]
+                    .as_array()
+                    .is_some_and(|branches| branches.iter().any(null))
+            })
+    }
+
+    /// Every header a request or an answer may carry, as (where, schema).
+    fn headers(doc: &Value) -> Vec<(String, Value)> {
+        let mut found = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                let params = operation["parameters"].as_array().into_iter().flatten();
+                for p in params.filter(|p| p["in"] == "header") {
+                    let at = format!("{method} {path} {}", p["name"]);
+                    found.push((at, resolved(doc, &p["schema"])));
+                }
+                let responses = operation["responses"].as_object().into_iter().flatten();
+                for (status, response) in responses {
+                    for (name, header) in response["headers"].as_object().into_iter().flatten() {
+                        let at = format!("{method} {path} {status} {name}");
+                        found.push((at, resolved(doc, &header["schema"])));
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// A header is text or absent, never null: generated clients type a nullable header
+    /// as an optional null and some fail to compile on it.
+    #[test]
+    fn no_header_is_nullable() {
+        use super::super::{openapi_30_json, openapi_json};
+        for text in [openapi_json(), openapi_30_json()] {
+            let doc: Value = serde_json::from_str(&text).unwrap();
+            let headers = headers(&doc);
+            assert!(
+                headers.iter().any(|(at, _)| at.contains("If-None-Match")),
+                "{headers:?}"
+            );
+            for (at, schema) in headers {
+                assert!(!admits_null(&schema), "{} {at}: {schema}", doc["openapi"]);
+            }
+        }
     }
 
     /// Every bound the handlers enforce on a single value is in the document, where

@@ -16,8 +16,10 @@ use super::error::{ApiError, Problem, in_time};
 use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
+use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{
-    HashKey, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew, is_kinesis_name,
+    HashKey, Keyspace, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew,
+    is_kinesis_name,
 };
 use crate::registry::{Registry, Stream};
 
@@ -47,6 +49,45 @@ pub struct PutStream {
 }
 
 super::extract::objects_only!(PutStream);
+
+/// The map a `PUT /streams/{name}` body registers.
+pub struct StreamMap {
+    pub map: ShardMap,
+    /// Every shard consumers read, closed ones and parents included; none for a uniform map.
+    pub lease_shards: Option<Vec<LeaseShard>>,
+    /// The number Kinesis will give the stream's next new shard.
+    pub next_shard: u64,
+}
+
+impl PutStream {
+    /// The map this body describes, checked as the route checks it (and as `keyspread
+    /// streams put --from` does before sending a file); every refusal is a 422.
+    pub fn into_map(self, keyspace: Keyspace) -> Result<StreamMap, ApiError> {
+        let unprocessable = |e: crate::keyspace::Error| ApiError::unprocessable(e.to_string());
+        match (self.shards, self.shard_count) {
+            (Some(shards), None) => {
+                let listed = ListShards { shards };
+                Ok(StreamMap {
+                    map: listed.open_map(keyspace).map_err(unprocessable)?,
+                    lease_shards: Some(listed.lease_shards(keyspace).map_err(unprocessable)?),
+                    next_shard: listed.next_shard_number(),
+                })
+            }
+            (None, Some(count)) => {
+                let uniform = ShardMap::uniform(keyspace, count).map_err(unprocessable)?;
+                let open = uniform.iter().map(|s| (s.id, s.start, s.end)).collect();
+                Ok(StreamMap {
+                    map: ShardMap::explicit(keyspace, open)?,
+                    lease_shards: None,
+                    next_shard: count,
+                })
+            }
+            _ => Err(ApiError::unprocessable(
+                "give exactly one of `Shards` (list-shards output) and `shard_count`",
+            )),
+        }
+    }
+}
 
 /// One open shard.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -283,35 +324,17 @@ async fn put_stream(
     Json(body): Json<PutStream>,
 ) -> Result<(StatusCode, Json<StreamChange>), ApiError> {
     let name = stream_name(name)?;
-    let keyspace = state.registry.keyspace();
-    let (map, listed, next_shard) = match (body.shards, body.shard_count) {
-        (Some(shards), None) => {
-            let listed = ListShards { shards };
-            let map = listed
-                .open_map(keyspace)
-                .map_err(|e| ApiError::unprocessable(e.to_string()))?;
-            let lease_shards = listed
-                .lease_shards(keyspace)
-                .map_err(|e| ApiError::unprocessable(e.to_string()))?;
-            (map, Some(lease_shards), listed.next_shard_number())
-        }
-        (None, Some(count)) => {
-            let uniform = ShardMap::uniform(keyspace, count)
-                .map_err(|e| ApiError::unprocessable(e.to_string()))?;
-            let open = uniform.iter().map(|s| (s.id, s.start, s.end)).collect();
-            (ShardMap::explicit(keyspace, open)?, None, count)
-        }
-        _ => {
-            return Err(ApiError::unprocessable(
-                "give exactly one of `Shards` (list-shards output) and `shard_count`",
-            ));
-        }
-    };
+    let primary = body.primary;
+    let StreamMap {
+        map,
+        lease_shards,
+        next_shard,
+    } = body.into_map(state.registry.keyspace())?;
     let change = in_time(
         &state,
         state
             .registry
-            .put_stream(name, map, listed, next_shard, body.primary),
+            .put_stream(name, map, lease_shards, next_shard, primary),
     )
     .await?;
     let status = if change.before.is_some() {

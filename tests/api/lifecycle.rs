@@ -86,6 +86,45 @@ async fn committed_openapi_document_is_current() {
     assert!(docs.text().await.unwrap().contains("swagger"));
 }
 
+/// The OpenAPI 3.0.3 rendition, for generators that read 3.0 only: committed, served and
+/// printed as the code makes it now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_openapi_30_rendition_is_current() {
+    let committed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/openapi/openapi-3.0.json"
+    ))
+    .expect("openapi/openapi-3.0.json exists");
+    let generated = keyspread::http::openapi_30_json();
+    assert!(
+        committed.trim_end() == generated.trim_end(),
+        "openapi/openapi-3.0.json is stale: run `make openapi` and commit it"
+    );
+    let app = spawn_app().await;
+    let served = app.get("/openapi-3.0.json").await;
+    let committed: serde_json::Value = serde_json::from_str(&committed).unwrap();
+    assert_eq!(
+        (served.status, served.content_type.as_str()),
+        (200, "application/json")
+    );
+    assert_eq!(served.body, committed);
+    assert_eq!(committed["openapi"], "3.0.3");
+    let document: serde_json::Value =
+        serde_json::from_str(&keyspread::http::openapi_json()).unwrap();
+    assert_eq!(
+        committed["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        document["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>()
+    );
+}
+
 /// Waits until `url` answers 200, or panics after `limit`.
 async fn wait_healthy(url: &str, limit: Duration) {
     let started = Instant::now();
@@ -155,6 +194,20 @@ fn openapi_subcommand_prints_the_document() {
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["info"]["title"], "keyspread");
     assert!(doc["paths"]["/keys/{account}"]["post"].is_object());
+    for (version, printed) in [
+        ("3.1", keyspread::http::openapi_json()),
+        ("3.0", keyspread::http::openapi_30_json()),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+            .args(["openapi", "--version", version])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openapi --version {version}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim_end(),
+            printed.trim_end()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,4 +303,42 @@ async fn a_replica_starts_while_another_writer_holds_the_lock() {
     assert_eq!(app.get("/readyz").await.status, 200);
     db.release_write_lock().await;
     assert_eq!(app.post("/keys/globex", None).await.status, 201);
+}
+
+/// A second `keyspread serve` on a taken address says which address, and exits 1.
+#[test]
+fn a_port_in_use_is_named_in_the_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .arg("serve")
+        .env("KEYSPREAD_LISTEN", addr.to_string())
+        .env(
+            "DATABASE_URL",
+            format!("sqlite://{}", dir.path().join("k.db").display()),
+        )
+        .env("RUST_LOG", "info")
+        .env_remove("KEYSPREAD_TOKEN")
+        .env_remove("KEYSPREAD_PRIMARY_STREAM")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("still running 30 s after starting on a taken address");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}: address already in use")),
+        "{stderr}"
+    );
+    drop(taken);
 }

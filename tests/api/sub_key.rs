@@ -31,7 +31,7 @@ fn cases() -> Vec<(String, u32)> {
 }
 
 /// The first fenced block in `language` of README.md's section `heading`.
-fn readme_block(heading: &str, language: &str) -> String {
+pub(crate) fn readme_block(heading: &str, language: &str) -> String {
     let readme = std::fs::read_to_string(manifest().join("README.md")).unwrap();
     let start = readme
         .find(&format!("\n## {heading}\n"))

@@ -124,7 +124,8 @@ class Workers:
         out = []
         for name in self.procs:
             with open(os.path.join(self.work, f"{name}.jsonl")) as f:
-                out.extend(json.loads(line) for line in f if line.strip())
+                # A line still being written (no newline yet) is read next time.
+                out.extend(json.loads(line) for line in f if line.endswith("\n") and line.strip())
         return out
 
     def errors(self):
@@ -205,9 +206,20 @@ def begin(args, kinesis, work, shards, workers):
     return producer, group
 
 
+def has_read(workers, name, timeout):
+    """Waits until `name` has read a record (a slow machine starts Python slowly)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(r.get("worker") == name and "seq" in r for r in workers.lines()):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"{name} read nothing in {timeout} s")
+
+
 def churn(args, kinesis, work):
     producer, workers = begin(args, kinesis, work, shards=8, workers=4)
     time.sleep(7)
+    has_read(workers, "w1", 30)
     workers.kill("w1")
     time.sleep(4)
     workers.start("w4")

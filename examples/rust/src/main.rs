@@ -1,0 +1,267 @@
+//! keyspread from Rust: a client progenitor generated from openapi/openapi-3.0.json (see
+//! build.rs). Run it against a scratch server: it applies a rebalance.
+//!
+//!     cargo run -- http://127.0.0.1:8080 [account prefix]
+//!
+//! Prints one line per step; exits 1 at the first answer that is not what the contract says.
+
+use std::num::NonZeroU64;
+
+use futures::TryStreamExt;
+use keyspread::types::{
+    AllocateRequest, ApplyRequest, Assignment, HeartbeatRequest, OwnLeaseState, Problem, PutStream,
+};
+use keyspread::{ByteStream, Client, Error};
+
+/// The generated client: `Client`, one method per operation, and `types`.
+mod keyspread {
+    include!(concat!(env!("OUT_DIR"), "/keyspread.rs"));
+}
+
+type Outcome<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Fails the run with `what` unless `condition` holds.
+macro_rules! ensure {
+    ($condition:expr, $($what:tt)+) => {
+        if !$condition {
+            return Err(format!($($what)+).into());
+        }
+    };
+}
+
+fn step(what: &str) {
+    println!("ok    {what}");
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Outcome {
+    let mut args = std::env::args().skip(1);
+    let (Some(base_url), prefix) = (args.next(), args.next()) else {
+        return Err("usage: keyspread-rust-client BASE_URL [ACCOUNT_PREFIX]".into());
+    };
+    let prefix = prefix.unwrap_or_else(|| "rs-".into());
+    // On loopback with no token configured, mutations need no Authorization header; with
+    // a token, build a reqwest client with it as a default header: `Client::new_with_client`.
+    let client = Client::new(&base_url);
+
+    let hot = allocate_hot(&client, &format!("{prefix}hot")).await?;
+    revalidate(&client, &hot).await?;
+    sub_key(&client, &hot).await?;
+    staged_rebalance(&client, &prefix).await?;
+    heartbeat(&client, &prefix).await?;
+    release(&client, &hot.account).await?;
+    step("done");
+    Ok(())
+}
+
+/// A hot account: three keys on distinct shards, one allocate call.
+async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
+    let id = account.parse()?;
+    let three = AllocateRequest {
+        fanout: NonZeroU64::new(3),
+        weight: None,
+    };
+    let made = client.allocate(&id, &three).await?;
+    ensure!(made.status() == 201, "allocate: {}", made.status());
+    let hot = made.into_inner();
+    ensure!(
+        hot.fanout.get() == 3 && hot.hash_keys.len() == 3,
+        "allocate: {hot:?}"
+    );
+    ensure!(
+        hot.hash_key == hot.hash_keys[0],
+        "allocate: hash_key is not hash_keys[0]"
+    );
+    let again = client.allocate(&id, &AllocateRequest::default()).await?;
+    ensure!(again.status() == 200, "allocate again: {}", again.status());
+    ensure!(
+        again.hash_keys == hot.hash_keys,
+        "allocate again: other keys"
+    );
+    let keys: Vec<&str> = hot.hash_keys.iter().map(|k| k.as_str()).collect();
+    step(&format!(
+        "allocate {account} fanout 3 -> 201, keys {}; again -> 200",
+        keys.join(", ")
+    ));
+    Ok(hot)
+}
+
+/// Lookups carry an ETag; sending it back answers 304 while the keys hold.
+async fn revalidate(client: &Client, hot: &Assignment) -> Outcome {
+    let id = hot.account.parse()?;
+    let first = client.lookup(&id, None).await?;
+    let etag = first.headers()["etag"].to_str()?.to_owned();
+    ensure!(first.hash_keys == hot.hash_keys, "lookup: other keys");
+    // progenitor models 2xx and 4xx/5xx answers only: a 304 comes back as unexpected.
+    match client.lookup(&id, Some(&etag)).await {
+        Err(Error::UnexpectedResponse(answer)) if answer.status() == 304 => {}
+        other => return Err(format!("lookup If-None-Match: {other:?}").into()),
+    }
+    step(&format!(
+        "lookup {} -> 200 ETag {etag}; with If-None-Match -> 304",
+        hot.account
+    ));
+    Ok(())
+}
+
+/// Records of one sub-key stay in order under one of the account's keys.
+async fn sub_key(client: &Client, hot: &Assignment) -> Outcome {
+    let id = hot.account.parse()?;
+    let shards = NonZeroU64::new(4);
+    let got = client
+        .shard_of(Some(&id), None, None, None, shards, None, Some("order-1"))
+        .await?
+        .into_inner();
+    // The jump hash of "order-1" over 3 keys is 2 (DESIGN.md's test vectors).
+    ensure!(
+        got.index == Some(2) && got.hash_key == hot.hash_keys[2],
+        "shard-of: {got:?}"
+    );
+    let id = format!("shardId-{:012}", got.shard_index);
+    ensure!(
+        got.shard_id == id,
+        "shard-of: {}, wanted {id}",
+        got.shard_id
+    );
+    step(&format!(
+        "shard-of account={} sub_key=order-1 shards=4 -> key 2 on {}",
+        hot.account, got.shard_id
+    ));
+    Ok(())
+}
+
+/// Preview a rebalance onto 3 shards, apply it staged, and see `next` on a lookup.
+async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
+    for i in 1..=6 {
+        let made = client
+            .allocate(
+                &format!("{prefix}{i}").parse()?,
+                &AllocateRequest::default(),
+            )
+            .await?;
+        ensure!(
+            made.status() == 201,
+            "allocate {prefix}{i}: {}",
+            made.status()
+        );
+    }
+    let plan = client.preview(NonZeroU64::new(3), None).await?.into_inner();
+    let Some(first) = plan.moves.first() else {
+        return Err(format!("preview: no moves in {plan:?}").into());
+    };
+    ensure!(
+        plan.switch_at.is_none(),
+        "preview: a switch_at before any apply"
+    );
+    let moved = first.account.parse()?;
+    let before = client.lookup(&moved, None).await?;
+    let etag = before.headers()["etag"].to_str()?.to_owned();
+    step(&format!(
+        "rebalance preview shards=3 -> {} move(s), {} key {} first",
+        plan.moves.len(),
+        first.account,
+        first.index
+    ));
+
+    let staged = ApplyRequest {
+        plan_id: plan.plan_id.parse()?,
+        switch_after_s: Some(30),
+    };
+    let applied = client.apply(&staged).await?.into_inner();
+    let Some(switch_at) = applied.switch_at else {
+        return Err("apply: no switch_at".into());
+    };
+    ensure!(
+        applied.moves.iter().all(|m| m.switch_at == Some(switch_at)),
+        "apply: moves switch apart"
+    );
+    let ahead = (switch_at - chrono::Utc::now()).num_milliseconds();
+    ensure!(
+        (20_000..=31_000).contains(&ahead),
+        "apply: switch_at {switch_at} is not 30 s ahead"
+    );
+
+    // The old tag no longer matches: the answer changed with the apply.
+    let now = client.lookup(&moved, Some(&etag)).await?;
+    let max_age = now.headers()["cache-control"].to_str()?.to_owned();
+    let Some(next) = &now.next else {
+        return Err(format!("lookup after apply: no next in {:?}", &*now).into());
+    };
+    let index = usize::try_from(first.index)?;
+    ensure!(next.switch_at == switch_at, "lookup: next {next:?}");
+    ensure!(
+        now.hash_keys[index] == first.from && next.hash_keys[index] == first.to,
+        "lookup: keys {:?}, move {first:?}",
+        &*now
+    );
+    let seconds: u64 = max_age.trim_start_matches("max-age=").parse()?;
+    ensure!(seconds <= 30, "lookup: {max_age} outlives the switch");
+    step(&format!(
+        "rebalance apply switch_after_s=30 -> 200; lookup {} -> next until {}",
+        first.account,
+        switch_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    ));
+    Ok(())
+}
+
+/// A consumer worker joins a stream's group and is told which shards to read.
+async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
+    let name = format!("{prefix}orders");
+    let four = PutStream {
+        shard_count: NonZeroU64::new(4),
+        ..Default::default()
+    };
+    let put = client.put_stream(&name.parse()?, &four).await?;
+    ensure!(put.status() == 201, "put stream: {}", put.status());
+    let worker = format!("{prefix}worker-1");
+    let ttl = HeartbeatRequest {
+        ttl_s: NonZeroU64::new(30),
+    };
+    let beat = client
+        .heartbeat(&name.parse()?, &worker.parse()?, &ttl)
+        .await?
+        .into_inner();
+    let leases = &beat.leases;
+    ensure!(leases.len() == 4, "heartbeat: {beat:?}");
+    ensure!(
+        leases
+            .iter()
+            .all(|l| l.state == OwnLeaseState::Held && l.epoch == 1 && l.checkpoint.is_none()),
+        "heartbeat: {beat:?}"
+    );
+    ensure!(beat.expires_at > chrono::Utc::now(), "heartbeat: {beat:?}");
+    let held: Vec<&str> = leases.iter().map(|l| l.shard_id.as_str()).collect();
+    step(&format!(
+        "heartbeat {worker} on {name} -> holds {}",
+        held.join(", ")
+    ));
+    let left = client.leave(&name.parse()?, &worker.parse()?).await?;
+    ensure!(left.status() == 204, "leave: {}", left.status());
+    step(&format!("leave {worker} -> 204"));
+    Ok(())
+}
+
+async fn release(client: &Client, account: &str) -> Outcome {
+    let id = account.parse()?;
+    let gone = client.release(&id).await?;
+    ensure!(gone.status() == 204, "release: {}", gone.status());
+    let after = client.lookup(&id, None).await;
+    let (status, detail) = match after {
+        Err(Error::ErrorResponse(answer)) => {
+            (answer.status(), problem(answer.into_inner()).await?.detail)
+        }
+        other => return Err(format!("lookup after release: {other:?}").into()),
+    };
+    ensure!(status == 404, "lookup after release: {status}");
+    step(&format!(
+        "release {account} -> 204; lookup -> 404: {detail}"
+    ));
+    Ok(())
+}
+
+/// An error answer's problem document. progenitor types `application/json` bodies only, so
+/// `application/problem+json` errors arrive as bytes.
+async fn problem(body: ByteStream) -> Outcome<Problem> {
+    let chunks: Vec<_> = body.into_inner().try_collect().await?;
+    Ok(serde_json::from_slice(&chunks.concat())?)
+}
