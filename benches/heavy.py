@@ -150,6 +150,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--binary", default=os.path.join(load.TARGET_DIR, "release", "keyspread"))
     parser.add_argument("--accounts", type=int, default=1_000_000)
+    parser.add_argument("--hot-every", type=int, default=0,
+                        help="every Nth account is hot (0: none), as in load.py's database")
+    parser.add_argument("--hot-fanout", type=int, default=16, help="keys of a hot account")
     parser.add_argument("--shards", type=int, default=1, help="shards of the stream `big`")
     parser.add_argument("--target", type=int, default=10_000, help="split-plan target (the largest allowed)")
     parser.add_argument("--path", help="another GET to run instead of the split plan")
