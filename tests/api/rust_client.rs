@@ -8,6 +8,7 @@ use tokio::process::Command;
 
 use crate::helpers::spawn_app;
 use crate::python_client::assert_success;
+use crate::typescript_client::assert_drove_the_story;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_rust_client_drives_the_live_server() {
@@ -37,24 +38,7 @@ async fn generated_rust_client_drives_the_live_server() {
     assert_success("examples/rust", &driven);
     let stdout = String::from_utf8_lossy(&driven.stdout);
     print!("{stdout}");
-    for told in [
-        "allocate rs-hot fanout 3 -> 201",
-        "with If-None-Match -> 304",
-        "sub_key=order-1 shards=4 -> key 2 on shardId-",
-        "rebalance apply switch_after_s=30 -> 200",
-        "-> next until 20",
-        "heartbeat rs-worker-1 on rs-orders -> holds shardId-000000000000, shardId-000000000001, \
-         shardId-000000000002, shardId-000000000003",
-        "release rs-hot -> 204; lookup -> 404",
-        "done",
-    ] {
-        assert!(
-            stdout
-                .lines()
-                .any(|l| l.starts_with("ok    ") && l.contains(told)),
-            "the client never said {told:?}"
-        );
-    }
+    assert_drove_the_story(&stdout, "rs");
 }
 
 /// A build directory of its own beside this test's (`<target>/rust-client`): kept between

@@ -74,22 +74,30 @@ async fn generated_typescript_client_drives_the_live_server() {
     assert_success("examples/typescript/driver.ts", &driven);
     let stdout = String::from_utf8_lossy(&driven.stdout);
     print!("{stdout}");
+    assert_drove_the_story(&stdout, "ts");
+}
+
+/// Every step the TypeScript and Rust clients drive, as each prints it (`ok    ...`), with
+/// the names it uses (`ts-hot`, `rs-hot`, ...).
+pub fn assert_drove_the_story(stdout: &str, prefix: &str) {
     for told in [
-        "allocate ts-hot fanout 3 -> 201",
-        "with If-None-Match -> 304",
-        "sub_key=order-1 shards=4 -> key 2 on shardId-",
-        "rebalance apply switch_after_s=30 -> 200",
-        "-> next until 20",
-        "heartbeat ts-worker-1 on ts-orders -> holds shardId-000000000000, shardId-000000000001, \
-         shardId-000000000002, shardId-000000000003",
-        "release ts-hot -> 204; lookup -> 404",
-        "done",
+        format!("allocate {prefix}-hot fanout 3 -> 201"),
+        "with If-None-Match -> 304".to_owned(),
+        "sub_key=order-1 shards=4 -> key 2 on shardId-".to_owned(),
+        "rebalance apply switch_after_s=30 -> 200".to_owned(),
+        "-> next until 20".to_owned(),
+        format!(
+            "heartbeat {prefix}-worker-1 on {prefix}-orders -> holds shardId-000000000000, \
+             shardId-000000000001, shardId-000000000002, shardId-000000000003"
+        ),
+        format!("release {prefix}-hot -> 204; lookup -> 404"),
+        "done".to_owned(),
     ] {
         assert!(
             stdout
                 .lines()
-                .any(|l| l.starts_with("ok    ") && l.contains(told)),
-            "the driver never said {told:?}"
+                .any(|l| l.starts_with("ok    ") && l.contains(&told)),
+            "the client never said {told:?}"
         );
     }
 }
