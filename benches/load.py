@@ -268,6 +268,40 @@ def accounts_db(args):
 # ---------------------------------------------------------------- measurements
 
 
+def database_script_arguments(parser, hot_every):
+    """The arguments of a script that serves a copy of accounts_db(): the server binary, the
+    database's size and hot accounts (`hot_every` by default), its cache, the output file."""
+    parser.add_argument("--binary", default=os.path.join(TARGET_DIR, "release", "keyspread"))
+    parser.add_argument("--accounts", type=int, default=1_000_000)
+    parser.add_argument("--hot-every", type=int, default=hot_every,
+                        help="every Nth account is hot (0: none), as in load.py's database")
+    parser.add_argument("--hot-fanout", type=int, default=16, help="keys of a hot account")
+    parser.add_argument("--cache-dir", default=os.path.join(TARGET_DIR, "keyspread-bench"),
+                        help="where load.py keeps the accounts database between runs")
+    parser.add_argument("--output", help="also write the figures to this file")
+
+
+def run_database_script(args, run):
+    """Runs `run(args)` with the binary checked, its server and files cleaned up however it
+    ends, and prints the report it answers (also to --output)."""
+    if not os.access(args.binary, os.X_OK):
+        raise SystemExit(f"no server binary at {args.binary}: run `cargo build --release` "
+                         "or pass --binary")
+    args.binary = os.path.abspath(args.binary)
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        report = run(args)
+    except KeyboardInterrupt:
+        log("interrupted: stopping the server and removing temporary files")
+        sys.exit(130)
+    finally:
+        cleanup()
+    print(report)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(report + "\n")
+
+
 def measure_startup(args, results):
     db = accounts_db(args)
     workdir = tempdir()

@@ -27,9 +27,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
-import sys
 import time
 
 import load
@@ -142,11 +140,7 @@ def run(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--binary", default=os.path.join(load.TARGET_DIR, "release", "keyspread"))
-    parser.add_argument("--accounts", type=int, default=1_000_000)
-    parser.add_argument("--hot-every", type=int, default=100,
-                        help="every Nth account is hot (0: none), as in load.py")
-    parser.add_argument("--hot-fanout", type=int, default=16, help="keys of a hot account")
+    load.database_script_arguments(parser, hot_every=100)
     parser.add_argument("--shards", type=int, default=1024, help="shards of the stream `big`")
     parser.add_argument("--moves-shards", type=int, default=1000,
                         help="uniform shards the pending rebalance plans onto")
@@ -155,26 +149,8 @@ def main():
     parser.add_argument("--save", help="write the page to this file")
     parser.add_argument("--unpinned", action="store_true",
                         help="let the server and this script use every core")
-    parser.add_argument("--cache-dir", default=os.path.join(load.TARGET_DIR, "keyspread-bench"),
-                        help="where load.py keeps the accounts database between runs")
-    parser.add_argument("--output", help="also write the figures to this file")
     args = parser.parse_args()
-    if not os.access(args.binary, os.X_OK):
-        raise SystemExit(f"no server binary at {args.binary}: run `cargo build --release` "
-                         "or pass --binary")
-    args.binary = os.path.abspath(args.binary)
-    signal.signal(signal.SIGTERM, load._on_signal)
-    try:
-        report = run(args)
-    except KeyboardInterrupt:
-        load.log("interrupted: stopping the server and removing temporary files")
-        sys.exit(130)
-    finally:
-        load.cleanup()
-    print(report)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(report + "\n")
+    load.run_database_script(args, run)
 
 
 if __name__ == "__main__":
