@@ -577,6 +577,13 @@ impl Store {
 }
 
 impl Tx {
+    /// The database's clock (Unix milliseconds), read inside this transaction: every
+    /// decision that frees a key or takes a lease away is made by it, so replicas whose
+    /// own clocks disagree never disagree about who holds what.
+    pub async fn clock_ms(&mut self) -> Result<i64> {
+        in_tx!(self, clock_ms())
+    }
+
     /// Events other writers committed after `after`: read under the write lock, so
     /// nothing can be missed before this transaction's own changes.
     pub async fn events_after(&mut self, after: i64) -> Result<Vec<Event>> {

@@ -265,6 +265,13 @@ pub fn turned_away(code: &str) -> bool {
         || code.starts_with("57P")
 }
 
+/// The database server's clock, in Unix milliseconds: one clock for every replica, however
+/// far their hosts' clocks drift.
+pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
+    const NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    Ok(sqlx::query_scalar(NOW).fetch_one(&mut *conn).await?)
+}
+
 /// A write transaction holding the cluster-wide write lock: `BEGIN` and the lock go to
 /// the server together, one round trip.
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {

@@ -179,6 +179,13 @@ pub async fn connect(url: &str) -> Result<Pools> {
 
 /// A write transaction. `BEGIN IMMEDIATE` takes the database's write lock up front, so
 /// writers in other processes on the same file wait rather than interleave.
+/// The database's clock, in Unix milliseconds: SQLite reads the host's clock in this
+/// process, so every replica on one file reads the same one.
+pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
+    const NOW: &str = "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+    Ok(sqlx::query_scalar(NOW).fetch_one(&mut *conn).await?)
+}
+
 pub async fn begin(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {
     Ok(pools.writes.begin_with("BEGIN IMMEDIATE").await?)
 }
