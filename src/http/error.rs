@@ -174,6 +174,7 @@ impl From<registry::Error> for ApiError {
                 "the database cannot take changes right now (unreachable, or held up by \
                  another writer): send the change again later",
             ),
+            E::SchemaNewer { .. } => ApiError::unavailable(err.to_string()),
             E::Store(_) => ApiError::internal(&err),
         }
     }

@@ -19,12 +19,17 @@ use crate::store::{CHANNEL, Change, Event, Store, StoreError, StreamRow, Switch,
 /// Longest a replica goes without looking for other replicas' changes.
 pub const POLL: Duration = Duration::from_millis(250);
 
+/// How many follower rounds pass between looks at the database's schema version.
+const SCHEMA_EVERY: u64 = 20;
+
 /// Events a follower reads from the log in one query.
 const FOLLOW_PAGE: i64 = 10_000;
 
 impl Registry {
-    /// Starts a write transaction and applies everything committed before it.
-    pub(super) async fn begin(&self, w: &mut Writer) -> Result<Tx, Error> {
+    /// Starts a write transaction, applies everything committed before it, and reads the
+    /// database's clock: the time (Unix milliseconds) the transaction decides and logs by.
+    /// Switches due by then are ended, so their old keys may be picked.
+    pub(super) async fn begin(&self, w: &mut Writer) -> Result<(Tx, i64), Error> {
         w.tx_started = Some(std::time::Instant::now());
         let mut tx = self.store.begin().await?;
         let events = tx.events_after(w.last_event).await?;
@@ -34,7 +39,11 @@ impl Registry {
             None
         };
         self.apply_all(w, events, streams)?;
-        Ok(tx)
+        self.note_schema(tx.schema_version().await?);
+        self.writable()?;
+        let now = tx.clock_ms().await?;
+        self.end_switches(w, now)?;
+        Ok((tx, now))
     }
 
     /// Applies what other replicas committed since the last look, unless a commit notice
@@ -84,6 +93,7 @@ impl Registry {
         tokio::spawn(async move {
             let mut listener = None;
             let mut poll_at = Instant::now() + POLL;
+            let mut polls: u64 = 0;
             loop {
                 if listener.is_none() {
                     listener = listen(&this.store).await;
@@ -109,6 +119,13 @@ impl Registry {
                 }
                 if let Err(err) = this.catch_up(logged).await {
                     tracing::warn!(%err, "cannot follow the event log; retrying");
+                }
+                // A newer keyspread may migrate the database while this one runs.
+                polls += 1;
+                if polls.is_multiple_of(SCHEMA_EVERY)
+                    && let Ok(found) = this.store.schema_version().await
+                {
+                    this.note_schema(found);
                 }
             }
         })
@@ -147,7 +164,7 @@ impl Registry {
         };
         let mut accounts = self.accounts.write().expect("accounts lock poisoned");
         for event in events {
-            apply_change(&mut w.alloc, &mut accounts, event.change, event.at)?;
+            fold(&mut w.alloc, &mut accounts, event.change, event.at)?;
             w.last_event = event.id;
         }
         drop(accounts);
@@ -209,6 +226,32 @@ impl Registry {
     }
 }
 
+/// Ends the staged switches due by `now` (Unix milliseconds): their old keys become free.
+pub(super) fn end_due(
+    alloc: &mut Allocator,
+    accounts: &mut Accounts,
+    now: i64,
+) -> Result<(), Error> {
+    for switch in accounts.end_switches(now) {
+        alloc.unreserve(switch.from)?;
+    }
+    Ok(())
+}
+
+/// The one step every replica takes for each committed event, writer and follower alike:
+/// the switches due by the event's time end first (the writer that logged it decided by
+/// that time, so a key freed then may be the one it hands out), then the change applies.
+/// Memory is thus a function of the log alone, whatever requests this replica served.
+fn fold(
+    alloc: &mut Allocator,
+    accounts: &mut Accounts,
+    change: Change,
+    at: i64,
+) -> Result<(), Error> {
+    end_due(alloc, accounts, at)?;
+    apply_change(alloc, accounts, change, at)
+}
+
 /// Applies one change about an account's key to the tree and the accounts.
 ///
 /// An account's keys are `0..k` at every moment: keys are added at index k and released
@@ -259,7 +302,8 @@ fn apply_change(
                 alloc.unreserve(earlier.from)?;
             }
             // Held from the move's own time, so that every replica, and a replay of the
-            // log, holds it alike; the next decision at or after the switch frees it.
+            // log, holds it alike; the first event or decision at or after the switch
+            // frees it.
             if switch_at > at {
                 alloc.reserve(from)?;
                 let switch = Switch {

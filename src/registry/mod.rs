@@ -63,6 +63,10 @@ pub enum Error {
     Conflict,
     #[error("the database is unreachable; changes are refused until it is back")]
     Unavailable,
+    #[error(
+        "the database's schema (migration {found}) is newer than this keyspread knows (up to {known}): it serves reads but refuses changes until it is upgraded"
+    )]
+    SchemaNewer { found: i64, known: i64 },
     #[error(transparent)]
     Store(StoreError),
 }
@@ -125,6 +129,9 @@ pub struct Registry {
     lease_join_batch: std::sync::atomic::AtomicI64,
     /// The last MD5 comparison made, while no account changes.
     md5_cache: std::sync::Mutex<Option<md5_loads::Md5Loads>>,
+    /// The newest migration the database was seen to have run; above
+    /// `Store::known_schema`, this keyspread refuses every change.
+    schema: std::sync::atomic::AtomicI64,
 }
 
 /// Files every stored key row by account: key 0 makes the entry, the keys of accounts
@@ -200,7 +207,10 @@ impl Registry {
         drop(batches);
         let last_event = snapshot.last_event_id().await?;
         let streams = snapshot.load_streams().await?;
-        let moves = snapshot.pending_moves(now_ms()).await?;
+        // Pending by the database's clock: only it ends a switch (see `follow::fold`).
+        let now = snapshot.clock_ms().await?;
+        let schema = snapshot.schema_version().await?;
+        let moves = snapshot.pending_moves(now).await?;
         drop(snapshot);
         let mut alloc = tokio::task::spawn_blocking(move || Allocator::with_keys(keyspace, keys))
             .await
@@ -239,7 +249,9 @@ impl Registry {
             metrics: Default::default(),
             lease_join_batch: leases::DEFAULT_JOIN_BATCH_MS.into(),
             md5_cache: Default::default(),
+            schema: 0.into(),
         });
+        registry.note_schema(schema);
         let w = registry.writer.lock().await;
         registry.count_applied(&w, last_event);
         drop(w);
@@ -318,11 +330,14 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let now = now_ms();
+            this.writable()?;
+            let mut now = this.decision_time().await?;
             // Mostly the log is where this process last saw it: pick from memory and write
             // it all in one round trip (or, when every account had a key, check in one
-            // round trip that the log has not moved). If another writer got in first,
-            // catch up and pick again inside a transaction that holds the write lock.
+            // round trip that the log has not moved). If another writer got in first, or
+            // the database refuses a key (another replica's pending old key, by the
+            // database's clock), catch up and pick again inside a transaction that holds
+            // the write lock.
             let (answers, new) = this.pick(&mut w, &requests, now)?;
             let started = Instant::now();
             let written = if new.is_empty() {
@@ -337,8 +352,9 @@ impl Registry {
                     this.count_committed(started, Committed::Allocations(accounts(&new)));
                     (answers, new, ids)
                 }
-                Err(StoreError::LogMoved) => {
-                    let mut tx = this.begin(&mut w).await?;
+                Err(StoreError::LogMoved | StoreError::Conflict) => {
+                    let (mut tx, at) = this.begin(&mut w).await?;
+                    now = at;
                     let (answers, new) = this.pick(&mut w, &requests, now)?;
                     if new.is_empty() {
                         return Ok(answers);
@@ -364,6 +380,45 @@ impl Registry {
             Ok(answers)
         })
         .await
+    }
+
+    /// The time a decision made outside a write transaction picks and logs by: this host's
+    /// clock while no staged switch is due by it, else the database's, since only the
+    /// database's clock may free a key. (A slow host clock frees nothing early; a fast one
+    /// reads the database's.)
+    async fn decision_time(&self) -> Result<i64, Error> {
+        let local = now_ms();
+        if self.switch_due(local) {
+            Ok(self.store.clock_ms().await?)
+        } else {
+            Ok(local)
+        }
+    }
+
+    /// Remembers the database's schema version, saying once why changes are refused when
+    /// a newer keyspread migrated the database.
+    fn note_schema(&self, found: i64) {
+        use std::sync::atomic::Ordering;
+        let known = self.store.known_schema();
+        let before = self.schema.swap(found, Ordering::Relaxed);
+        if found > known && before <= known {
+            tracing::error!(
+                found,
+                known,
+                "the database was migrated by a newer keyspread: this one refuses every change; upgrade it"
+            );
+        }
+    }
+
+    /// Refuses a change when the database's schema is newer than this keyspread knows: its
+    /// rules (which keys are held, say) may be ones this release cannot keep.
+    fn writable(&self) -> Result<(), Error> {
+        let found = self.schema.load(std::sync::atomic::Ordering::Relaxed);
+        let known = self.store.known_schema();
+        if found > known {
+            return Err(Error::SchemaNewer { found, known });
+        }
+        Ok(())
     }
 
     /// Whether the log still ends at event `seen`: then memory, which applied it that far,
@@ -438,8 +493,7 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let mut tx = this.begin(&mut w).await?;
-            let at = now_ms();
+            let (mut tx, at) = this.begin(&mut w).await?;
             let mut answers = Vec::with_capacity(accounts.len());
             let mut gone: Vec<KeyRow> = Vec::new();
             let mut released = 0;
@@ -487,9 +541,7 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let mut tx = this.begin(&mut w).await?;
-            let at = now_ms();
-            this.end_switches(&mut w, at)?;
+            let (mut tx, at) = this.begin(&mut w).await?;
             let a = this
                 .lookup(account.as_str())
                 .ok_or(Error::NotFound(account))?;
@@ -574,19 +626,22 @@ impl Registry {
         .await
     }
 
+    /// Whether a staged switch is due by `now` (Unix milliseconds).
+    fn switch_due(&self, now: i64) -> bool {
+        let accounts = self.accounts.read().expect("accounts lock poisoned");
+        accounts.next_switch().is_some_and(|at| at <= now)
+    }
+
     /// Ends the staged moves whose switch is due by `now` (Unix milliseconds): their old
     /// keys become free. Every decision that picks keys runs this first with the time it
-    /// logs, so the event log replays to the same picks.
+    /// logs, and every replica folds each event the same way (see `follow::fold`), so the
+    /// event log replays to the same picks.
     fn end_switches(&self, w: &mut Writer, now: i64) -> Result<(), Error> {
-        let due = |accounts: &Accounts| accounts.next_switch().is_some_and(|at| at <= now);
-        if !due(&self.accounts.read().expect("accounts lock poisoned")) {
+        if !self.switch_due(now) {
             return Ok(());
         }
         let mut accounts = self.accounts.write().expect("accounts lock poisoned");
-        for switch in accounts.end_switches(now) {
-            w.alloc.unreserve(switch.from)?;
-        }
-        Ok(())
+        follow::end_due(&mut w.alloc, &mut accounts, now)
     }
 
     /// Staged moves still pending at `now` (Unix milliseconds) with event id above

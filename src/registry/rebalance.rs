@@ -56,10 +56,9 @@ impl Registry {
     /// Accounts with a staged move still to switch are planned where they go, and not moved
     /// again.
     pub fn preview(&self, spec: &MapSpec) -> Result<(String, Plan), Error> {
-        let (map, mut alloc, accounts, last_event) = {
-            let mut w = self.writer.blocking_lock();
+        let (map, mut alloc, mut accounts, last_event) = {
+            let w = self.writer.blocking_lock();
             let map = self.resolve(spec)?;
-            self.end_switches(&mut w, now_ms())?;
             let accounts = self.accounts.read().expect("accounts lock poisoned");
             let accounts: Vec<(AccountId, Held)> = accounts
                 .iter()
@@ -67,6 +66,15 @@ impl Registry {
                 .collect();
             (map, w.alloc.clone(), accounts, w.last_event)
         };
+        // Switches due by this host's clock are planned as ended, on the copies only: only
+        // a write transaction, by the database's clock, frees a key (the apply plans again
+        // there, and a different plan is refused as stale).
+        let now = now_ms();
+        for (_, held) in &mut accounts {
+            for switch in held.switching.extract_if(.., |s| s.switch_at <= now) {
+                alloc.unreserve(switch.from)?;
+            }
+        }
         let plan = plan_for(
             &mut alloc,
             &map,
@@ -117,13 +125,12 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let mut tx = this.begin(&mut w).await?;
+            let (mut tx, at) = this.begin(&mut w).await?;
             // Any change, a stream's map included, here or on another replica, moves the
             // event id on.
             if w.last_event != event {
                 return Err(Error::StalePlan(id));
             }
-            let at = now_ms();
             let switch_at = at + switch_after_ms;
             let plan = this.plan(&mut w, &map, at)?;
             if plan_id(w.last_event, &spec, &plan) != id {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::rebalance::plan_id;
-use super::{Committed, Error, MapSpec, Registry, Writer, detached, now_ms};
+use super::{Committed, Error, MapSpec, Registry, Writer, detached};
 use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{self, Keyspace, Load, Plan, ShardMap, SplitPlan};
 use crate::store::{Change, Event, StreamRow, Tx};
@@ -130,11 +130,10 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let mut tx = this.begin(&mut w).await?;
+            let (mut tx, at) = this.begin(&mut w).await?;
             let old = this.stream(&name);
             let configured = w.pending_primary.as_deref() == Some(name.as_str());
             let primary = primary.unwrap_or_else(|| old.as_ref().map_or(configured, |o| o.primary));
-            let at = now_ms();
             let row = StreamRow {
                 name: name.clone(),
                 shards: map.iter().map(|s| (s.id, s.start, s.end)).collect(),
@@ -171,7 +170,7 @@ impl Registry {
                 (o.map, l)
             });
             let after = loads(&stream.map);
-            let plan = this.plan(&mut w, &stream.map, now_ms())?;
+            let plan = this.plan(&mut w, &stream.map, at)?;
             let rebalance = (plan_id(w.last_event, &MapSpec::Stream(name), &plan), plan);
             Ok(StreamChange {
                 stream,
@@ -188,10 +187,9 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
-            let mut tx = this.begin(&mut w).await?;
+            let (mut tx, at) = this.begin(&mut w).await?;
             this.stream(&name)
                 .ok_or_else(|| Error::UnknownStream(name.clone()))?;
-            let at = now_ms();
             // Its consumers' leases and checkpoints go with it: a stream created again
             // under the name starts its sequence numbers afresh.
             tx.lease_lock(&name).await?;
@@ -240,11 +238,10 @@ impl Registry {
             return Ok(());
         };
         let mut w = self.writer.lock().await;
-        let mut tx = self.begin(&mut w).await?;
+        let (mut tx, at) = self.begin(&mut w).await?;
         match self.stream(&name) {
             Some(stream) if stream.primary => Ok(()),
             Some(stream) => {
-                let at = now_ms();
                 let row = StreamRow {
                     primary: true,
                     updated_at: at,

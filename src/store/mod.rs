@@ -365,7 +365,11 @@ fn changed_one(rows_affected: u64) -> Result<()> {
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match &err {
-            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict,
+            sqlx::Error::Database(db)
+                if db.is_unique_violation() || refused_pending_key(db.as_ref()) =>
+            {
+                StoreError::Conflict
+            }
             sqlx::Error::Database(db) if turned_away(db.as_ref()) => StoreError::Unavailable(err),
             sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
@@ -375,6 +379,14 @@ impl From<sqlx::Error> for StoreError {
             _ => StoreError::Database(err),
         }
     }
+}
+
+/// Whether SQLite's trigger refused a key a staged move is switching away from (SQLite's
+/// triggers can raise only SQLITE_CONSTRAINT_TRIGGER; Postgres' says unique violation).
+fn refused_pending_key(db: &dyn sqlx::error::DatabaseError) -> bool {
+    const SQLITE_CONSTRAINT_TRIGGER: &str = "1811";
+    db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+        && db.code().as_deref() == Some(SQLITE_CONSTRAINT_TRIGGER)
 }
 
 /// Whether the database turned a statement away for the moment rather than for what it
@@ -515,6 +527,26 @@ impl Store {
         }
     }
 
+    /// The newest migration this keyspread knows for its backend: a database migrated
+    /// further belongs to a newer release, and this one must not write to it.
+    pub fn known_schema(&self) -> i64 {
+        let migrator = match self {
+            Store::Sqlite(_) => sqlite::migrator(),
+            Store::Postgres(_) => postgres::migrator(),
+        };
+        migrator.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    /// The newest migration the database has run.
+    pub async fn schema_version(&self) -> Result<i64> {
+        on_backend!(self, c => schema_version())
+    }
+
+    /// The database's clock (Unix milliseconds), as [`Tx::clock_ms`] reads it.
+    pub async fn clock_ms(&self) -> Result<i64> {
+        on_backend!(self, c => clock_ms())
+    }
+
     /// Round-trips the database.
     pub async fn ping(&self) -> Result<()> {
         on_backend!(self, c => ping())
@@ -582,6 +614,11 @@ impl Tx {
     /// own clocks disagree never disagree about who holds what.
     pub async fn clock_ms(&mut self) -> Result<i64> {
         in_tx!(self, clock_ms())
+    }
+
+    /// The newest migration the database has run, read inside this transaction.
+    pub async fn schema_version(&mut self) -> Result<i64> {
+        in_tx!(self, schema_version())
     }
 
     /// Events other writers committed after `after`: read under the write lock, so

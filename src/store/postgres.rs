@@ -249,9 +249,7 @@ async fn migrate(pool: &PgPool) -> Result<()> {
     sqlx::raw_sql("SET lock_timeout = 0; SET statement_timeout = 0")
         .execute(&mut *conn)
         .await?;
-    super::additive(sqlx::migrate!("migrations/postgres"))
-        .run(&mut *conn)
-        .await?;
+    super::additive(migrator()).run(&mut *conn).await?;
     Ok(())
 }
 
@@ -263,6 +261,11 @@ pub fn turned_away(code: &str) -> bool {
     matches!(code, "55P03" | "57014" | "25P03" | "53300")
         || code.starts_with("08")
         || code.starts_with("57P")
+}
+
+/// The migrations this keyspread knows.
+pub fn migrator() -> sqlx::migrate::Migrator {
+    sqlx::migrate!("migrations/postgres")
 }
 
 /// The database server's clock, in Unix milliseconds: one clock for every replica, however

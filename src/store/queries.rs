@@ -129,6 +129,13 @@ macro_rules! queries {
                 .collect()
         }
 
+        /// The newest migration the database has run (a newer keyspread's, perhaps).
+        pub async fn schema_version(conn: &mut Conn) -> Result<i64> {
+            Ok(sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&mut *conn)
+                .await?)
+        }
+
         pub async fn last_event_id(conn: &mut Conn) -> Result<i64> {
             Ok(sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(&mut *conn).await?)
         }

@@ -169,9 +169,7 @@ pub async fn connect(url: &str) -> Result<Pools> {
             .connect_with(options.clone())
     };
     let writes = pool(1).await?;
-    super::additive(sqlx::migrate!("migrations/sqlite"))
-        .run(&writes)
-        .await?;
+    super::additive(migrator()).run(&writes).await?;
     let reads = pool(3).await?;
     drop(lock);
     Ok(Pools { writes, reads })
@@ -179,6 +177,11 @@ pub async fn connect(url: &str) -> Result<Pools> {
 
 /// A write transaction. `BEGIN IMMEDIATE` takes the database's write lock up front, so
 /// writers in other processes on the same file wait rather than interleave.
+/// The migrations this keyspread knows.
+pub fn migrator() -> sqlx::migrate::Migrator {
+    sqlx::migrate!("migrations/sqlite")
+}
+
 /// The database's clock, in Unix milliseconds: SQLite reads the host's clock in this
 /// process, so every replica on one file reads the same one.
 pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {

@@ -289,6 +289,22 @@ impl Db {
             .unwrap());
     }
 
+    /// As [`Db::execute_with_key`], answering the database's refusal instead of panicking.
+    pub async fn try_execute_with_key(
+        &mut self,
+        sql: &str,
+        account: &str,
+        key: u128,
+    ) -> Result<u64, String> {
+        on_db!(self, c => sqlx::query(sql)
+            .bind(account)
+            .bind(key.to_be_bytes().to_vec())
+            .execute(c)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(|e| e.to_string()))
+    }
+
     /// Hash keys as `ORDER BY hash_key` returns them.
     pub async fn keys_in_stored_order(&mut self) -> Vec<u128> {
         let rows: Vec<(Vec<u8>,)> = on_db!(self, c => sqlx::query_as("SELECT hash_key FROM assignments ORDER BY hash_key")

@@ -12,6 +12,7 @@ mod documents;
 mod errors;
 mod fanout;
 mod fanout_kinesis;
+mod fold;
 mod follow;
 mod forwarded;
 mod heavy;

@@ -21,6 +21,12 @@ impl Server {
     /// between choosing and binding) over `database_url`, appending its log to `log`
     /// (restarts share one file). [`Server::wait_ready`] learns the port from the log.
     pub fn spawn(database_url: &str, log: &Path) -> Server {
+        Server::spawn_with(database_url, log, &[])
+    }
+
+    /// As [`Server::spawn`], with more variables in the process's environment (a faked
+    /// clock, say).
+    pub fn spawn_with(database_url: &str, log: &Path, env: &[(&str, &str)]) -> Server {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -38,6 +44,7 @@ impl Server {
             .env_remove("KEYSPREAD_KEYSPACE_BITS")
             .env_remove("KEYSPREAD_TOKEN")
             .env_remove("KEYSPREAD_PRIMARY_STREAM")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -78,10 +85,15 @@ impl Server {
         }
     }
 
+    /// What this process has logged so far.
+    pub fn log_text(&self) -> String {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        String::from_utf8_lossy(text.get(self.log_from as usize..).unwrap_or_default()).into_owned()
+    }
+
     /// The address in this process's `listening addr=...` log line, once written.
     fn listening_on(&self) -> Option<String> {
-        let text = std::fs::read(&self.log).ok()?;
-        let ours = String::from_utf8_lossy(text.get(self.log_from as usize..)?).into_owned();
+        let ours = self.log_text();
         let line = ours.lines().find(|l| l.contains(" listening addr="))?;
         let addr = line
             .split(" listening addr=")
