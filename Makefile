@@ -4,7 +4,7 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: help run test test-deps rust-client crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+.PHONY: help run test proofs soak test-deps rust-client crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
 
 # `make` alone lists the targets; CI names the ones it runs.
 .DEFAULT_GOAL := help
@@ -28,26 +28,29 @@ run:
 	$(CARGO) run --release -- serve
 
 ## Every test: unit, property, HTTP integration, the generated Python, TypeScript and Rust
-## clients, kinesalite.
-## With KEYSPREAD_TEST_POSTGRES=postgres://user:pass@host/db (a server tests may create
-## databases on), the HTTP suite runs a second time on Postgres, replicas included.
+## clients, kinesalite; then the HTTP suite again on Postgres: the server
+## KEYSPREAD_TEST_POSTGRES names, else a throwaway cluster when initdb and pg_ctl are here.
+## Ends with what passed, failed and was skipped (and why); TEST_ARGS=FILTER runs fewer.
 test: test-deps
-	$(CARGO) test
-	@if [ -n "$$KEYSPREAD_TEST_POSTGRES" ]; then \
-		echo "--- the HTTP suite again, on Postgres"; \
-		$(CARGO) test --test api; \
-	else \
-		echo "--- KEYSPREAD_TEST_POSTGRES is not set: Postgres runs skipped"; \
-	fi
+	$(PYTHON) tests/run $(TEST_ARGS)
+
+## The proofs one at a time, with their figures, on SQLite then on Postgres: ordering and
+## leases on kinesalite, leases through three replicas, hot accounts on kinesalite, and
+## the crash test.
+PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: crash::
+
+proofs: test-deps
+	$(PYTHON) tests/run --api -- $(PROOFS) --nocapture --test-threads=1
+
+## The history checker for 10 minutes on each backend (`make test` runs it for about 90 s).
+soak:
+	KEYSPREAD_HISTORY_SECS=600 $(PYTHON) tests/run --api -- history:: --nocapture
 
 ## The crash test alone, with its figures: 64 clients, SIGKILL at 20 random moments, then
-## every acknowledged change checked in the database, key by key. SQLite, and Postgres too when
-## KEYSPREAD_TEST_POSTGRES is set; KEYSPREAD_CRASH_SEED=N repeats a run's choices.
+## every acknowledged change checked in the database, key by key, on SQLite then on
+## Postgres; KEYSPREAD_CRASH_SEED=N repeats a run's choices.
 crash:
-	env -u KEYSPREAD_TEST_POSTGRES $(CARGO) test --test api crash:: -- --nocapture
-	@if [ -n "$$KEYSPREAD_TEST_POSTGRES" ]; then \
-		$(CARGO) test --test api crash:: -- --nocapture; \
-	fi
+	$(PYTHON) tests/run --api -- crash:: --nocapture
 
 ## What the tests drive besides the service: a venv with openapi-python-client, kinesalite,
 ## the TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5), and the

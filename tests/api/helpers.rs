@@ -11,6 +11,8 @@ use sqlx::Connection;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use crate::skip::required_tool;
+
 /// A running keyspread with its own database, shut down when dropped.
 pub struct TestApp {
     pub addr: SocketAddr,
@@ -540,25 +542,4 @@ pub fn assert_problem(answer: &Answer, status: u16, needle: &str) {
         detail.contains(needle),
         "detail {detail:?} lacks {needle:?}"
     );
-}
-
-/// The program `name` (on PATH or in sbin), for a test that drives it. Missing, the test is skipped
-/// with the reason printed, except under CI (`CI=true`), where a skipped test would hide
-/// a broken set-up: there it fails.
-pub fn required_tool(name: &str, test: &str) -> Option<PathBuf> {
-    // Debian installs daemons such as nginx in sbin, often not on a user's PATH.
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path)
-        .chain(["/usr/local/sbin", "/usr/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|program| program.is_file());
-    if found.is_none() {
-        let why = format!("{name} is not installed (on Debian: apt-get install {name})");
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{test}: {why}"
-        );
-        eprintln!("SKIPPED {test}: {why}");
-    }
-    found
 }

@@ -3,6 +3,7 @@
 mod helpers;
 mod process;
 mod replay;
+mod skip;
 
 mod abuse;
 mod bounds;

@@ -65,7 +65,9 @@ fn make_help_lists_every_documented_target() {
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Makefile")).unwrap();
     let documented = documented_targets(&makefile);
     // The ones a newcomer needs first, so the parse above cannot pass by finding nothing.
-    for needed in ["help", "run", "test", "lint", "bench", "fuzz"] {
+    for needed in [
+        "help", "run", "test", "proofs", "soak", "lint", "bench", "fuzz",
+    ] {
         assert!(
             documented.iter().any(|(t, _)| t == needed),
             "{needed} has no ## comment"
@@ -97,4 +99,56 @@ fn make_help_lists_every_documented_target() {
     assert_eq!(listed, documented_names, "{help}");
     assert!(lines[0].starts_with("make TARGET"), "{help}");
     assert_eq!(make(&[]), help, "`make` alone prints the list");
+}
+
+/// A test that passes, one that lacks its tool (node, kept off PATH) and one for Postgres
+/// only, run by this very binary on SQLite as `make test` runs it; the runner's summary of
+/// that run counts the second as skipped with its reason and the third as another pass's,
+/// neither as passed.
+#[test]
+fn make_test_sums_up_a_test_that_could_not_run_as_skipped_with_its_reason() {
+    const PASSES: &str = "readme::shown_answers_match_with_wildcards_only_where_marked";
+    const NO_NODE: &str = "typescript_client::generated_typescript_client_drives_the_live_server";
+    const POSTGRES: &str =
+        "secrets::a_password_with_url_delimiters_logs_in_and_stays_out_of_the_log";
+    let work = tempfile::tempdir().unwrap();
+    let skips = work.path().join("skips");
+    let run = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", PASSES, NO_NODE, POSTGRES])
+        .env("PATH", work.path())
+        .env("KEYSPREAD_SKIP_LOG", &skips)
+        .env_remove("CI")
+        .env_remove("KEYSPREAD_TEST_POSTGRES")
+        .output()
+        .expect("run the test binary");
+    let output = String::from_utf8(run.stdout).unwrap();
+    assert!(run.status.success(), "{output}");
+    assert!(output.contains("3 passed"), "libtest says ok: {output}");
+    let saved = work.path().join("output");
+    std::fs::write(&saved, &output).unwrap();
+
+    let summary = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/run"))
+        .arg("--summarize")
+        .args(["sqlite".as_ref(), saved.as_os_str(), skips.as_os_str()])
+        .output()
+        .expect("run tests/run");
+    let text = String::from_utf8(summary.stdout).unwrap();
+    assert!(summary.status.success(), "{text}");
+    let why = "node is not installed";
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("skipped {NO_NODE}: {why}"))),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("Postgres only: {POSTGRES}"))),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().last(),
+        Some("1 passed, 0 failed, 1 skipped"),
+        "{text}"
+    );
 }

@@ -176,8 +176,9 @@ async fn wait_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_survive_a_database_outage_and_readiness_recovers() {
-    let Ok(server) = std::env::var("KEYSPREAD_TEST_POSTGRES") else {
-        eprintln!("outage test runs on Postgres only: KEYSPREAD_TEST_POSTGRES is not set");
+    let Some(server) =
+        crate::skip::postgres_only("lookups_survive_a_database_outage_and_readiness_recovers")
+    else {
         return;
     };
     let db = PgDatabase::create(&server).await;
@@ -324,8 +325,9 @@ async fn a_change_behind_a_held_write_lock_is_refused_in_time_and_leaves_nothing
 /// stays cut off. A's release is rolled back with its session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_inside_a_write_holds_up_no_other() {
-    let Ok(server) = std::env::var("KEYSPREAD_TEST_POSTGRES") else {
-        eprintln!("black-hole test runs on Postgres only: KEYSPREAD_TEST_POSTGRES is not set");
+    let Some(server) =
+        crate::skip::postgres_only("a_replica_cut_off_inside_a_write_holds_up_no_other")
+    else {
         return;
     };
     let db = PgDatabase::create(&server).await;

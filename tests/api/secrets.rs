@@ -114,10 +114,8 @@ fn password_parameters_the_driver_ignores_are_refused() {
 /// in with it (in the userinfo or as `password=`), and the log never shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_with_url_delimiters_logs_in_and_stays_out_of_the_log() {
-    let Some(server) = std::env::var("KEYSPREAD_TEST_POSTGRES")
-        .ok()
-        .filter(|s| !s.is_empty())
-    else {
+    let test = "a_password_with_url_delimiters_logs_in_and_stays_out_of_the_log";
+    let Some(server) = crate::skip::postgres_only(test) else {
         return;
     };
     let db = crate::helpers::PgDatabase::create(&server).await;

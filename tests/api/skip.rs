@@ -1,0 +1,76 @@
+//! Tests that cannot run here say so: to stderr, and as a line in the file
+//! `KEYSPREAD_SKIP_LOG` names, from which `make test` (tests/run) counts them skipped, not
+//! passed (libtest has no runtime skip: such a test returns and reports `ok`).
+//!
+//! A line is `KIND<TAB>TEST<TAB>REASON`: `skipped` (a tool is missing), or `postgres-only`
+//! (on SQLite: the test belongs to the Postgres pass; `sqlite-only` would say the converse).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+/// The program `name` (on PATH or in sbin), for a test that drives it. Missing, the test is
+/// skipped with the reason recorded, except under CI (`CI=true`), where a skipped test would
+/// hide a broken set-up: there it fails.
+pub fn required_tool(name: &str, test: &str) -> Option<PathBuf> {
+    // Debian installs daemons such as nginx in sbin, often not on a user's PATH.
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|program| program.is_file());
+    if found.is_none() {
+        let package = if name == "node" { "nodejs" } else { name };
+        skipped(
+            test,
+            &format!("{name} is not installed (on Debian: apt-get install {package})"),
+        );
+    }
+    found
+}
+
+/// Records that `test` cannot run here, for `why`; under CI it fails instead.
+pub fn skipped(test: &str, why: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test}: {why}"
+    );
+    record("skipped", test, why);
+}
+
+/// The `KEYSPREAD_TEST_POSTGRES` server, for a test that runs on Postgres only; None on
+/// SQLite, where the test is recorded as the Postgres pass's.
+pub fn postgres_only(test: &str) -> Option<String> {
+    let server = std::env::var("KEYSPREAD_TEST_POSTGRES")
+        .ok()
+        .filter(|s| !s.is_empty());
+    if server.is_none() {
+        record("postgres-only", test, "runs on Postgres only");
+    }
+    server
+}
+
+fn record(kind: &str, test: &str, why: &str) {
+    let test = full_name(test);
+    eprintln!("SKIPPED {test}: {why}");
+    let Some(log) = std::env::var_os("KEYSPREAD_SKIP_LOG") else {
+        return;
+    };
+    // One short write in append mode: lines from concurrent tests do not interleave.
+    let line = format!("{kind}\t{test}\t{}\n", why.replace(['\t', '\n'], " "));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .and_then(|mut file| file.write_all(line.as_bytes()))
+        .unwrap_or_else(|e| panic!("append to KEYSPREAD_SKIP_LOG {log:?}: {e}"));
+}
+
+/// libtest's name for the running test (`module::test`): the thread libtest runs it on is
+/// named so, and a `#[tokio::test]` body runs on that thread.
+fn full_name(test: &str) -> String {
+    std::thread::current()
+        .name()
+        .filter(|name| name.rsplit("::").next() == Some(test) || *name == test)
+        .unwrap_or(test)
+        .to_owned()
+}
