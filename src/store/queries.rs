@@ -353,24 +353,25 @@ macro_rules! queries {
 
         /// Every lease row of the stream.
         pub async fn leases(conn: &mut Conn, stream: &str) -> Result<Vec<LeaseRow>> {
-            lease_rows(conn, "WHERE stream = $1", stream, None).await
+            const SQL: &str = "SELECT shard_id, owner, next_owner, told, epoch, checkpoint FROM leases \
+                               WHERE stream = $1 ORDER BY shard_id";
+            lease_rows(conn, SQL, stream, None).await
         }
 
-        /// The leases `worker` owns: one index range.
+        /// The leases `worker` owns: one range of the owner index.
         pub async fn owned_leases(conn: &mut Conn, stream: &str, worker: &str) -> Result<Vec<LeaseRow>> {
-            lease_rows(conn, "WHERE stream = $1 AND owner = $2", stream, Some(worker)).await
+            lease_rows(conn, crate::store::leases::OWNED_LEASES, stream, Some(worker)).await
         }
 
         /// One shard's lease row, if it has one.
         pub async fn lease(conn: &mut Conn, stream: &str, shard_id: &str) -> Result<Option<LeaseRow>> {
-            Ok(lease_rows(conn, "WHERE stream = $1 AND shard_id = $2", stream, Some(shard_id)).await?.pop())
+            const SQL: &str = "SELECT shard_id, owner, next_owner, told, epoch, checkpoint FROM leases \
+                               WHERE stream = $1 AND shard_id = $2";
+            Ok(lease_rows(conn, SQL, stream, Some(shard_id)).await?.pop())
         }
 
-        async fn lease_rows(conn: &mut Conn, filter: &str, stream: &str, second: Option<&str>) -> Result<Vec<LeaseRow>> {
-            let sql = format!(
-                "SELECT shard_id, owner, next_owner, told, epoch, checkpoint FROM leases {filter} ORDER BY shard_id"
-            );
-            let mut query = sqlx::query_as::<_, (String, Option<String>, Option<String>, bool, i64, Option<String>)>(&sql).bind(stream);
+        async fn lease_rows(conn: &mut Conn, sql: &str, stream: &str, second: Option<&str>) -> Result<Vec<LeaseRow>> {
+            let mut query = sqlx::query_as::<_, (String, Option<String>, Option<String>, bool, i64, Option<String>)>(sql).bind(stream);
             if let Some(second) = second {
                 query = query.bind(second);
             }
