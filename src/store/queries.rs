@@ -191,21 +191,39 @@ macro_rules! queries {
             let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed FROM streams ORDER BY name")
                 .fetch_all(&mut *conn)
                 .await?;
-            rows.iter()
-                .map(|row| {
-                    let name: String = row.try_get(0)?;
-                    let shards = decode_shards(&name, &row.try_get::<String, _>(1)?)?;
-                    Ok(StreamRow {
-                        shards,
-                        next_shard: row.try_get::<i64, _>(2)? as u64,
-                        primary: row.try_get(3)?,
-                        updated_at: row.try_get(4)?,
-                        version: row.try_get(5)?,
-                        listed: decode_listed(&name, row.try_get(6)?)?,
-                        name,
-                    })
-                })
-                .collect()
+            rows.iter().map(stream_row).collect()
+        }
+
+        /// Stream `name`'s row as committed, if it is registered.
+        pub async fn load_stream(conn: &mut Conn, name: &str) -> Result<Option<StreamRow>> {
+            let row = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed FROM streams WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&mut *conn)
+                .await?;
+            row.as_ref().map(stream_row).transpose()
+        }
+
+        /// The `version` of stream `name`'s map as committed, if it is registered: one
+        /// primary-key probe, however large the map.
+        pub async fn stream_version(conn: &mut Conn, name: &str) -> Result<Option<i64>> {
+            Ok(sqlx::query_scalar("SELECT version FROM streams WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&mut *conn)
+                .await?)
+        }
+
+        fn stream_row(row: &<$db as sqlx::Database>::Row) -> Result<StreamRow> {
+            let name: String = row.try_get(0)?;
+            let shards = decode_shards(&name, &row.try_get::<String, _>(1)?)?;
+            Ok(StreamRow {
+                shards,
+                next_shard: row.try_get::<i64, _>(2)? as u64,
+                primary: row.try_get(3)?,
+                updated_at: row.try_get(4)?,
+                version: row.try_get(5)?,
+                listed: decode_listed(&name, row.try_get(6)?)?,
+                name,
+            })
         }
 
         pub async fn put_stream(conn: &mut Conn, stream: &StreamRow) -> Result<i64> {
@@ -318,15 +336,6 @@ macro_rules! queries {
                 .bind(stream)
                 .fetch_one(&mut *conn)
                 .await?)
-        }
-
-        /// Whether `name` is a registered stream, as committed.
-        pub async fn stream_exists(conn: &mut Conn, name: &str) -> Result<bool> {
-            let found: Option<String> = sqlx::query_scalar("SELECT name FROM streams WHERE name = $1")
-                .bind(name)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(found.is_some())
         }
 
         /// Whether the worker was in the group.

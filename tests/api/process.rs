@@ -21,6 +21,11 @@ impl Server {
     /// between choosing and binding) over `database_url`, appending its log to `log`
     /// (restarts share one file). [`Server::wait_ready`] learns the port from the log.
     pub fn spawn(database_url: &str, log: &Path) -> Server {
+        Server::spawn_with(database_url, log, &[])
+    }
+
+    /// [`Server::spawn`] with more environment: settings, or a fake clock (`LD_PRELOAD`).
+    pub fn spawn_with(database_url: &str, log: &Path, env: &[(&str, &str)]) -> Server {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -38,6 +43,7 @@ impl Server {
             .env_remove("KEYSPREAD_KEYSPACE_BITS")
             .env_remove("KEYSPREAD_TOKEN")
             .env_remove("KEYSPREAD_PRIMARY_STREAM")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -89,6 +95,17 @@ impl Server {
             .split_whitespace()
             .next()?;
         Some(addr.to_owned())
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`...) to the process, which this test started.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("a running server");
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {}", child.id());
     }
 
     /// Kills the process with SIGKILL (no shutdown of any kind) and reaps it.
