@@ -242,8 +242,14 @@ impl Registry {
                 (tx, stream, now, None)
             };
             let name = stream.name.as_str();
-            if stream.lease_shard(&shard_id).is_none() {
+            let Some(shard) = stream.lease_shard(&shard_id) else {
                 return Err(Error::UnknownShard {
+                    stream: stream.name.clone(),
+                    shard: shard_id,
+                });
+            };
+            if end && !shard.closed {
+                return Err(Error::ShardOpen {
                     stream: stream.name.clone(),
                     shard: shard_id,
                 });

@@ -50,6 +50,10 @@ pub enum Error {
     #[error("stream {stream:?} lists no shard {shard:?}")]
     UnknownShard { stream: String, shard: String },
     #[error(
+        "shard {shard:?} of stream {stream:?} is still open: SHARD_END is the checkpoint of a closed shard read to its end (the stream's map, from list-shards, names it closed)"
+    )]
+    ShardOpen { stream: String, shard: String },
+    #[error(
         "worker {worker:?} does not hold the lease of shard {shard:?} at epoch {epoch}: it passed to another worker (or ended); stop reading the shard"
     )]
     NotLeaseHolder {

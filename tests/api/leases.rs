@@ -796,3 +796,28 @@ async fn a_heartbeat_reads_its_own_leases_through_the_owner_index() {
         "the owned leases are not read through the owner index:\n{plan}"
     );
 }
+
+/// `SHARD_END` says a closed shard was read to its end; an open shard has no end yet, and
+/// ending it would leave it unread for good.
+#[tokio::test]
+async fn shard_end_on_an_open_shard_is_refused_and_it_stays_leased() {
+    let app = spawn_assigning_every_join().await;
+    put_stream(&app, "o", json!({"shard_count": 2})).await;
+    let w1 = heartbeat(&app, "o", "w1", 30).await;
+    assert_eq!(held(&w1), [shard(0), shard(1)], "{w1}");
+    assert_problem(
+        &checkpoint(&app, "o", &shard(0), "w1", 1, "SHARD_END").await,
+        409,
+        "still open",
+    );
+    let s = group(&app, "o").await;
+    assert_eq!(s["shards"][0]["state"], "held", "{s}");
+    assert!(s["shards"][0]["checkpoint"].is_null(), "{s}");
+
+    // A second worker gets its share of both shards.
+    heartbeat(&app, "o", "w2", 30).await;
+    heartbeat(&app, "o", "w1", 30).await;
+    heartbeat(&app, "o", "w1", 30).await;
+    let w2 = heartbeat(&app, "o", "w2", 30).await;
+    assert_eq!(held(&w2).len(), 1, "{w2}");
+}
