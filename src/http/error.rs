@@ -166,6 +166,9 @@ impl From<registry::Error> for ApiError {
             E::NotLeaseHolder { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "not-lease-holder", err.to_string())
             }
+            E::ShardOpen { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "shard-open", err.to_string())
+            }
             E::Keyspace(e) => e.into(),
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
             E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),

@@ -395,7 +395,7 @@ pub(super) async fn assignment(state: &AppState, name: &str) -> Result<LeasesBod
         (status = 200, description = "Recorded", body = CheckpointBody),
         (status = 400, description = "Invalid stream name, shard id or worker id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream, or the stream lists no such shard", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The worker does not hold this lease at this epoch: it passed to another worker (or ended); stop reading the shard", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The worker does not hold this lease at this epoch: it passed to another worker (or ended); stop reading the shard. Or SHARD_END on a shard the stream's map does not name closed: it is still open", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A sequence number that is neither 1 to 128 digits nor SHARD_END, or a body missing a field", body = Problem, content_type = "application/problem+json"),
     ),

@@ -7,11 +7,15 @@
 //! shard was read to its end, the stream's map was registered again, or, at most every
 //! [`WEIGHT_RECHECK_MS`], the weights moved. Each stream's lease changes take turns on a
 //! lock of their own (see [`Store::begin_leases`](crate::store::Store::begin_leases)).
+//!
+//! Every decision is made over the stream's map and by the clock the database holds,
+//! both read inside the lease transaction: a replica that has not read the newest map
+//! yet, or whose clock runs ahead, decides as every other replica would.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{Error, Registry, Stream, detached, now_ms};
+use super::{Error, Registry, Stream, detached};
 use crate::keyspace::lease_state::{HolderState, LeaseShard, SHARD_END, leasable};
 use crate::keyspace::leases::assign;
 use crate::store::Tx;
@@ -100,6 +104,9 @@ pub struct Checkpointed {
 /// beyond is refused (409), so that an assignment stays O(shards + workers).
 pub const MAX_WORKERS: i64 = 10_000;
 
+/// Most times a lease change weighs a map and finds a newer one registered meanwhile.
+const MAP_RETRIES: usize = 4;
+
 /// Joins within this many milliseconds of a stream's last assignment wait for the next
 /// one, unless configured otherwise: a thousand workers starting together cost a few
 /// assignments, not a thousand.
@@ -128,21 +135,17 @@ impl Registry {
         let stream = self.leased_stream(stream)?;
         let this = Arc::clone(self);
         detached(async move {
-            let name = stream.name.as_str();
-            let now = now_ms();
+            let (mut tx, mut stream, now) = this.begin_leases(&stream).await?;
+            let name: &str = &stream.name.clone();
             let me = WorkerRow {
                 worker,
                 ttl_ms,
                 expires_at: now + ttl_ms,
             };
-            let mut tx = this.store.begin_leases(name).await?;
             let joined = !tx.touch_worker(name, &me).await?;
             if joined {
-                // Under the lease lock, which deleting the stream takes too: a join never
-                // outlives its stream.
-                if !tx.stream_exists(name).await? {
-                    return Err(Error::UnknownStream(stream.name.clone()));
-                }
+                // The stream is there: `begin_leases` read it under the lease lock, which
+                // deleting the stream takes too, so a join never outlives its stream.
                 if tx.count_workers(name).await? >= MAX_WORKERS {
                     return Err(Error::GroupFull {
                         stream: stream.name.clone(),
@@ -163,10 +166,9 @@ impl Registry {
                 // The weights are read outside any transaction: they wait on the writer
                 // lock, which may be waiting on this database connection.
                 tx.commit().await?;
-                let weights = this.lease_weights(&stream).await;
-                tx = this.store.begin_leases(name).await?;
+                let (again, current, now, weights) = this.begin_weighed(stream).await?;
+                (tx, stream) = (again, current);
                 // Another heartbeat may have assigned them meanwhile.
-                let now = now_ms();
                 if this.leases_due(&mut tx, &stream, now, joined).await? {
                     this.assign_leases(&mut tx, &stream, &weights, now).await?;
                 }
@@ -199,19 +201,17 @@ impl Registry {
     /// Takes `worker` out of `stream`'s group; its leases go to the others at once.
     pub async fn leave(self: &Arc<Self>, stream: &str, worker: String) -> Result<(), Error> {
         let stream = self.leased_stream(stream)?;
-        let weights = self.lease_weights(&stream).await;
         let this = Arc::clone(self);
         detached(async move {
+            let (mut tx, stream, now, weights) = this.begin_weighed(stream).await?;
             let name = stream.name.as_str();
-            let mut tx = this.store.begin_leases(name).await?;
             if !tx.delete_worker(name, &worker).await? {
                 return Err(Error::UnknownWorker {
                     stream: stream.name.clone(),
                     worker,
                 });
             }
-            this.assign_leases(&mut tx, &stream, &weights, now_ms())
-                .await?;
+            this.assign_leases(&mut tx, &stream, &weights, now).await?;
             tx.commit().await?;
             Ok(())
         })
@@ -230,22 +230,30 @@ impl Registry {
         sequence_number: String,
     ) -> Result<Checkpointed, Error> {
         let stream = self.leased_stream(stream)?;
-        if stream.lease_shard(&shard_id).is_none() {
-            return Err(Error::UnknownShard {
-                stream: stream.name.clone(),
-                shard: shard_id,
-            });
-        }
         let end = sequence_number == SHARD_END;
-        let weights = if end {
-            Some(self.lease_weights(&stream).await)
-        } else {
-            None
-        };
         let this = Arc::clone(self);
         detached(async move {
+            // Only a shard's end changes the assignment, and so needs the weights.
+            let (mut tx, stream, now, weights) = if end {
+                let (tx, stream, now, weights) = this.begin_weighed(stream).await?;
+                (tx, stream, now, Some(weights))
+            } else {
+                let (tx, stream, now) = this.begin_leases(&stream).await?;
+                (tx, stream, now, None)
+            };
             let name = stream.name.as_str();
-            let mut tx = this.store.begin_leases(name).await?;
+            let Some(shard) = stream.lease_shard(&shard_id) else {
+                return Err(Error::UnknownShard {
+                    stream: stream.name.clone(),
+                    shard: shard_id,
+                });
+            };
+            if end && !shard.closed {
+                return Err(Error::ShardOpen {
+                    stream: stream.name.clone(),
+                    shard: shard_id,
+                });
+            }
             let lease = tx.lease(name, &shard_id).await?;
             let Some(mut lease) = lease.filter(|l| {
                 l.holder.owner.as_deref() == Some(worker.as_str()) && l.holder.epoch == epoch
@@ -262,8 +270,7 @@ impl Registry {
             }
             tx.put_lease(name, &lease).await?;
             if let Some(weights) = weights {
-                this.assign_leases(&mut tx, &stream, &weights, now_ms())
-                    .await?;
+                this.assign_leases(&mut tx, &stream, &weights, now).await?;
             }
             tx.commit().await?;
             Ok(Checkpointed {
@@ -280,9 +287,8 @@ impl Registry {
     /// lease rows and workers, and the weights of its shards.
     pub async fn lease_view(self: &Arc<Self>, stream: &str) -> Result<LeaseView, Error> {
         let stream = self.leased_stream(stream)?;
-        let (rows, workers) = self.store.lease_view(&stream.name).await?;
+        let (rows, workers, now) = self.store.lease_view(&stream.name).await?;
         let weights = self.lease_weights(&stream).await;
-        let now = now_ms();
         let live: HashSet<&str> = workers
             .iter()
             .filter(|w| w.expires_at > now)
@@ -346,6 +352,51 @@ impl Registry {
             .ok_or_else(|| Error::UnknownStream(name.to_owned()))
     }
 
+    /// Begins a lease transaction on `stream` and reads, inside it, the stream's map as the
+    /// database holds it (`stream` itself unless a newer one was registered) and the
+    /// database's clock (Unix milliseconds). Lease rows are only ever made for the newest
+    /// map, so no decision is made over an older one than theirs.
+    async fn begin_leases(&self, stream: &Stream) -> Result<(Tx, Stream, i64), Error> {
+        let name = stream.name.as_str();
+        let gone = || Error::UnknownStream(name.to_owned());
+        // The schema as last seen (the follower looks every few seconds): no extra round
+        // trip on a heartbeat.
+        self.writable()?;
+        let mut tx = self.store.begin_leases(name).await?;
+        let current = match tx.stream_version(name).await? {
+            None => return Err(gone()),
+            Some(version) if version == stream.version => stream.clone(),
+            // Registered elsewhere and not followed here yet: O(shards), once per new map.
+            Some(_) => {
+                Stream::from_row(tx.load_stream(name).await?.ok_or_else(gone)?, self.keyspace)?
+            }
+        };
+        let now = tx.clock_ms().await?;
+        Ok((tx, current, now))
+    }
+
+    /// [`Registry::begin_leases`] with the weights of the map it read. They are read before
+    /// the transaction (see [`Registry::lease_weights`]); a newer map found inside it is
+    /// weighed, and the transaction begun again.
+    async fn begin_weighed(
+        self: &Arc<Self>,
+        stream: Stream,
+    ) -> Result<(Tx, Stream, i64, Vec<u64>), Error> {
+        let mut weighed = stream;
+        for _ in 0..MAP_RETRIES {
+            let weights = self.lease_weights(&weighed).await;
+            let (tx, current, now) = self.begin_leases(&weighed).await?;
+            if current.version == weighed.version {
+                return Ok((tx, current, now, weights));
+            }
+            // Nothing written yet: dropping the transaction rolls it back.
+            drop(tx);
+            weighed = current;
+        }
+        // The map changed at every try: the caller sends the change again later.
+        Err(Error::Unavailable)
+    }
+
     /// Whether `stream`'s leases must be assigned again: its map changed, a worker expired,
     /// a worker joined (`joined`: this one) and the last assignment is the join batch's
     /// time old, or the weights moved and were last checked [`WEIGHT_RECHECK_MS`] ago or
@@ -362,9 +413,8 @@ impl Registry {
             return Ok(true);
         };
         if group.map_version != stream.version {
-            // A replica that has not read the newest map yet leaves the assignment to one
-            // that has.
-            return Ok(group.map_version < stream.version);
+            // Assigned over an older map (`stream` is the database's newest).
+            return Ok(true);
         }
         if tx.any_expired(&stream.name, now).await? {
             return Ok(true);
@@ -472,7 +522,8 @@ impl Registry {
     }
 
     /// What each of `stream`'s shards weighs: the weights of the keys in its range, at
-    /// least 1. O(shards × log keys) under the writer lock, off the async threads.
+    /// least 1. O(shards × log keys) under the writer lock, off the async threads; never
+    /// inside a lease transaction, as the writer may be waiting on the database's lock.
     async fn lease_weights(self: &Arc<Self>, stream: &Stream) -> Vec<u64> {
         let this = Arc::clone(self);
         let shards = Arc::clone(&stream.lease_shards);

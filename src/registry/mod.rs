@@ -50,6 +50,10 @@ pub enum Error {
     #[error("stream {stream:?} lists no shard {shard:?}")]
     UnknownShard { stream: String, shard: String },
     #[error(
+        "shard {shard:?} of stream {stream:?} is still open: SHARD_END is the checkpoint of a closed shard read to its end (the stream's map, from list-shards, names it closed)"
+    )]
+    ShardOpen { stream: String, shard: String },
+    #[error(
         "worker {worker:?} does not hold the lease of shard {shard:?} at epoch {epoch}: it passed to another worker (or ended); stop reading the shard"
     )]
     NotLeaseHolder {
@@ -412,7 +416,7 @@ impl Registry {
 
     /// Refuses a change when the database's schema is newer than this keyspread knows: its
     /// rules (which keys are held, say) may be ones this release cannot keep.
-    fn writable(&self) -> Result<(), Error> {
+    pub(super) fn writable(&self) -> Result<(), Error> {
         let found = self.schema.load(std::sync::atomic::Ordering::Relaxed);
         let known = self.store.known_schema();
         if found > known {

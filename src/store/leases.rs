@@ -3,6 +3,12 @@
 
 use crate::keyspace::lease_state::Holder;
 
+/// The leases a worker owns (`$1` the stream, `$2` the worker), read at every heartbeat:
+/// one range of the `leases_owner` index. In no order: `ORDER BY shard_id` steers SQLite
+/// to the primary key, a walk of every shard of the stream (the caller sorts its few).
+pub const OWNED_LEASES: &str = "SELECT shard_id, owner, next_owner, told, epoch, checkpoint \
+    FROM leases WHERE stream = $1 AND owner = $2";
+
 /// A worker of a stream's consumer group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerRow {

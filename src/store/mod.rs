@@ -591,12 +591,14 @@ impl Store {
         })
     }
 
-    /// A stream's lease rows and workers, read together (one snapshot).
-    pub async fn lease_view(&self, stream: &str) -> Result<(Vec<LeaseRow>, Vec<WorkerRow>)> {
+    /// A stream's lease rows and workers, read together (one snapshot), and the
+    /// database's clock (Unix milliseconds) to tell live workers by.
+    pub async fn lease_view(&self, stream: &str) -> Result<(Vec<LeaseRow>, Vec<WorkerRow>, i64)> {
         let mut tx = self.snapshot().await?;
         let leases = tx.leases(stream).await?;
         let workers = tx.lease_workers(stream).await?;
-        Ok((leases, workers))
+        let now = tx.clock_ms().await?;
+        Ok((leases, workers, now))
     }
 
     /// Starts a write transaction; it waits for writers in other processes to finish.
@@ -715,9 +717,14 @@ impl Tx {
         in_tx!(self, count_workers(stream))
     }
 
-    /// Whether `name` is a registered stream, as committed.
-    pub async fn stream_exists(&mut self, name: &str) -> Result<bool> {
-        in_tx!(self, stream_exists(name))
+    /// The `version` of stream `name`'s map as committed, if it is registered: one row.
+    pub async fn stream_version(&mut self, name: &str) -> Result<Option<i64>> {
+        in_tx!(self, stream_version(name))
+    }
+
+    /// Stream `name`'s row as committed, if it is registered.
+    pub async fn load_stream(&mut self, name: &str) -> Result<Option<StreamRow>> {
+        in_tx!(self, load_stream(name))
     }
 
     /// Whether the worker was in the group.

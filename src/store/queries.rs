@@ -198,21 +198,39 @@ macro_rules! queries {
             let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed FROM streams ORDER BY name")
                 .fetch_all(&mut *conn)
                 .await?;
-            rows.iter()
-                .map(|row| {
-                    let name: String = row.try_get(0)?;
-                    let shards = decode_shards(&name, &row.try_get::<String, _>(1)?)?;
-                    Ok(StreamRow {
-                        shards,
-                        next_shard: row.try_get::<i64, _>(2)? as u64,
-                        primary: row.try_get(3)?,
-                        updated_at: row.try_get(4)?,
-                        version: row.try_get(5)?,
-                        listed: decode_listed(&name, row.try_get(6)?)?,
-                        name,
-                    })
-                })
-                .collect()
+            rows.iter().map(stream_row).collect()
+        }
+
+        /// Stream `name`'s row as committed, if it is registered.
+        pub async fn load_stream(conn: &mut Conn, name: &str) -> Result<Option<StreamRow>> {
+            let row = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed FROM streams WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&mut *conn)
+                .await?;
+            row.as_ref().map(stream_row).transpose()
+        }
+
+        /// The `version` of stream `name`'s map as committed, if it is registered: one
+        /// primary-key probe, however large the map.
+        pub async fn stream_version(conn: &mut Conn, name: &str) -> Result<Option<i64>> {
+            Ok(sqlx::query_scalar("SELECT version FROM streams WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&mut *conn)
+                .await?)
+        }
+
+        fn stream_row(row: &<$db as sqlx::Database>::Row) -> Result<StreamRow> {
+            let name: String = row.try_get(0)?;
+            let shards = decode_shards(&name, &row.try_get::<String, _>(1)?)?;
+            Ok(StreamRow {
+                shards,
+                next_shard: row.try_get::<i64, _>(2)? as u64,
+                primary: row.try_get(3)?,
+                updated_at: row.try_get(4)?,
+                version: row.try_get(5)?,
+                listed: decode_listed(&name, row.try_get(6)?)?,
+                name,
+            })
         }
 
         pub async fn put_stream(conn: &mut Conn, stream: &StreamRow) -> Result<i64> {
@@ -327,15 +345,6 @@ macro_rules! queries {
                 .await?)
         }
 
-        /// Whether `name` is a registered stream, as committed.
-        pub async fn stream_exists(conn: &mut Conn, name: &str) -> Result<bool> {
-            let found: Option<String> = sqlx::query_scalar("SELECT name FROM streams WHERE name = $1")
-                .bind(name)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(found.is_some())
-        }
-
         /// Whether the worker was in the group.
         pub async fn delete_worker(conn: &mut Conn, stream: &str, worker: &str) -> Result<bool> {
             let done = sqlx::query("DELETE FROM lease_workers WHERE stream = $1 AND worker = $2")
@@ -360,24 +369,25 @@ macro_rules! queries {
 
         /// Every lease row of the stream.
         pub async fn leases(conn: &mut Conn, stream: &str) -> Result<Vec<LeaseRow>> {
-            lease_rows(conn, "WHERE stream = $1", stream, None).await
+            const SQL: &str = "SELECT shard_id, owner, next_owner, told, epoch, checkpoint FROM leases \
+                               WHERE stream = $1 ORDER BY shard_id";
+            lease_rows(conn, SQL, stream, None).await
         }
 
-        /// The leases `worker` owns: one index range.
+        /// The leases `worker` owns: one range of the owner index.
         pub async fn owned_leases(conn: &mut Conn, stream: &str, worker: &str) -> Result<Vec<LeaseRow>> {
-            lease_rows(conn, "WHERE stream = $1 AND owner = $2", stream, Some(worker)).await
+            lease_rows(conn, crate::store::leases::OWNED_LEASES, stream, Some(worker)).await
         }
 
         /// One shard's lease row, if it has one.
         pub async fn lease(conn: &mut Conn, stream: &str, shard_id: &str) -> Result<Option<LeaseRow>> {
-            Ok(lease_rows(conn, "WHERE stream = $1 AND shard_id = $2", stream, Some(shard_id)).await?.pop())
+            const SQL: &str = "SELECT shard_id, owner, next_owner, told, epoch, checkpoint FROM leases \
+                               WHERE stream = $1 AND shard_id = $2";
+            Ok(lease_rows(conn, SQL, stream, Some(shard_id)).await?.pop())
         }
 
-        async fn lease_rows(conn: &mut Conn, filter: &str, stream: &str, second: Option<&str>) -> Result<Vec<LeaseRow>> {
-            let sql = format!(
-                "SELECT shard_id, owner, next_owner, told, epoch, checkpoint FROM leases {filter} ORDER BY shard_id"
-            );
-            let mut query = sqlx::query_as::<_, (String, Option<String>, Option<String>, bool, i64, Option<String>)>(&sql).bind(stream);
+        async fn lease_rows(conn: &mut Conn, sql: &str, stream: &str, second: Option<&str>) -> Result<Vec<LeaseRow>> {
+            let mut query = sqlx::query_as::<_, (String, Option<String>, Option<String>, bool, i64, Option<String>)>(sql).bind(stream);
             if let Some(second) = second {
                 query = query.bind(second);
             }

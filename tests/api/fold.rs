@@ -245,6 +245,9 @@ async fn the_database_refuses_a_pending_old_key_to_any_writer() {
 async fn a_keyspread_older_than_its_database_refuses_changes() {
     let app = spawn_app().await;
     let key = app.allocate("acme").await;
+    let stream = json!({"shard_count": 2});
+    let put = app.call(Method::PUT, "/streams/old", Some(stream)).await;
+    assert_eq!(put.status, 201, "{}", put.body);
     app.db().await.record_newer_migration().await;
     let dir = tempfile::tempdir().unwrap();
     let url = app.config.database_url.clone();
@@ -260,6 +263,7 @@ async fn a_keyspread_older_than_its_database_refuses_changes() {
         (Method::DELETE, "/keys/acme", None),
         (Method::PATCH, "/keys/acme", Some(json!({"weight": 2}))),
         (Method::PUT, "/streams/s", Some(json!({"shard_count": 2}))),
+        (Method::PUT, "/streams/old/workers/w1", Some(json!({}))),
     ] {
         let (status, problem) = replicas.call(0, method.clone(), path, body).await;
         assert_eq!(status, 503, "{method} {path}: {problem}");
@@ -284,7 +288,7 @@ async fn a_replica_whose_clock_runs_ahead_hands_out_no_pending_old_key() {
     if crate::skip::postgres_only(TEST).is_none() {
         return;
     }
-    let Some(faketime) = faketime_library(TEST) else {
+    let Some(faketime) = crate::skip::faketime_library(TEST) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -319,23 +323,4 @@ async fn a_replica_whose_clock_runs_ahead_hands_out_no_pending_old_key() {
     for server in &replicas.servers {
         assert!(!server.log_text().contains("cannot follow"));
     }
-}
-
-/// libfaketime's preload library, or `None` (`test` recorded as skipped) where it is not
-/// installed; under CI its absence fails.
-pub fn faketime_library(test: &str) -> Option<String> {
-    let found = [
-        "/usr/lib/x86_64-linux-gnu/faketime",
-        "/usr/lib/aarch64-linux-gnu/faketime",
-        "/usr/lib/faketime",
-    ]
-    .iter()
-    .map(|dir| Path::new(dir).join("libfaketime.so.1"))
-    .find(|p| p.is_file())
-    .map(|p| p.display().to_string());
-    if found.is_none() {
-        let why = "libfaketime is not installed (on Debian: apt-get install libfaketime)";
-        crate::skip::skipped(test, why);
-    }
-    found
 }

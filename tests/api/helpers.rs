@@ -326,6 +326,31 @@ impl Db {
             .unwrap())
     }
 
+    /// How the database would run `sql` with `params` as `$1`, `$2`, ... (text): SQLite's
+    /// `EXPLAIN QUERY PLAN` or Postgres' `EXPLAIN`, one line per step.
+    pub async fn query_plan(&mut self, sql: &str, params: &[&str]) -> String {
+        let lines: Vec<String> = match self {
+            Db::Sqlite(c) => {
+                let explain = format!("EXPLAIN QUERY PLAN {sql}");
+                let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
+                for param in params {
+                    query = query.bind(*param);
+                }
+                let rows = query.fetch_all(c).await.unwrap();
+                rows.into_iter().map(|(_, _, _, step)| step).collect()
+            }
+            Db::Postgres(c) => {
+                let explain = format!("EXPLAIN {sql}");
+                let mut query = sqlx::query_scalar::<_, String>(&explain);
+                for param in params {
+                    query = query.bind(*param);
+                }
+                query.fetch_all(c).await.unwrap()
+            }
+        };
+        lines.join("\n")
+    }
+
     /// Runs statements, several at once, that take no parameters.
     pub async fn execute_script(&mut self, sql: &str) {
         on_db!(self, c => {

@@ -769,3 +769,55 @@ async fn a_group_holds_at_most_ten_thousand_workers() {
     assert_eq!(app.delete("/streams/s/workers/filler-1").await.status, 204);
     heartbeat(&app, "s", "one-too-many", 30).await;
 }
+
+/// A heartbeat reads the worker's own leases through the owner index, so it costs
+/// O(its own leases) however many shards the stream has: the very SQL the store sends.
+#[tokio::test]
+async fn a_heartbeat_reads_its_own_leases_through_the_owner_index() {
+    let app = spawn_app().await;
+    let mut db = app.db().await;
+    // 10,000 shards held by 1,000 workers.
+    db.execute_script(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 9999) \
+         INSERT INTO leases (stream, shard_id, owner, epoch) \
+         SELECT 's', 'shardId-' || i, 'w' || (i % 1000), 1 FROM n",
+    )
+    .await;
+    if app.config.database_url.starts_with("postgres") {
+        // Postgres plans by statistics, which autovacuum keeps; SQLite has none unless
+        // someone runs ANALYZE, so its plan is the one a fresh database gets.
+        db.execute_script("ANALYZE leases").await;
+    }
+    let plan = db
+        .query_plan(keyspread::store::leases::OWNED_LEASES, &["s", "w7"])
+        .await;
+    assert!(
+        plan.contains("leases_owner") && !plan.contains("Seq Scan"),
+        "the owned leases are not read through the owner index:\n{plan}"
+    );
+}
+
+/// `SHARD_END` says a closed shard was read to its end; an open shard has no end yet, and
+/// ending it would leave it unread for good.
+#[tokio::test]
+async fn shard_end_on_an_open_shard_is_refused_and_it_stays_leased() {
+    let app = spawn_assigning_every_join().await;
+    put_stream(&app, "o", json!({"shard_count": 2})).await;
+    let w1 = heartbeat(&app, "o", "w1", 30).await;
+    assert_eq!(held(&w1), [shard(0), shard(1)], "{w1}");
+    assert_problem(
+        &checkpoint(&app, "o", &shard(0), "w1", 1, "SHARD_END").await,
+        409,
+        "still open",
+    );
+    let s = group(&app, "o").await;
+    assert_eq!(s["shards"][0]["state"], "held", "{s}");
+    assert!(s["shards"][0]["checkpoint"].is_null(), "{s}");
+
+    // A second worker gets its share of both shards.
+    heartbeat(&app, "o", "w2", 30).await;
+    heartbeat(&app, "o", "w1", 30).await;
+    heartbeat(&app, "o", "w1", 30).await;
+    let w2 = heartbeat(&app, "o", "w2", 30).await;
+    assert_eq!(held(&w2).len(), 1, "{w2}");
+}

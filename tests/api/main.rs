@@ -24,6 +24,7 @@ mod kinesis;
 mod leases;
 mod leases_kinesis;
 mod leases_replicas;
+mod leases_stale;
 mod lifecycle;
 mod makefile;
 mod names;

@@ -24,8 +24,7 @@ impl Server {
         Server::spawn_with(database_url, log, &[])
     }
 
-    /// As [`Server::spawn`], with more variables in the process's environment (a faked
-    /// clock, say).
+    /// [`Server::spawn`] with more environment: settings, or a fake clock (`LD_PRELOAD`).
     pub fn spawn_with(database_url: &str, log: &Path, env: &[(&str, &str)]) -> Server {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
@@ -101,6 +100,17 @@ impl Server {
             .split_whitespace()
             .next()?;
         Some(addr.to_owned())
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`...) to the process, which this test started.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("a running server");
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {}", child.id());
     }
 
     /// Kills the process with SIGKILL (no shutdown of any kind) and reaps it.

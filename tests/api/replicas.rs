@@ -39,6 +39,14 @@ pub struct Api {
 }
 
 impl Api {
+    /// Access to replicas at `urls` (`http://127.0.0.1:PORT`), in order.
+    pub fn new(client: reqwest::Client, urls: Vec<String>) -> Api {
+        Api {
+            client,
+            urls: Arc::new(urls),
+        }
+    }
+
     /// Sends a request to replica `i`: status and JSON body (a string if not JSON).
     pub async fn call(
         &self,

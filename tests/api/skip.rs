@@ -49,6 +49,25 @@ pub fn postgres_only(test: &str) -> Option<String> {
     server
 }
 
+/// libfaketime's preload library, or `None` (`test` recorded as skipped) where it is not
+/// installed; under CI its absence fails.
+pub fn faketime_library(test: &str) -> Option<String> {
+    let found = [
+        "/usr/lib/x86_64-linux-gnu/faketime",
+        "/usr/lib/aarch64-linux-gnu/faketime",
+        "/usr/lib/faketime",
+    ]
+    .iter()
+    .map(|dir| std::path::Path::new(dir).join("libfaketime.so.1"))
+    .find(|p| p.is_file())
+    .map(|p| p.display().to_string());
+    if found.is_none() {
+        let why = "libfaketime is not installed (on Debian: apt-get install libfaketime)";
+        skipped(test, why);
+    }
+    found
+}
+
 fn record(kind: &str, test: &str, why: &str) {
     let test = full_name(test);
     eprintln!("SKIPPED {test}: {why}");

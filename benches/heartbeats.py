@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Heartbeats a server takes at its most, and its CPU time per heartbeat (stdlib only).
+
+    python3 benches/heartbeats.py [--binary PATH] [--shards 10000] [--workers 1000] [--secs 15]
+
+Starts the server on a fresh SQLite file (127.0.0.1, a port it picks), registers a uniform
+stream of `--shards` shards, joins `--workers` workers (ttl 600 s) and waits until every
+lease is held, then 8 clients heartbeat round the workers as fast as they are answered for
+`--secs` seconds. Prints heartbeats/s and the server's user + system CPU (`/proc/PID/stat`)
+per heartbeat: a heartbeat costs O(its own leases), so that figure stays flat as the stream
+grows. The server is killed on exit.
+"""
+import argparse, http.client, json, os, re, subprocess, tempfile, threading, time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET_DIR = os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target")
+parser = argparse.ArgumentParser()
+parser.add_argument("--binary", default=os.path.join(TARGET_DIR, "release", "keyspread"))
+parser.add_argument("--shards", type=int, default=10000)
+parser.add_argument("--workers", type=int, default=1000)
+parser.add_argument("--secs", type=int, default=15)
+args = parser.parse_args()
+binary, shards, workers, secs = args.binary, args.shards, args.workers, min(args.secs, 600)
+d = tempfile.mkdtemp()
+log = open(os.path.join(d, "log"), "w")
+env = dict(os.environ, DATABASE_URL=f"sqlite://{d}/k.db", KEYSPREAD_LISTEN="127.0.0.1:0",
+           KEYSPREAD_MUTATION_RATE="0", RUST_LOG="warn,keyspread=info")
+p = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+try:
+    addr = None
+    for _ in range(300):
+        m = re.search(r"listening addr=(\S+)", open(os.path.join(d, "log")).read())
+        if m: addr = m.group(1); break
+        time.sleep(0.1)
+    host, port = addr.rsplit(":", 1)
+    local = threading.local()
+    def call(method, path, body=None, again=True):
+        if not hasattr(local, "c"): local.c = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            local.c.request(method, path, json.dumps(body) if body is not None else None, {"Content-Type": "application/json"})
+            r = local.c.getresponse(); data = r.read(); return r.status, data
+        except (http.client.HTTPException, OSError):
+            if not again: raise
+            local.c.close(); del local.c; return call(method, path, body, False)
+    for _ in range(100):
+        try:
+            if call("GET", "/readyz")[0] == 200: break
+        except Exception: time.sleep(0.1)
+    print("put", call("PUT", "/streams/s", {"shard_count": shards})[0])
+    def beat(w): return call("PUT", f"/streams/s/workers/w{w}", {"ttl_s": 600})
+    threads = 8
+    def joiner(k):
+        for w in range(k, workers, threads):
+            s, b = beat(w)
+            assert s == 200, b
+    t0 = time.time(); ts = [threading.Thread(target=joiner, args=(k,)) for k in range(threads)]
+    [t.start() for t in ts]; [t.join(timeout=300) for t in ts]
+    print(f"joined {workers} in {time.time()-t0:.1f}s")
+    deadline = time.time() + 60
+    while time.time() < deadline:  # settle: every hand-over done
+        for w in range(workers): beat(w)
+        s, b = call("GET", "/streams/s/leases")
+        if all(x["state"] == "held" for x in json.loads(b)["shards"]): break
+    def cpu():
+        f = open(f"/proc/{p.pid}/stat").read().split(")")[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    counts = [0] * threads; stop = time.time() + secs; leases = [0] * threads
+    def runner(k):
+        w = k
+        while time.time() < stop:
+            s, b = beat(w); assert s == 200, b
+            counts[k] += 1; leases[k] += len(json.loads(b)["leases"]); w = (w + threads) % workers
+    c0, t0 = cpu(), time.time()
+    ts = [threading.Thread(target=runner, args=(k,)) for k in range(threads)]
+    [t.start() for t in ts]; [t.join(timeout=secs + 30) for t in ts]
+    c1, t1 = cpu(), time.time(); n = sum(counts)
+    print(f"shards {shards} workers {workers}: {n} heartbeats in {t1-t0:.1f}s = {n/(t1-t0):.0f}/s, "
+          f"{sum(leases)/n:.1f} leases each, server CPU {(c1-c0)/(t1-t0)*100:.0f}% of a core, {(c1-c0)/n*1000:.2f} ms CPU per heartbeat")
+finally:
+    p.kill(); p.wait()
