@@ -272,11 +272,20 @@ pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
     Ok(sqlx::query_scalar(NOW).fetch_one(&mut *conn).await?)
 }
 
-/// A write transaction holding the cluster-wide write lock: `BEGIN` and the lock go to
-/// the server together, one round trip.
+/// A write transaction holding the cluster-wide write lock.
+///
+/// The lock is taken by a statement of its own, inside a transaction sqlx knows it
+/// began: when the lock is refused (its timeout, a cancelled statement), dropping the
+/// transaction rolls it back before the connection goes back to the pool. Sent together
+/// with `BEGIN` as one query, a refused lock left the connection in an aborted
+/// transaction that failed every later statement on it.
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
-    let begin = format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})");
-    Ok(pool.begin_with(begin).await?)
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(WRITE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
 }
 
 /// The class of the advisory locks that serialize each stream's lease changes (the stream

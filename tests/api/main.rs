@@ -6,6 +6,7 @@ mod replay;
 
 mod abuse;
 mod bounds;
+mod connections;
 mod crash;
 mod cross_site;
 mod documents;
