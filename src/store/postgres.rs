@@ -281,12 +281,15 @@ pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
 /// transaction that failed every later statement on it.
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(WRITE_LOCK)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::Executor::execute(&mut *tx, LOCK_WRITES).await?;
     Ok(tx)
 }
+
+/// Takes the write lock. Sent without arguments it goes as a simple query: nothing to
+/// prepare, one message.
+const LOCK_WRITES: &str = "SELECT pg_advisory_xact_lock(7738725071420810593)";
+
+const _: () = assert!(WRITE_LOCK == 7_738_725_071_420_810_593);
 
 /// The class of the advisory locks that serialize each stream's lease changes (the stream
 /// name's hash is the other half), apart from the write lock: heartbeats never wait on
