@@ -410,7 +410,8 @@ const KEY_COLUMNS: &str = "SELECT account, idx, hash_key, weight, created_at FRO
 /// A write transaction holding the database's write lock; dropped without
 /// [`Tx::commit`], it rolls back.
 pub enum Tx {
-    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    /// With the file's [`sqlite::Health`], which its statements and commit report to.
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>, sqlite::Health),
     Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
 }
 
@@ -434,7 +435,11 @@ macro_rules! on_backend {
 macro_rules! in_tx {
     ($tx:expr, $call:ident($($arg:expr),*)) => {
         match $tx {
-            Tx::Sqlite(tx) => sqlite::$call(tx, $($arg),*).await,
+            Tx::Sqlite(tx, health) => {
+                let done = sqlite::$call(tx, $($arg),*).await;
+                health.observe(&done);
+                done
+            }
             Tx::Postgres(tx) => postgres::$call(tx, $($arg),*).await,
         }
     };
@@ -520,6 +525,16 @@ impl Store {
         on_backend!(self, c => ping())
     }
 
+    /// Whether the database takes requests: it answers, and on SQLite, after a write met
+    /// a full disk or an I/O error, a write commits again (tried here, so readiness comes
+    /// back by itself once space is freed).
+    pub async fn ready(&self) -> Result<()> {
+        match self {
+            Store::Sqlite(pools) => sqlite::ready(pools).await,
+            Store::Postgres(_) => self.ping().await,
+        }
+    }
+
     /// Inserts new keys and logs `allocate` for each, as [`Tx::insert_many`] does, in
     /// a write transaction of its own, provided no event was logged after `seen`;
     /// otherwise fails with [`StoreError::LogMoved`] and changes nothing. Answers the event
@@ -545,7 +560,10 @@ impl Store {
     /// events up to its newest.
     pub async fn snapshot(&self) -> Result<Tx> {
         Ok(match self {
-            Store::Sqlite(pools) => Tx::Sqlite(sqlite::snapshot(pools).await?),
+            // What a read meets says nothing of whether the file takes writes.
+            Store::Sqlite(pools) => {
+                Tx::Sqlite(sqlite::snapshot(pools).await?, sqlite::Health::default())
+            }
             Store::Postgres(pool) => Tx::Postgres(postgres::snapshot(pool).await?),
         })
     }
@@ -554,7 +572,11 @@ impl Store {
     /// one stream take turns (on Postgres apart from other writes).
     pub async fn begin_leases(&self, stream: &str) -> Result<Tx> {
         Ok(match self {
-            Store::Sqlite(pools) => Tx::Sqlite(sqlite::begin_leases(pools, stream).await?),
+            Store::Sqlite(pools) => {
+                let tx = sqlite::begin_leases(pools, stream).await;
+                pools.health.observe(&tx);
+                Tx::Sqlite(tx?, pools.health.clone())
+            }
             Store::Postgres(pool) => Tx::Postgres(postgres::begin_leases(pool, stream).await?),
         })
     }
@@ -570,7 +592,11 @@ impl Store {
     /// Starts a write transaction; it waits for writers in other processes to finish.
     pub async fn begin(&self) -> Result<Tx> {
         Ok(match self {
-            Store::Sqlite(pools) => Tx::Sqlite(sqlite::begin(pools).await?),
+            Store::Sqlite(pools) => {
+                let tx = sqlite::begin(pools).await;
+                pools.health.observe(&tx);
+                Tx::Sqlite(tx?, pools.health.clone())
+            }
             Store::Postgres(pool) => Tx::Postgres(postgres::begin(pool).await?),
         })
     }
@@ -730,7 +756,14 @@ impl Tx {
     /// Makes the changes durable (and, on Postgres, tells the other replicas).
     pub async fn commit(self) -> Result<()> {
         match self {
-            Tx::Sqlite(tx) => sqlite::commit(tx).await,
+            Tx::Sqlite(tx, health) => {
+                let done = sqlite::commit(tx).await;
+                health.observe(&done);
+                if done.is_ok() {
+                    health.committed();
+                }
+                done
+            }
             Tx::Postgres(tx) => postgres::commit(tx).await,
         }
     }

@@ -185,3 +185,117 @@ async fn backends_terminated_mid_traffic_are_replaced_and_every_later_request_is
     server.kill();
     assert_no_aborted_transaction(&log);
 }
+
+/// A small tmpfs mounted for one test, unmounted (lazily, whatever still holds it open)
+/// when dropped.
+struct SmallDisk {
+    path: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` reads it) under `dir`, or says why not.
+    fn mount(dir: &std::path::Path, size: &str) -> Result<SmallDisk, String> {
+        let path = dir.join("disk");
+        std::fs::create_dir(&path).map_err(|e| e.to_string())?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !mounted.status.success() {
+            return Err(format!(
+                "mount refused a tmpfs: {}",
+                String::from_utf8_lossy(&mounted.stderr).trim()
+            ));
+        }
+        Ok(SmallDisk { path })
+    }
+
+    /// Writes a file that takes every free byte left.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write as _;
+        let filler = self.path.join("filler");
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 4096];
+        while file.write_all(&chunk).is_ok() {}
+        filler
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_writes_with_503_until_space_is_freed_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    if std::env::var("KEYSPREAD_TEST_POSTGRES").is_ok_and(|s| !s.is_empty()) {
+        println!("skipped: SQLite only (the database's disk is the Postgres server's)");
+        return;
+    }
+    let disk = match SmallDisk::mount(dir.path(), "2m") {
+        Ok(disk) => disk,
+        Err(why) => {
+            println!("skipped: needs a small tmpfs to fill: {why}");
+            return;
+        }
+    };
+    let url = format!("sqlite://{}", disk.path.join("keyspread.db").display());
+    let app = crate::helpers::spawn_app_with(|c| c.database_url = url).await;
+    for i in 0..10 {
+        app.allocate(&format!("before-{i}")).await;
+    }
+    let filler = disk.fill();
+
+    // Batches of allocations until the disk refuses one: 503 and Retry-After from the
+    // first refusal on, never a 500; readiness says not ready.
+    let mut refused = 0;
+    for round in 0..200 {
+        let accounts: Vec<_> = (0..50)
+            .map(|i| json!({"account": format!("full-{round}-{i}")}))
+            .collect();
+        let batch = app
+            .client
+            .post(app.url("/keys/batch"))
+            .json(&json!({"accounts": accounts}))
+            .send()
+            .await
+            .unwrap();
+        let status = batch.status().as_u16();
+        let retry = batch.headers().get("retry-after").cloned();
+        let body = batch.text().await.unwrap();
+        match status {
+            200 | 201 if refused == 0 => continue,
+            503 => {
+                assert!(retry.is_some(), "503 without Retry-After: {body}");
+                refused += 1;
+                if refused == 3 {
+                    break;
+                }
+            }
+            _ => panic!("round {round}, {refused} refused before: {status} {body}"),
+        }
+    }
+    assert_eq!(refused, 3, "the disk never filled");
+    let single = app.post("/keys/one-more", None).await;
+    assert_eq!(single.status, 503, "{}", single.body);
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, 503, "ready while writes fail: {}", ready.body);
+    // Lookups still answer from memory.
+    assert_eq!(app.get("/keys/before-3").await.status, 200);
+
+    // Space back: writes and readiness return without a restart.
+    std::fs::remove_file(filler).unwrap();
+    let back = app.post("/keys/after-freeing", None).await;
+    assert_eq!(back.status, 201, "{}", back.body);
+    let released = app.delete("/keys/before-4").await;
+    assert_eq!(released.status, 204, "{}", released.body);
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    drop(app);
+}
