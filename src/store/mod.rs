@@ -326,6 +326,15 @@ pub enum Change {
 pub enum StoreError {
     #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
+    #[error("the database URL {path:?} is a file path, not a URL: did you mean {suggestion}?")]
+    BarePath { path: String, suggestion: String },
+    #[error(
+        "cannot open the SQLite database {file}: the directory {dir} does not exist (create it, \
+         or choose another path)"
+    )]
+    MissingDirectory { file: String, dir: String },
+    #[error("cannot connect to Postgres: {0}")]
+    Unreachable(String),
     #[error(
         "the database URL's parameter `{0}` is not one the Postgres driver reads (it would be \
          ignored, and its value logged); it reads sslmode, sslrootcert, sslcert, sslkey, \
@@ -351,6 +360,22 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]
     Database(sqlx::Error),
+}
+
+/// The SQLite URL of `raw` when it looks like a bare file path (`/var/lib/k.db`, `k.db`):
+/// `sqlite://` and the path as it is, so an absolute path gets three slashes and a
+/// relative one two. Nothing that could be a mangled server URL (an `@`, a scheme) is
+/// taken for a path: it might hold a password.
+fn sqlite_url_for(raw: &str) -> Option<String> {
+    if raw.is_empty() || raw.contains('@') || raw.contains("://") || url::Url::parse(raw).is_ok() {
+        return None;
+    }
+    // sqlx decodes `%` escapes in the path and ends it at `?`.
+    let path = raw
+        .replace('%', "%25")
+        .replace('?', "%3F")
+        .replace('#', "%23");
+    Some(format!("sqlite://{path}"))
 }
 
 /// Whether a statement that changes one given row found it: [`StoreError::Stale`] if not.
@@ -455,6 +480,11 @@ impl Store {
                 return Err(StoreError::UnreadParameter(name));
             }
             Ok(Store::Postgres(postgres::connect(url).await?))
+        } else if let Some(suggestion) = sqlite_url_for(url) {
+            Err(StoreError::BarePath {
+                path: url.to_owned(),
+                suggestion,
+            })
         } else {
             Err(StoreError::UnsupportedUrl(crate::config::redact_url(url)))
         }
@@ -921,4 +951,24 @@ fn decode_listed(name: &str, json: Option<String>) -> Result<Option<Vec<LeaseSha
             .map_err(|e| StoreError::Corrupt(format!("stream {name}, listed shards: {e}")))
     })
     .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlite_url_for;
+
+    #[test]
+    fn a_bare_path_is_answered_with_its_sqlite_url() {
+        assert_eq!(
+            sqlite_url_for("/tmp/x.db").as_deref(),
+            Some("sqlite:///tmp/x.db")
+        );
+        assert_eq!(sqlite_url_for("x.db").as_deref(), Some("sqlite://x.db"));
+        assert_eq!(
+            sqlite_url_for("data/a?b.db").as_deref(),
+            Some("sqlite://data/a%3Fb.db")
+        );
+        assert_eq!(sqlite_url_for("user:secret@db/k"), None);
+        assert_eq!(sqlite_url_for("mysql://h/k"), None);
+    }
 }

@@ -184,6 +184,15 @@ pub async fn connect(url: &str) -> Result<Pools> {
         // checkpoint runs inside a commit, so this is also time off allocations (+17%
         // under 64 allocating clients). Opening after a crash replays at most that much.
         .pragma("wal_autocheckpoint", "10000");
+    let file = options.get_filename();
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(StoreError::MissingDirectory {
+            file: file.display().to_string(),
+            dir: dir.display().to_string(),
+        });
+    }
     // Processes starting together on one file would race to switch it to WAL mode (which
     // SQLite refuses at once rather than waiting) and to apply the first migration (sqlx's
     // SQLite migrator takes no lock). A file lock beside the database makes them take turns.

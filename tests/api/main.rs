@@ -42,6 +42,7 @@ mod secrets;
 mod shards;
 mod simulate;
 mod staged;
+mod startup;
 mod store;
 mod streams;
 mod streams_put;
