@@ -231,7 +231,7 @@ pub async fn connect(url: &str) -> Result<Pools> {
 }
 
 /// Free space a disk that filled up must have again before readiness tries a write:
-/// room for a few hundred commits' pages in the write-ahead log.
+/// room in the write-ahead log for dozens of commits (a few 4 KiB pages each).
 const HEADROOM: u64 = 1 << 20;
 
 /// Bytes an unprivileged process may still write on the filesystem holding `dir`.
@@ -270,7 +270,11 @@ pub async fn ready(pools: &Pools) -> Result<()> {
         let mut conn = pools.reads.acquire().await?;
         return ping(&mut conn).await;
     };
-    let dir = pools.file.parent().unwrap_or(std::path::Path::new("."));
+    let dir = pools
+        .file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
     let free = free_bytes(dir).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
     if free < HEADROOM {
         tracing::warn!(
