@@ -320,10 +320,12 @@ async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
     if config.token.is_none() && !config.listen.ip().is_loopback() {
         tracing::warn!("no KEYSPREAD_TOKEN: only clients on this host may change assignments");
     }
-    let state = AppState::open(&config).await?;
+    // The address first: a taken port is reported before the database is touched (no
+    // file created, no migration run by a process that cannot serve).
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|err| cannot_listen(config.listen, &err))?;
+    let state = AppState::open(&config).await?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
     serve(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -683,7 +683,7 @@ impl Registry {
 
     /// Whether the database answers.
     pub async fn ready(&self) -> bool {
-        self.store.ping().await.is_ok()
+        self.store.ready().await.is_ok()
     }
 }
 

@@ -326,6 +326,15 @@ pub enum Change {
 pub enum StoreError {
     #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
+    #[error("the database URL {path:?} is a file path, not a URL: did you mean {suggestion}?")]
+    BarePath { path: String, suggestion: String },
+    #[error(
+        "cannot open the SQLite database {file}: the directory {dir} does not exist (create it, \
+         or choose another path)"
+    )]
+    MissingDirectory { file: String, dir: String },
+    #[error("cannot connect to Postgres: {0}")]
+    Unreachable(String),
     #[error(
         "the database URL's parameter `{0}` is not one the Postgres driver reads (it would be \
          ignored, and its value logged); it reads sslmode, sslrootcert, sslcert, sslkey, \
@@ -351,6 +360,22 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]
     Database(sqlx::Error),
+}
+
+/// The SQLite URL of `raw` when it looks like a bare file path (`/var/lib/k.db`, `k.db`):
+/// `sqlite://` and the path as it is, so an absolute path gets three slashes and a
+/// relative one two. Nothing that could be a mangled server URL (an `@`, a scheme) is
+/// taken for a path: it might hold a password.
+fn sqlite_url_for(raw: &str) -> Option<String> {
+    if raw.is_empty() || raw.contains('@') || raw.contains("://") || url::Url::parse(raw).is_ok() {
+        return None;
+    }
+    // sqlx decodes `%` escapes in the path and ends it at `?`.
+    let path = raw
+        .replace('%', "%25")
+        .replace('?', "%3F")
+        .replace('#', "%23");
+    Some(format!("sqlite://{path}"))
 }
 
 /// Whether a statement that changes one given row found it: [`StoreError::Stale`] if not.
@@ -422,7 +447,8 @@ const KEY_COLUMNS: &str = "SELECT account, idx, hash_key, weight, created_at FRO
 /// A write transaction holding the database's write lock; dropped without
 /// [`Tx::commit`], it rolls back.
 pub enum Tx {
-    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    /// With the file's [`sqlite::Health`], which its statements and commit report to.
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>, sqlite::Health),
     Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
 }
 
@@ -446,7 +472,11 @@ macro_rules! on_backend {
 macro_rules! in_tx {
     ($tx:expr, $call:ident($($arg:expr),*)) => {
         match $tx {
-            Tx::Sqlite(tx) => sqlite::$call(tx, $($arg),*).await,
+            Tx::Sqlite(tx, health) => {
+                let done = sqlite::$call(tx, $($arg),*).await;
+                health.observe(&done);
+                done
+            }
             Tx::Postgres(tx) => postgres::$call(tx, $($arg),*).await,
         }
     };
@@ -462,6 +492,11 @@ impl Store {
                 return Err(StoreError::UnreadParameter(name));
             }
             Ok(Store::Postgres(postgres::connect(url).await?))
+        } else if let Some(suggestion) = sqlite_url_for(url) {
+            Err(StoreError::BarePath {
+                path: url.to_owned(),
+                suggestion,
+            })
         } else {
             Err(StoreError::UnsupportedUrl(crate::config::redact_url(url)))
         }
@@ -552,6 +587,16 @@ impl Store {
         on_backend!(self, c => ping())
     }
 
+    /// Whether the database takes requests: it answers, and on SQLite, after a write met
+    /// a full disk or an I/O error, a write commits again (tried here, so readiness comes
+    /// back by itself once space is freed).
+    pub async fn ready(&self) -> Result<()> {
+        match self {
+            Store::Sqlite(pools) => sqlite::ready(pools).await,
+            Store::Postgres(_) => self.ping().await,
+        }
+    }
+
     /// Inserts new keys and logs `allocate` for each, as [`Tx::insert_many`] does, in
     /// a write transaction of its own, provided no event was logged after `seen`;
     /// otherwise fails with [`StoreError::LogMoved`] and changes nothing. Answers the event
@@ -577,7 +622,10 @@ impl Store {
     /// events up to its newest.
     pub async fn snapshot(&self) -> Result<Tx> {
         Ok(match self {
-            Store::Sqlite(pools) => Tx::Sqlite(sqlite::snapshot(pools).await?),
+            // What a read meets says nothing of whether the file takes writes.
+            Store::Sqlite(pools) => {
+                Tx::Sqlite(sqlite::snapshot(pools).await?, sqlite::Health::default())
+            }
             Store::Postgres(pool) => Tx::Postgres(postgres::snapshot(pool).await?),
         })
     }
@@ -586,7 +634,11 @@ impl Store {
     /// one stream take turns (on Postgres apart from other writes).
     pub async fn begin_leases(&self, stream: &str) -> Result<Tx> {
         Ok(match self {
-            Store::Sqlite(pools) => Tx::Sqlite(sqlite::begin_leases(pools, stream).await?),
+            Store::Sqlite(pools) => {
+                let tx = sqlite::begin_leases(pools, stream).await;
+                pools.health.observe(&tx);
+                Tx::Sqlite(tx?, pools.health.clone())
+            }
             Store::Postgres(pool) => Tx::Postgres(postgres::begin_leases(pool, stream).await?),
         })
     }
@@ -604,7 +656,11 @@ impl Store {
     /// Starts a write transaction; it waits for writers in other processes to finish.
     pub async fn begin(&self) -> Result<Tx> {
         Ok(match self {
-            Store::Sqlite(pools) => Tx::Sqlite(sqlite::begin(pools).await?),
+            Store::Sqlite(pools) => {
+                let tx = sqlite::begin(pools).await;
+                pools.health.observe(&tx);
+                Tx::Sqlite(tx?, pools.health.clone())
+            }
             Store::Postgres(pool) => Tx::Postgres(postgres::begin(pool).await?),
         })
     }
@@ -774,7 +830,14 @@ impl Tx {
     /// Makes the changes durable (and, on Postgres, tells the other replicas).
     pub async fn commit(self) -> Result<()> {
         match self {
-            Tx::Sqlite(tx) => sqlite::commit(tx).await,
+            Tx::Sqlite(tx, health) => {
+                let done = sqlite::commit(tx).await;
+                health.observe(&done);
+                if done.is_ok() {
+                    health.committed();
+                }
+                done
+            }
             Tx::Postgres(tx) => postgres::commit(tx).await,
         }
     }
@@ -932,4 +995,24 @@ fn decode_listed(name: &str, json: Option<String>) -> Result<Option<Vec<LeaseSha
             .map_err(|e| StoreError::Corrupt(format!("stream {name}, listed shards: {e}")))
     })
     .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlite_url_for;
+
+    #[test]
+    fn a_bare_path_is_answered_with_its_sqlite_url() {
+        assert_eq!(
+            sqlite_url_for("/tmp/x.db").as_deref(),
+            Some("sqlite:///tmp/x.db")
+        );
+        assert_eq!(sqlite_url_for("x.db").as_deref(), Some("sqlite://x.db"));
+        assert_eq!(
+            sqlite_url_for("data/a?b.db").as_deref(),
+            Some("sqlite://data/a%3Fb.db")
+        );
+        assert_eq!(sqlite_url_for("user:secret@db/k"), None);
+        assert_eq!(sqlite_url_for("mysql://h/k"), None);
+    }
 }

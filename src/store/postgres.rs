@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Connection as _, PgPool, Postgres, Transaction};
 
 super::queries::queries!(Postgres);
 
@@ -183,14 +183,63 @@ pub const CHANNEL: &str = "keyspread_events";
 /// sqlx takes its own advisory lock for that).
 pub async fn connect(url: &str) -> Result<PgPool> {
     let options: PgConnectOptions = url.parse()?;
-    let pool = PgPoolOptions::new()
+    let mut conn = first_connection(&options).await?;
+    migrate(&mut conn).await?;
+    conn.close().await?;
+    Ok(PgPoolOptions::new()
         .max_connections(8)
         // Mutations fail fast when the database is gone; lookups never wait on it.
         .acquire_timeout(super::ACQUIRE_TIMEOUT)
         .connect_with(options.options(session_settings()))
-        .await?;
-    migrate(&pool).await?;
-    Ok(pool)
+        .await?)
+}
+
+/// A connection of its own, tried for [`ACQUIRE_TIMEOUT`](super::ACQUIRE_TIMEOUT) (a
+/// server still starting answers soon), failing with what stopped the last try: a pool
+/// would only say that it timed out.
+async fn first_connection(options: &PgConnectOptions) -> Result<sqlx::PgConnection> {
+    let started = std::time::Instant::now();
+    loop {
+        let tried = tokio::time::timeout(
+            super::ACQUIRE_TIMEOUT,
+            sqlx::PgConnection::connect_with(options),
+        )
+        .await;
+        let err = match tried {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(err)) => err,
+            Err(_) => {
+                return Err(StoreError::Unreachable(format!(
+                    "no answer from {} within {} s",
+                    address(options),
+                    super::ACQUIRE_TIMEOUT.as_secs()
+                )));
+            }
+        };
+        if started.elapsed() >= super::ACQUIRE_TIMEOUT {
+            return Err(match &err {
+                sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    StoreError::Unreachable(format!(
+                        "connection refused at {} (is the server running and listening there?)",
+                        address(options)
+                    ))
+                }
+                sqlx::Error::Io(io) => {
+                    StoreError::Unreachable(format!("{io} at {}", address(options)))
+                }
+                _ => err.into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Where `options` connect: `HOST:PORT`, or the socket file.
+fn address(options: &PgConnectOptions) -> String {
+    match options.get_socket() {
+        Some(dir) => format!("{}/.s.PGSQL.{}", dir.display(), options.get_port()),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    }
 }
 
 /// What every session sets for itself when it connects, so that a stuck or vanished writer
@@ -240,12 +289,10 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// See [`session_settings`].
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Runs the migrations on a connection of their own, closed afterwards, without the
-/// sessions' lock and statement timeouts: a replica waits its turn behind another's
-/// migrations, and a migration may take long.
-async fn migrate(pool: &PgPool) -> Result<()> {
-    let mut conn = pool.acquire().await?;
-    conn.close_on_drop();
+/// Runs the migrations on a connection of their own, without the sessions' lock and
+/// statement timeouts: a replica waits its turn behind another's migrations, and a
+/// migration may take long.
+async fn migrate(conn: &mut sqlx::PgConnection) -> Result<()> {
     sqlx::raw_sql("SET lock_timeout = 0; SET statement_timeout = 0")
         .execute(&mut *conn)
         .await?;
@@ -275,12 +322,24 @@ pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
     Ok(sqlx::query_scalar(NOW).fetch_one(&mut *conn).await?)
 }
 
-/// A write transaction holding the cluster-wide write lock: `BEGIN` and the lock go to
-/// the server together, one round trip.
+/// A write transaction holding the cluster-wide write lock.
+///
+/// The lock is taken by a statement of its own, inside a transaction sqlx knows it
+/// began: when the lock is refused (its timeout, a cancelled statement), dropping the
+/// transaction rolls it back before the connection goes back to the pool. Sent together
+/// with `BEGIN` as one query, a refused lock left the connection in an aborted
+/// transaction that failed every later statement on it.
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
-    let begin = format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})");
-    Ok(pool.begin_with(begin).await?)
+    let mut tx = pool.begin().await?;
+    sqlx::Executor::execute(&mut *tx, LOCK_WRITES).await?;
+    Ok(tx)
 }
+
+/// Takes the write lock. Sent without arguments it goes as a simple query: nothing to
+/// prepare, one message.
+const LOCK_WRITES: &str = "SELECT pg_advisory_xact_lock(7738725071420810593)";
+
+const _: () = assert!(WRITE_LOCK == 7_738_725_071_420_810_593);
 
 /// The class of the advisory locks that serialize each stream's lease changes (the stream
 /// name's hash is the other half), apart from the write lock: heartbeats never wait on

@@ -95,6 +95,12 @@ impl Drop for Statement<'_> {
     }
 }
 
+/// Whether the connection is outside any transaction (SQLite's autocommit mode).
+pub fn autocommit(handle: &mut LockedSqliteHandle<'_>) -> bool {
+    // SAFETY: the handle is an open connection this thread holds locked.
+    unsafe { ffi::sqlite3_get_autocommit(handle.as_raw_handle().as_ptr()) != 0 }
+}
+
 /// The connection's last error.
 fn error(db: NonNull<ffi::sqlite3>) -> StoreError {
     // SAFETY: SQLite answers a NUL-terminated message owned by the connection, which we

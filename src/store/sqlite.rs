@@ -1,9 +1,12 @@
 //! SQLite backend: one file in WAL mode, every commit synced (synchronous=FULL).
 
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 super::queries::queries!(Sqlite);
@@ -128,6 +131,37 @@ pub async fn scan_assignments(
 pub struct Pools {
     pub writes: SqlitePool,
     pub reads: SqlitePool,
+    pub health: Health,
+    /// The database file.
+    pub file: std::path::PathBuf,
+}
+
+/// Why writes to the file fail, if they do: a full disk or an I/O error, remembered from
+/// the statement that met it until a write commits.
+#[derive(Debug, Clone, Default)]
+pub struct Health(Arc<Mutex<Option<String>>>);
+
+impl Health {
+    /// Notes what `result` says of the file: an error of the disk is remembered.
+    pub fn observe<T>(&self, result: &Result<T>) {
+        if let Err(StoreError::Unavailable(sqlx::Error::Database(db))) = result
+            && db
+                .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+                .is_some_and(disk_failed)
+        {
+            *self.0.lock().expect("health lock") = Some(db.message().to_owned());
+        }
+    }
+
+    /// A write committed: the file takes writes again.
+    pub fn committed(&self) {
+        *self.0.lock().expect("health lock") = None;
+    }
+
+    /// What the last failed write met, while no write has committed since.
+    pub fn failing(&self) -> Option<String> {
+        self.0.lock().expect("health lock").clone()
+    }
 }
 
 /// Opens (creating if missing) the database file and runs the SQLite migrations.
@@ -150,6 +184,15 @@ pub async fn connect(url: &str) -> Result<Pools> {
         // checkpoint runs inside a commit, so this is also time off allocations (+17%
         // under 64 allocating clients). Opening after a crash replays at most that much.
         .pragma("wal_autocheckpoint", "10000");
+    let file = options.get_filename();
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(StoreError::MissingDirectory {
+            file: file.display().to_string(),
+            dir: dir.display().to_string(),
+        });
+    }
     // Processes starting together on one file would race to switch it to WAL mode (which
     // SQLite refuses at once rather than waiting) and to apply the first migration (sqlx's
     // SQLite migrator takes no lock). A file lock beside the database makes them take turns.
@@ -166,13 +209,91 @@ pub async fn connect(url: &str) -> Result<Pools> {
         SqlitePoolOptions::new()
             .max_connections(connections)
             .acquire_timeout(super::ACQUIRE_TIMEOUT)
+            // A statement that failed for want of disk (or of the disk) may end its
+            // transaction inside SQLite, so sqlx's ROLLBACK fails and sqlx still counts the
+            // transaction open: every later BEGIN on the connection would be refused.
+            // Such a connection is closed (which ends whatever it holds) and replaced.
+            .after_release(|conn, _| Box::pin(async move { idle(conn).await }))
             .connect_with(options.clone())
     };
     let writes = pool(1).await?;
     super::additive(migrator()).run(&writes).await?;
     let reads = pool(3).await?;
     drop(lock);
-    Ok(Pools { writes, reads })
+    Ok(Pools {
+        writes,
+        reads,
+        health: Health::default(),
+        file: options.get_filename().to_owned(),
+    })
+}
+
+/// Free space a disk that filled up must have again before readiness tries a write:
+/// room in the write-ahead log for dozens of commits (a few 4 KiB pages each).
+const HEADROOM: u64 = 1 << 20;
+
+/// Bytes an unprivileged process may still write on the filesystem holding `dir`.
+fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is NUL-terminated and `stat` is written in full on success.
+    if unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs succeeded.
+    let stat = unsafe { stat.assume_init() };
+    // The fields' types differ between platforms; on some they are u64 already.
+    #[allow(clippy::useless_conversion)]
+    Ok(u64::from(stat.f_bavail) * u64::from(stat.f_frsize))
+}
+
+/// Whether a connection given back to its pool is outside any transaction, both as SQLite
+/// and as sqlx see it.
+async fn idle(conn: &mut SqliteConnection) -> std::result::Result<bool, sqlx::Error> {
+    use sqlx::Connection as _;
+    // Locking the handle waits for the worker to run what was queued before, such as the
+    // ROLLBACK of a transaction dropped just now.
+    let mut handle = conn.lock_handle().await?;
+    let autocommit = super::raw_sqlite::autocommit(&mut handle);
+    drop(handle);
+    Ok(autocommit && !conn.is_in_transaction())
+}
+
+/// Round-trips the file, and while [`Health::failing`], checks that its disk has
+/// [`HEADROOM`] free and that a write commits: readiness says whether the file takes
+/// writes, and finds out by itself when it does again.
+pub async fn ready(pools: &Pools) -> Result<()> {
+    let Some(failure) = pools.health.failing() else {
+        let mut conn = pools.reads.acquire().await?;
+        return ping(&mut conn).await;
+    };
+    let dir = pools
+        .file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let free = free_bytes(dir).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+    if free < HEADROOM {
+        tracing::warn!(
+            %failure, free_bytes = free, dir = %dir.display(),
+            "not ready: a write failed and the disk holding the database is still full"
+        );
+        return Err(StoreError::Read(failure));
+    }
+    // A write as small as this one may fit where a real one does not, hence the headroom.
+    let mut tx = begin(pools).await?;
+    let wrote = sqlx::query("UPDATE meta SET value = value WHERE name = 'keyspace_bits'")
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from);
+    pools.health.observe(&wrote);
+    wrote?;
+    let committed = commit(tx).await;
+    pools.health.observe(&committed);
+    committed?;
+    pools.health.committed();
+    Ok(())
 }
 
 /// A write transaction. `BEGIN IMMEDIATE` takes the database's write lock up front, so
@@ -216,12 +337,26 @@ pub async fn commit(tx: Transaction<'static, Sqlite>) -> Result<()> {
 }
 
 /// Whether SQLite refused for the moment: the file's write lock (`SQLITE_BUSY`) or a
-/// table (`SQLITE_LOCKED`) still held by another connection when the busy timeout ran out.
+/// table (`SQLITE_LOCKED`) still held by another connection when the busy timeout ran out,
+/// or the disk (see [`disk_failed`]).
 pub fn turned_away(err: &sqlx::sqlite::SqliteError) -> bool {
-    use sqlx::error::DatabaseError as _;
     const BUSY: i32 = 5;
     const LOCKED: i32 = 6;
-    // The code is an extended result code: its low byte is the primary one.
-    let code = err.code().and_then(|c| c.parse::<i32>().ok());
-    code.is_some_and(|c| matches!(c & 0xff, BUSY | LOCKED))
+    primary_code(err).is_some_and(|c| matches!(c, BUSY | LOCKED)) || disk_failed(err)
+}
+
+/// Whether the disk refused: full (`SQLITE_FULL`) or failing to read or write
+/// (`SQLITE_IOERR`). Both pass once space is freed or the disk is back; no restart needed.
+pub fn disk_failed(err: &sqlx::sqlite::SqliteError) -> bool {
+    const IOERR: i32 = 10;
+    const FULL: i32 = 13;
+    primary_code(err).is_some_and(|c| matches!(c, IOERR | FULL))
+}
+
+/// The primary result code of an error (its code is an extended one: the low byte).
+fn primary_code(err: &sqlx::sqlite::SqliteError) -> Option<i32> {
+    use sqlx::error::DatabaseError as _;
+    err.code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .map(|c| c & 0xff)
 }

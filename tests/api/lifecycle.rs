@@ -306,7 +306,8 @@ async fn a_replica_starts_while_another_writer_holds_the_lock() {
     assert_eq!(app.post("/keys/globex", None).await.status, 201);
 }
 
-/// A second `keyspread serve` on a taken address says which address, and exits 1.
+/// A second `keyspread serve` on a taken address says which address, and exits 1, before
+/// it touches the database (the file is not even created).
 #[test]
 fn a_port_in_use_is_named_in_the_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -340,6 +341,10 @@ fn a_port_in_use_is_named_in_the_error() {
     assert!(
         stderr.contains(&format!("cannot listen on {addr}: address already in use")),
         "{stderr}"
+    );
+    assert!(
+        !dir.path().join("k.db").exists(),
+        "the database was created by a process that could not listen"
     );
     drop(taken);
 }

@@ -7,6 +7,7 @@ mod skip;
 
 mod abuse;
 mod bounds;
+mod connections;
 mod crash;
 mod cross_site;
 mod documents;
@@ -44,6 +45,7 @@ mod secrets;
 mod shards;
 mod simulate;
 mod staged;
+mod startup;
 mod store;
 mod streams;
 mod streams_put;

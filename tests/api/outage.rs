@@ -336,7 +336,7 @@ async fn a_replica_cut_off_inside_a_write_holds_up_no_other() {
     let b = spawn_app_with(|c| c.database_url = db.url.clone()).await;
     a.allocate("held").await;
 
-    // A release begins its transaction with `BEGIN; SELECT pg_advisory_xact_lock(..)`.
+    // A release begins its transaction, then takes the lock: `SELECT pg_advisory_xact_lock(..)`.
     proxy.black_hole_after("pg_advisory_xact_lock");
     let cut_off = tokio::spawn(timed(a.client.clone(), Method::DELETE, a.url("/keys/held")));
     let mut watcher = Db::connect(&db.url).await;
