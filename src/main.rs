@@ -325,9 +325,10 @@ async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|err| cannot_listen(config.listen, &err))?;
+    let shutdown = shutdown_signal()?;
     let state = AppState::open(&config).await?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
-    serve(listener, state, shutdown_signal()).await?;
+    serve(listener, state, shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -344,25 +345,27 @@ fn cannot_listen(addr: SocketAddr, err: &std::io::Error) -> String {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        tokio::signal::ctrl_c()
-            .await
-            .expect("install SIGINT handler");
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("install SIGTERM handler")
-            .recv()
-            .await;
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutdown signal received, draining requests");
+/// A future that resolves on SIGINT or SIGTERM. The handlers are installed here, before
+/// the first request is served: a signal that comes while `serve` has not yet polled the
+/// future is kept, not lost to the default action (exit without draining).
+#[cfg(unix)]
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {},
+            _ = terminate.recv() => {},
+        }
+        tracing::info!("shutdown signal received, draining requests");
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown signal received, draining requests");
+    })
 }

@@ -296,8 +296,6 @@ pub async fn ready(pools: &Pools) -> Result<()> {
     Ok(())
 }
 
-/// A write transaction. `BEGIN IMMEDIATE` takes the database's write lock up front, so
-/// writers in other processes on the same file wait rather than interleave.
 /// The migrations this keyspread knows.
 pub fn migrator() -> sqlx::migrate::Migrator {
     sqlx::migrate!("migrations/sqlite")
@@ -310,6 +308,8 @@ pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
     Ok(sqlx::query_scalar(NOW).fetch_one(&mut *conn).await?)
 }
 
+/// A write transaction. `BEGIN IMMEDIATE` takes the database's write lock up front, so
+/// writers in other processes on the same file wait rather than interleave.
 pub async fn begin(pools: &Pools) -> Result<Transaction<'static, Sqlite>> {
     Ok(pools.writes.begin_with("BEGIN IMMEDIATE").await?)
 }

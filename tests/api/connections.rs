@@ -141,12 +141,13 @@ async fn writes_refused_while_another_writer_holds_the_lock_leave_every_connecti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_terminated_mid_traffic_are_replaced_and_every_later_request_is_answered() {
-    let dir = tempfile::tempdir().unwrap();
-    let (url, _postgres) = fresh_database(dir.path()).await;
-    if backend(&url) != "postgres" {
-        println!("skipped: Postgres only (set KEYSPREAD_TEST_POSTGRES)");
+    const TEST: &str =
+        "backends_terminated_mid_traffic_are_replaced_and_every_later_request_is_answered";
+    if crate::skip::postgres_only(TEST).is_none() {
         return;
     }
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _postgres) = fresh_database(dir.path()).await;
     let log = dir.path().join("server.log");
     let mut server = Server::spawn(&url, &log);
     let client = reqwest::Client::new();
@@ -233,15 +234,16 @@ impl Drop for SmallDisk {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_writes_with_503_until_space_is_freed_without_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    if std::env::var("KEYSPREAD_TEST_POSTGRES").is_ok_and(|s| !s.is_empty()) {
-        println!("skipped: SQLite only (the database's disk is the Postgres server's)");
+    // SQLite only: a Postgres database's disk is the server's.
+    const TEST: &str = "a_full_disk_refuses_writes_with_503_until_space_is_freed_without_a_restart";
+    if !crate::skip::sqlite_only(TEST) {
         return;
     }
+    let dir = tempfile::tempdir().unwrap();
     let disk = match SmallDisk::mount(dir.path(), "2m") {
         Ok(disk) => disk,
         Err(why) => {
-            println!("skipped: needs a small tmpfs to fill: {why}");
+            crate::skip::skipped(TEST, &format!("needs a small tmpfs to fill: {why}"));
             return;
         }
     };

@@ -68,6 +68,16 @@ pub fn faketime_library(test: &str) -> Option<String> {
     found
 }
 
+/// Whether `test`, which runs on SQLite only, runs here; on Postgres it is recorded as the
+/// SQLite pass's.
+pub fn sqlite_only(test: &str) -> bool {
+    let postgres = std::env::var("KEYSPREAD_TEST_POSTGRES").is_ok_and(|s| !s.is_empty());
+    if postgres {
+        record("sqlite-only", test, "runs on SQLite only");
+    }
+    !postgres
+}
+
 fn record(kind: &str, test: &str, why: &str) {
     let test = full_name(test);
     eprintln!("SKIPPED {test}: {why}");
