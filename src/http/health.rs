@@ -39,11 +39,11 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
     })
 }
 
-/// Readiness: the database answers and takes writes.
+/// Readiness: the database answers and takes writes, and this replica follows its log.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Ready", body = Health),
-        (status = 503, description = "The database does not answer, or does not take writes (a full disk)", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "The database does not answer, or does not take writes (a full disk), or this replica cannot apply the event log", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before asking again"))),
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
@@ -57,7 +57,8 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError>
         }))
     } else {
         Err(ApiError::unavailable(
-            "the database does not answer, or does not take writes",
+            "the database does not answer, or does not take writes, or this replica cannot \
+             apply the event log (see its log)",
         ))
     }
 }

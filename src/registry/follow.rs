@@ -19,6 +19,10 @@ use crate::store::{CHANNEL, Change, Event, Store, StoreError, StreamRow, Switch,
 /// Longest a replica goes without looking for other replicas' changes.
 pub const POLL: Duration = Duration::from_millis(250);
 
+/// How long the follower may fail to apply the log before the replica says it is not
+/// ready: a database outage passes in that time, a log this replica cannot apply does not.
+pub(super) const FOLLOW_GRACE: Duration = Duration::from_secs(2);
+
 /// How many follower rounds pass between looks at the database's schema version.
 const SCHEMA_EVERY: u64 = 20;
 
@@ -117,9 +121,8 @@ impl Registry {
                 if logged.is_none() {
                     poll_at = Instant::now() + POLL;
                 }
-                if let Err(err) = this.catch_up(logged).await {
-                    tracing::warn!(%err, "cannot follow the event log; retrying");
-                }
+                let followed = this.catch_up(logged).await;
+                this.note_followed(followed);
                 // A newer keyspread may migrate the database while this one runs.
                 polls += 1;
                 if polls.is_multiple_of(SCHEMA_EVERY)
@@ -129,6 +132,18 @@ impl Registry {
                 }
             }
         })
+    }
+
+    /// Remembers since when following has failed, until it succeeds again.
+    fn note_followed(&self, followed: Result<usize, Error>) {
+        let mut failing = self.follow_failing.lock().expect("follow lock poisoned");
+        match followed {
+            Ok(_) => *failing = None,
+            Err(err) => {
+                failing.get_or_insert_with(std::time::Instant::now);
+                tracing::warn!(%err, "cannot follow the event log; retrying");
+            }
+        }
     }
 
     /// Applies events in order, then `streams`: the streams table as read with them, when

@@ -136,6 +136,8 @@ pub struct Registry {
     /// The newest migration the database was seen to have run; above
     /// `Store::known_schema`, this keyspread refuses every change.
     schema: std::sync::atomic::AtomicI64,
+    /// Since when the follower has failed to apply the log, while it does.
+    follow_failing: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Files every stored key row by account: key 0 makes the entry, the keys of accounts
@@ -254,6 +256,7 @@ impl Registry {
             lease_join_batch: leases::DEFAULT_JOIN_BATCH_MS.into(),
             md5_cache: Default::default(),
             schema: 0.into(),
+            follow_failing: Default::default(),
         });
         registry.note_schema(schema);
         let w = registry.writer.lock().await;
@@ -681,8 +684,13 @@ impl Registry {
         self.store.change_timeout()
     }
 
-    /// Whether the database answers.
+    /// Whether the database answers and takes writes, and this replica follows its log
+    /// (one that cannot apply it for [`follow::FOLLOW_GRACE`] would answer a past state).
     pub async fn ready(&self) -> bool {
+        let failing = *self.follow_failing.lock().expect("follow lock poisoned");
+        if failing.is_some_and(|since| since.elapsed() >= follow::FOLLOW_GRACE) {
+            return false;
+        }
         self.store.ready().await.is_ok()
     }
 }

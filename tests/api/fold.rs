@@ -324,3 +324,34 @@ async fn a_replica_whose_clock_runs_ahead_hands_out_no_pending_old_key() {
         assert!(!server.log_text().contains("cannot follow"));
     }
 }
+
+/// A replica that cannot apply the log (here: a release of a key nobody holds, written
+/// behind its back) would answer a past state: after a short grace it says it is not
+/// ready, so a balancer stops sending it lookups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_cannot_apply_the_log_is_not_ready() {
+    let app = spawn_app().await;
+    app.allocate("acme").await;
+    assert_eq!(app.get("/readyz").await.status, 200);
+    let ghost = "INSERT INTO events (at, kind, account, key_before, weight) \
+                 VALUES (0, 'release', $1, $2, 1)";
+    let mut db = app.db().await;
+    db.try_execute_with_key(ghost, "ghost", 12345)
+        .await
+        .expect("logged");
+    let started = Instant::now();
+    loop {
+        let ready = app.get("/readyz").await;
+        if ready.status == 503 {
+            let detail = ready.body["detail"].as_str().unwrap_or_default();
+            assert!(detail.contains("cannot apply the event log"), "{detail}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still ready: {}",
+            ready.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
