@@ -58,6 +58,11 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// Largest body `POST /keys/batch` accepts: 10,000 accounts of up to 256 bytes and more.
 pub const BATCH_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
+/// Largest body `PUT /streams/{name}` accepts. `aws kinesis list-shards` prints a stream of
+/// 10,000 open shards split from 5,000 (their parents still listed) in 7.3 MB; this leaves
+/// room for as many closed shards again.
+pub const STREAM_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Every documented route, with the document built from them.
@@ -70,6 +75,12 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(shards::router().layer(small()))
         .merge(rebalance::router().layer(small()))
         .merge(streams::router().layer(small()))
+        .merge(
+            streams::put_router()
+                .layer(RequestBodyLimitLayer::new(STREAM_BODY_LIMIT))
+                // The extractors' own default (2 MB) would refuse it first.
+                .layer(axum::extract::DefaultBodyLimit::max(STREAM_BODY_LIMIT)),
+        )
         .merge(leases::router().layer(small()))
         .merge(health::router().layer(small()))
         .merge(metrics::router().layer(small()))

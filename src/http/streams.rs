@@ -26,8 +26,13 @@ use crate::registry::{Registry, Stream};
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_streams))
-        .routes(routes!(put_stream, get_stream, delete_stream))
+        .routes(routes!(get_stream, delete_stream))
         .routes(routes!(split_plan))
+}
+
+/// `PUT /streams/{name}`, apart: list-shards output of 10,000 shards is megabytes.
+pub fn put_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(put_stream))
 }
 
 /// A stream's map: list-shards output as-is, or a shard count for a uniform map.
@@ -313,6 +318,7 @@ async fn list_streams(
         (status = 201, description = "Registered", body = StreamChange),
         (status = 200, description = "Replaced; `before` shows the old map's balance", body = StreamChange),
         (status = 400, description = "Invalid stream name, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 MiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not list-shards output, a shard id Kinesis would not give, more than 10000 open shards, or open shards that do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
     ),
