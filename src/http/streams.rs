@@ -515,15 +515,17 @@ fn split_plan_body(
                     new_starting_hash_key,
                     children,
                 } => {
-                    commands.push(aws_cli::kinesis(&[
-                        "split-shard",
-                        "--stream-name",
-                        &name,
-                        "--shard-to-split",
-                        &shard,
-                        "--new-starting-hash-key",
-                        &new_starting_hash_key.to_string(),
-                    ]));
+                    commands.push(aws_cli::kinesis(
+                        &["split-shard"],
+                        &[
+                            ("--stream-name", &name),
+                            ("--shard-to-split", &shard),
+                            (
+                                "--new-starting-hash-key",
+                                &new_starting_hash_key.to_string(),
+                            ),
+                        ],
+                    ));
                     ReshardCall {
                         action: "split".into(),
                         shard_to_split: Some(shard),
@@ -538,15 +540,14 @@ fn split_plan_body(
                     adjacent,
                     merged,
                 } => {
-                    commands.push(aws_cli::kinesis(&[
-                        "merge-shards",
-                        "--stream-name",
-                        &name,
-                        "--shard-to-merge",
-                        &shard,
-                        "--adjacent-shard-to-merge",
-                        &adjacent,
-                    ]));
+                    commands.push(aws_cli::kinesis(
+                        &["merge-shards"],
+                        &[
+                            ("--stream-name", &name),
+                            ("--shard-to-merge", &shard),
+                            ("--adjacent-shard-to-merge", &adjacent),
+                        ],
+                    ));
                     ReshardCall {
                         action: "merge".into(),
                         shard_to_split: None,
@@ -557,12 +558,10 @@ fn split_plan_body(
                     }
                 }
             };
-            commands.push(aws_cli::kinesis(&[
-                "wait",
-                "stream-exists",
-                "--stream-name",
-                &name,
-            ]));
+            commands.push(aws_cli::kinesis(
+                &["wait", "stream-exists"],
+                &[("--stream-name", &name)],
+            ));
             call
         })
         .collect();
