@@ -71,16 +71,11 @@ fn api() -> OpenApiRouter<AppState> {
     let small = || RequestBodyLimitLayer::new(BODY_LIMIT);
     let mut api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(keys::router().layer(small()))
-        .merge(keys::batch_router().layer(RequestBodyLimitLayer::new(BATCH_BODY_LIMIT)))
+        .merge(large(keys::batch_router(), BATCH_BODY_LIMIT))
         .merge(shards::router().layer(small()))
         .merge(rebalance::router().layer(small()))
         .merge(streams::router().layer(small()))
-        .merge(
-            streams::put_router()
-                .layer(RequestBodyLimitLayer::new(STREAM_BODY_LIMIT))
-                // The extractors' own default (2 MB) would refuse it first.
-                .layer(axum::extract::DefaultBodyLimit::max(STREAM_BODY_LIMIT)),
-        )
+        .merge(large(streams::put_router(), STREAM_BODY_LIMIT))
         .merge(leases::router().layer(small()))
         .merge(health::router().layer(small()))
         .merge(metrics::router().layer(small()))
@@ -90,6 +85,14 @@ fn api() -> OpenApiRouter<AppState> {
     openapi::guarded_mutations(api.get_openapi_mut());
     openapi::guarded_hosts(api.get_openapi_mut());
     api
+}
+
+/// `routes` with bodies up to `limit` bytes: the extractors' own default (2 MB) lifted too,
+/// or it would refuse a body the limit allows.
+fn large(routes: OpenApiRouter<AppState>, limit: usize) -> OpenApiRouter<AppState> {
+    routes
+        .layer(RequestBodyLimitLayer::new(limit))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
 }
 
 /// Paths the router serves besides the API's: the document, its 3.0 rendition and Swagger UI.
