@@ -548,6 +548,8 @@ async fn growing_a_moving_account_spreads_its_keys_now_and_after_the_switch() {
     let applied = app.post("/rebalance", Some(body)).await;
     assert_eq!(applied.status, 200, "{}", applied.body);
     let account = applied.body["moves"][0]["account"].as_str().unwrap();
+    // A replica on the same database, following the log from before the change.
+    let replica = keyspread::AppState::open(&app.config).await.unwrap();
 
     let path = format!("/keys/{account}");
     let grown = app
@@ -559,6 +561,26 @@ async fn growing_a_moving_account_spreads_its_keys_now_and_after_the_switch() {
         .await;
     assert_eq!(grown.status, 200, "{}", grown.body);
     let looked = app.get(&path).await.body;
+    let started = std::time::Instant::now();
+    loop {
+        let router = keyspread::app(replica.clone());
+        let request = axum::http::Request::get(&path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = tower::ServiceExt::oneshot(router, request).await.unwrap();
+        let bytes = axum::body::to_bytes(answer.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let followed: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if followed == looked {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the replica answers {followed}, the writer {looked}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The key added as two is a staged move of its own, and survives a restart as one.
     let app = app.restart().await;
     let restarted = app.get(&path).await.body;
