@@ -52,7 +52,8 @@ pub struct ServeConfig {
     #[arg(
         long,
         env = "KEYSPREAD_LOOKUP_CACHE_CONTROL",
-        default_value = "max-age=60"
+        default_value = "max-age=60",
+        value_parser = lookup_cache_control
     )]
     pub lookup_cache_control: axum::http::HeaderValue,
 
@@ -314,6 +315,15 @@ pub fn redact_url(raw: &str) -> String {
         url.query_pairs_mut().extend_pairs(pairs);
     }
     url.into()
+}
+
+/// A `Cache-Control` for lookups, refused here (before the database is touched) when
+/// [`crate::http::LookupCache::parse`] refuses it.
+fn lookup_cache_control(text: &str) -> Result<axum::http::HeaderValue, String> {
+    let header = axum::http::HeaderValue::from_str(text)
+        .map_err(|_| "not a valid header value".to_owned())?;
+    crate::http::LookupCache::parse(header.clone())?;
+    Ok(header)
 }
 
 #[cfg(test)]

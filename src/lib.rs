@@ -93,7 +93,8 @@ impl AppState {
                 trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
             }),
             request_timeout: config.request_timeout(),
-            lookup_cache: http::LookupCache::new(config.lookup_cache_control.clone()),
+            lookup_cache: http::LookupCache::parse(config.lookup_cache_control.clone())
+                .map_err(StartError::LookupCacheControl)?,
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),
             connections: ConnectionLimits {
                 header_timeout: config.header_timeout(),
@@ -113,6 +114,8 @@ pub enum StartError {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Registry(#[from] registry::Error),
+    #[error("--lookup-cache-control: {0}")]
+    LookupCacheControl(String),
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, then drains in-flight requests.

@@ -5,12 +5,17 @@
 
 use std::borrow::Cow;
 
-/// `aws kinesis` followed by `args`, each one shell word.
-pub fn kinesis(args: &[&str]) -> String {
+/// `aws kinesis` followed by the `command` words and each option as one word
+/// `--flag=value`: a value that starts with `-` (stream names and shard ids may) is then
+/// never read as an option.
+pub fn kinesis(command: &[&str], options: &[(&str, &str)]) -> String {
     let mut line = String::from("aws kinesis");
-    for arg in args {
+    let options = options
+        .iter()
+        .map(|(flag, value)| format!("{flag}={value}"));
+    for word in command.iter().map(|w| w.to_string()).chain(options) {
         line.push(' ');
-        line.push_str(&quote(arg));
+        line.push_str(&quote(&word));
     }
     line
 }
@@ -46,9 +51,20 @@ mod tests {
     #[test]
     fn plain_words_stay_as_they_are() {
         assert_eq!(
-            kinesis(&["split-shard", "--shard-to-split", "shardId-000000000001"]),
-            "aws kinesis split-shard --shard-to-split shardId-000000000001"
+            kinesis(
+                &["split-shard"],
+                &[("--shard-to-split", "shardId-000000000001")]
+            ),
+            "aws kinesis split-shard --shard-to-split=shardId-000000000001"
         );
+    }
+
+    #[test]
+    fn a_value_that_starts_with_a_dash_stays_in_its_option() {
+        let line = kinesis(&["wait", "stream-exists"], &[("--stream-name", "-x")]);
+        assert_eq!(line, "aws kinesis wait stream-exists --stream-name=-x");
+        let line = kinesis(&["merge-shards"], &[("--stream-name", "-x y")]);
+        assert_eq!(sh_words(&line)[3], "--stream-name=-x y");
     }
 
     #[test]
@@ -64,10 +80,15 @@ mod tests {
     #[test]
     fn a_hostile_id_stays_one_word() {
         let id = "shardId-0$(touch /tmp/x)`id`;rm -rf ~ 'a' \"b\" \n*";
-        let line = kinesis(&["split-shard", "--shard-to-split", id]);
+        let line = kinesis(&["split-shard"], &[("--shard-to-split", id)]);
         assert_eq!(
             sh_words(&line),
-            ["aws", "kinesis", "split-shard", "--shard-to-split", id]
+            [
+                "aws",
+                "kinesis",
+                "split-shard",
+                &format!("--shard-to-split={id}")
+            ]
         );
     }
 
@@ -75,8 +96,9 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
         fn any_word_round_trips_through_sh(word in "[^\u{0}]{0,40}", plain in "[a-z0-9-]{1,8}") {
-            let line = kinesis(&[&plain, &word]);
-            prop_assert_eq!(sh_words(&line), vec!["aws".to_owned(), "kinesis".into(), plain, word]);
+            let line = kinesis(&[&plain], &[("--stream-name", &word)]);
+            let option = format!("--stream-name={word}");
+            prop_assert_eq!(sh_words(&line), vec!["aws".to_owned(), "kinesis".into(), plain, option]);
         }
     }
 }

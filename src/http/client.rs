@@ -22,6 +22,10 @@ pub enum Client {
     /// A trusted proxy relayed the request for an entry that is not an address: a remote
     /// client that cannot be traced, never the proxy itself.
     Unknown,
+    /// A peer that is not a trusted proxy says it relayed the request (it carries a
+    /// forwarding header): the client is somewhere behind it, so remote, even when the
+    /// peer is a proxy on this host. Counted against the peer's rate limit.
+    Relayed(IpAddr),
 }
 
 impl Client {
@@ -50,7 +54,10 @@ impl TrustedProxies {
     pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> Client {
         let mut client = peer.to_canonical();
         if !self.trusts(client) {
-            return Client::Address(client);
+            return match says_relayed(headers) {
+                true => Client::Relayed(client),
+                false => Client::Address(client),
+            };
         }
         // Every `X-Forwarded-For` line, in order, is one list. Split as bytes: an entry
         // that is not ASCII must not hide the readable ones beside it.
@@ -72,6 +79,15 @@ impl TrustedProxies {
         }
         Client::Address(client)
     }
+}
+
+/// Whether a request says a proxy relayed it: `Forwarded`, `Via`, `X-Real-IP` or any
+/// `X-Forwarded-*` (`-For`, `-Host`, `-Proto`...), the headers proxies add.
+pub fn says_relayed(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| {
+        let name = name.as_str(); // lower case, as `http` keeps names
+        matches!(name, "forwarded" | "via" | "x-real-ip") || name.starts_with("x-forwarded-")
+    })
 }
 
 /// An `X-Forwarded-For` entry: an address, with a port as some proxies write it.
@@ -120,12 +136,46 @@ mod tests {
     fn an_untrusted_peer_is_the_client_whatever_it_forwards() {
         let trusted = proxies(&["10.0.0.0/8"]);
         let headers = forwarded(&["127.0.0.1"]);
+        let relayed = |text| Client::Relayed(ip(text));
         assert_eq!(
             trusted.client(ip("203.0.113.9"), &headers),
-            at("203.0.113.9")
+            relayed("203.0.113.9")
         );
         let nobody = TrustedProxies::default();
-        assert_eq!(nobody.client(ip("10.0.0.1"), &headers), at("10.0.0.1"));
+        assert_eq!(nobody.client(ip("10.0.0.1"), &headers), relayed("10.0.0.1"));
+        // A proxy on this host that is not trusted relays remote clients, whatever it says.
+        assert_eq!(
+            nobody.client(ip("127.0.0.1"), &headers),
+            relayed("127.0.0.1")
+        );
+        assert!(!nobody.client(ip("127.0.0.1"), &headers).is_loopback());
+        assert_eq!(
+            nobody.client(ip("127.0.0.1"), &HeaderMap::new()),
+            at("127.0.0.1")
+        );
+    }
+
+    #[test]
+    fn any_forwarding_header_says_relayed() {
+        for name in [
+            "X-Forwarded-For",
+            "x-forwarded-host",
+            "X-Forwarded-Proto",
+            "Forwarded",
+            "Via",
+            "X-Real-IP",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("x"),
+            );
+            assert!(says_relayed(&headers), "{name}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("x-request-id", HeaderValue::from_static("x"));
+        headers.insert("origin", HeaderValue::from_static("http://127.0.0.1"));
+        assert!(!says_relayed(&headers));
     }
 
     #[test]

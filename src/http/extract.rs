@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -42,6 +42,55 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
         let Json(value) = Json::<T>::from_bytes(&bytes).map_err(IntoResponse::into_response)?;
         Ok(OptionalJson(Some(value)))
     }
+}
+
+/// A query string whose names and values must be UTF-8 once percent-decoded: axum's
+/// `Query` would put U+FFFD in place of the rest, and a key would be hashed from that.
+pub struct Utf8Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Utf8Query<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        for pair in parts.uri.query().unwrap_or_default().split('&') {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if std::str::from_utf8(&form_decode(value)).is_err() {
+                let name = String::from_utf8_lossy(&form_decode(name)).into_owned();
+                let detail = format!("query parameter `{}` is not UTF-8", super::clip(&name));
+                return Err(ApiError::bad_request(detail).into_response());
+            }
+        }
+        let Query(value) = Query::<T>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Utf8Query(value))
+    }
+}
+
+/// `application/x-www-form-urlencoded` decoding of one name or value, to bytes: `+` is a
+/// space, `%XX` a byte; a `%` without two hex digits stays as it is.
+fn form_decode(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |at: usize| bytes.get(at).and_then(|b| (*b as char).to_digit(16));
+        match (bytes[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(high), Some(low)) => {
+                out.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (b'+', ..) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, ..) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// A deserializer that takes structs from JSON objects only: serde's derive also takes one
@@ -183,6 +232,14 @@ impl IfNoneMatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn form_decoding_reads_escapes_and_plus() {
+        assert_eq!(form_decode("caf%C3%A9+1"), "caf\u{e9} 1".as_bytes());
+        assert_eq!(form_decode("%ff%FE"), [0xFF, 0xFE]);
+        assert_eq!(form_decode("100%"), b"100%");
+        assert_eq!(form_decode("%zz%4"), b"%zz%4");
+    }
 
     #[derive(Debug, serde::Deserialize)]
     struct Counts {

@@ -60,6 +60,7 @@ impl MutationLimiter {
         let client = match client {
             Client::Address(ip) => Client::Address(ip.to_canonical()),
             Client::Unknown => Client::Unknown,
+            Client::Relayed(ip) => Client::Relayed(ip.to_canonical()),
         };
         self.check_at(client, Instant::now())
     }

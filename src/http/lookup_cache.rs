@@ -6,6 +6,9 @@
 
 use axum::http::HeaderValue;
 
+/// Longest a lookup answer may be cached, in seconds: the longest a staged switch waits.
+pub const MAX_LIFETIME_S: u64 = super::rebalance::MAX_SWITCH_AFTER_S;
+
 /// The configured `Cache-Control` of lookup answers, read once.
 #[derive(Debug, Clone)]
 pub struct LookupCache {
@@ -21,8 +24,15 @@ pub struct LookupCache {
 }
 
 impl LookupCache {
-    pub fn new(header: HeaderValue) -> Self {
-        let text = header.to_str().unwrap_or_default().to_owned();
+    /// Reads the configured header. Refuses a directive bounding an answer's life that is
+    /// given twice (caches differ on which one counts) or is not whole seconds, and a
+    /// lifetime past [`MAX_LIFETIME_S`], the longest a staged switch waits: a cached answer
+    /// would outlive the old key.
+    pub fn parse(header: HeaderValue) -> Result<Self, String> {
+        let text = header
+            .to_str()
+            .map_err(|_| "not visible ASCII".to_owned())?
+            .to_owned();
         let mut cache = LookupCache {
             header,
             others: Vec::new(),
@@ -36,17 +46,35 @@ impl LookupCache {
                 Some((name, value)) => (name.trim(), Some(value.trim().trim_matches('"'))),
                 None => (directive, None),
             };
-            let seconds = value.and_then(|v| v.parse::<u64>().ok());
-            match name.to_ascii_lowercase().as_str() {
-                "max-age" => cache.max_age = seconds,
-                "s-maxage" => cache.s_maxage = seconds,
-                "stale-while-revalidate" => cache.stale_while_revalidate = seconds,
+            let name = name.to_ascii_lowercase();
+            let slot = match name.as_str() {
+                "max-age" => &mut cache.max_age,
+                "s-maxage" => &mut cache.s_maxage,
+                "stale-while-revalidate" => &mut cache.stale_while_revalidate,
                 // Serving stale after an error could outlive any switch: never before one.
-                "stale-if-error" => cache.stale_if_error = true,
-                _ => cache.others.push(directive.to_owned()),
+                "stale-if-error" => {
+                    cache.stale_if_error = true;
+                    continue;
+                }
+                _ => {
+                    cache.others.push(directive.to_owned());
+                    continue;
+                }
+            };
+            if slot.is_some() {
+                return Err(format!("{name} is given twice"));
             }
+            let seconds = value.and_then(|v| v.parse::<u64>().ok());
+            *slot = Some(seconds.ok_or_else(|| format!("{name} must be whole seconds"))?);
         }
-        cache
+        if cache.lifetime() > MAX_LIFETIME_S {
+            return Err(format!(
+                "answers could be cached {} s, longer than the longest switch ({MAX_LIFETIME_S} s): \
+                 max-age (or s-maxage) plus stale-while-revalidate must be at most {MAX_LIFETIME_S}",
+                cache.lifetime()
+            ));
+        }
+        Ok(cache)
     }
 
     /// The header as configured.
@@ -86,7 +114,24 @@ mod tests {
     use super::*;
 
     fn cache(text: &str) -> LookupCache {
-        LookupCache::new(HeaderValue::from_str(text).unwrap())
+        LookupCache::parse(HeaderValue::from_str(text).unwrap()).unwrap()
+    }
+
+    fn refused(text: &str) -> String {
+        LookupCache::parse(HeaderValue::from_str(text).unwrap()).unwrap_err()
+    }
+
+    #[test]
+    fn lifetimes_past_the_longest_switch_and_repeated_bounds_are_refused() {
+        assert_eq!(cache("max-age=86400").lifetime(), 86_400);
+        assert!(refused("max-age=86401").contains("86401 s"));
+        assert!(refused("s-maxage=90000, max-age=1").contains("at most 86400"));
+        assert!(refused("max-age=86000, stale-while-revalidate=401").contains("86401"));
+        assert_eq!(refused("max-age=1, Max-Age=2"), "max-age is given twice");
+        assert_eq!(refused("s-maxage=1, s-maxage=1"), "s-maxage is given twice");
+        assert_eq!(refused("max-age=-1"), "max-age must be whole seconds");
+        assert_eq!(refused("max-age"), "max-age must be whole seconds");
+        assert_eq!(cache("no-cache").lifetime(), 0);
     }
 
     #[test]

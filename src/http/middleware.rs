@@ -18,7 +18,8 @@ use crate::{Access, AppState};
 /// Mutations need the bearer token when one is configured, else a loopback client and no
 /// foreign `Origin`. Refused ones are rate-limited per client, so tokens cannot be guessed
 /// quickly; allowed ones only with `--limit-token-holders`. Reads pass untouched. Behind a
-/// trusted proxy, the client is the one its `X-Forwarded-For` names.
+/// trusted proxy, the client is the one its `X-Forwarded-For` names; a request another
+/// proxy relayed (it carries a forwarding header) is from a remote client.
 pub async fn guard_mutations(
     State(state): State<AppState>,
     request: Request,
@@ -59,6 +60,17 @@ fn local_only(
     client: Option<Client>,
     headers: &HeaderMap,
 ) -> Option<Response<Body>> {
+    if let Some(Client::Relayed(_)) = client {
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "no token is configured, so only clients on the server's own host may change \
+             assignments, and this request came through a proxy (it carries Forwarded, Via, \
+             X-Real-IP or X-Forwarded-*) not named in --trusted-proxies, so its client is \
+             remote: name the proxy in --trusted-proxies (KEYSPREAD_TRUSTED_PROXIES), or start \
+             keyspread with KEYSPREAD_TOKEN",
+        ));
+    }
     if !client.is_some_and(Client::is_loopback) {
         return Some(problem(
             StatusCode::FORBIDDEN,

@@ -58,6 +58,11 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// Largest body `POST /keys/batch` accepts: 10,000 accounts of up to 256 bytes and more.
 pub const BATCH_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
+/// Largest body `PUT /streams/{name}` accepts. `aws kinesis list-shards` prints a stream of
+/// 10,000 open shards split from 5,000 (their parents still listed) in 7.3 MB; this leaves
+/// room for as many closed shards again.
+pub const STREAM_BODY_LIMIT: usize = 16 * 1024 * 1024;
+
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Every documented route, with the document built from them.
@@ -66,10 +71,11 @@ fn api() -> OpenApiRouter<AppState> {
     let small = || RequestBodyLimitLayer::new(BODY_LIMIT);
     let mut api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(keys::router().layer(small()))
-        .merge(keys::batch_router().layer(RequestBodyLimitLayer::new(BATCH_BODY_LIMIT)))
+        .merge(large(keys::batch_router(), BATCH_BODY_LIMIT))
         .merge(shards::router().layer(small()))
         .merge(rebalance::router().layer(small()))
         .merge(streams::router().layer(small()))
+        .merge(large(streams::put_router(), STREAM_BODY_LIMIT))
         .merge(leases::router().layer(small()))
         .merge(health::router().layer(small()))
         .merge(metrics::router().layer(small()))
@@ -79,6 +85,14 @@ fn api() -> OpenApiRouter<AppState> {
     openapi::guarded_mutations(api.get_openapi_mut());
     openapi::guarded_hosts(api.get_openapi_mut());
     api
+}
+
+/// `routes` with bodies up to `limit` bytes: the extractors' own default (2 MB) lifted too,
+/// or it would refuse a body the limit allows.
+fn large(routes: OpenApiRouter<AppState>, limit: usize) -> OpenApiRouter<AppState> {
+    routes
+        .layer(RequestBodyLimitLayer::new(limit))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
 }
 
 /// Paths the router serves besides the API's: the document, its 3.0 rendition and Swagger UI.

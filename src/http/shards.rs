@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
+use super::extract::Utf8Query;
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey, Shard, ShardMap, Skew};
 use crate::registry::{MapSpec, Registry};
@@ -130,7 +131,7 @@ fn map_spec(shards: Option<u64>, stream: Option<String>) -> Result<MapSpec, ApiE
 )]
 async fn shard_of(
     State(state): State<AppState>,
-    Query(q): Query<ShardOfParams>,
+    Utf8Query(q): Utf8Query<ShardOfParams>,
 ) -> Result<Json<ShardOf>, ApiError> {
     let keyspace = state.registry.keyspace();
     if q.account.is_none() && (q.index.is_some() || q.sub_key.is_some()) {
@@ -203,7 +204,7 @@ async fn shard_of(
 )]
 async fn distribution(
     State(state): State<AppState>,
-    Query(q): Query<MapParams>,
+    Utf8Query(q): Utf8Query<MapParams>,
 ) -> Result<Response, ApiError> {
     let map = state.registry.resolve(&q.spec()?)?;
     let registry = Arc::clone(&state.registry);

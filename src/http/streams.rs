@@ -26,8 +26,13 @@ use crate::registry::{Registry, Stream};
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_streams))
-        .routes(routes!(put_stream, get_stream, delete_stream))
+        .routes(routes!(get_stream, delete_stream))
         .routes(routes!(split_plan))
+}
+
+/// `PUT /streams/{name}`, apart: list-shards output of 10,000 shards is megabytes.
+pub fn put_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(put_stream))
 }
 
 /// A stream's map: list-shards output as-is, or a shard count for a uniform map.
@@ -313,6 +318,7 @@ async fn list_streams(
         (status = 201, description = "Registered", body = StreamChange),
         (status = 200, description = "Replaced; `before` shows the old map's balance", body = StreamChange),
         (status = 400, description = "Invalid stream name, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 MiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not list-shards output, a shard id Kinesis would not give, more than 10000 open shards, or open shards that do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
     ),
@@ -509,15 +515,17 @@ fn split_plan_body(
                     new_starting_hash_key,
                     children,
                 } => {
-                    commands.push(aws_cli::kinesis(&[
-                        "split-shard",
-                        "--stream-name",
-                        &name,
-                        "--shard-to-split",
-                        &shard,
-                        "--new-starting-hash-key",
-                        &new_starting_hash_key.to_string(),
-                    ]));
+                    commands.push(aws_cli::kinesis(
+                        &["split-shard"],
+                        &[
+                            ("--stream-name", &name),
+                            ("--shard-to-split", &shard),
+                            (
+                                "--new-starting-hash-key",
+                                &new_starting_hash_key.to_string(),
+                            ),
+                        ],
+                    ));
                     ReshardCall {
                         action: "split".into(),
                         shard_to_split: Some(shard),
@@ -532,15 +540,14 @@ fn split_plan_body(
                     adjacent,
                     merged,
                 } => {
-                    commands.push(aws_cli::kinesis(&[
-                        "merge-shards",
-                        "--stream-name",
-                        &name,
-                        "--shard-to-merge",
-                        &shard,
-                        "--adjacent-shard-to-merge",
-                        &adjacent,
-                    ]));
+                    commands.push(aws_cli::kinesis(
+                        &["merge-shards"],
+                        &[
+                            ("--stream-name", &name),
+                            ("--shard-to-merge", &shard),
+                            ("--adjacent-shard-to-merge", &adjacent),
+                        ],
+                    ));
                     ReshardCall {
                         action: "merge".into(),
                         shard_to_split: None,
@@ -551,12 +558,10 @@ fn split_plan_body(
                     }
                 }
             };
-            commands.push(aws_cli::kinesis(&[
-                "wait",
-                "stream-exists",
-                "--stream-name",
-                &name,
-            ]));
+            commands.push(aws_cli::kinesis(
+                &["wait", "stream-exists"],
+                &[("--stream-name", &name)],
+            ));
             call
         })
         .collect();

@@ -291,6 +291,68 @@ impl Allocator {
         Ok(())
     }
 
+    /// Grows an account one of whose keys is switching: `now` are its keys in force now,
+    /// `after` its keys from its last switch on (by index, as many). Each new key is spread
+    /// against both where one key can be; where none can (2 shards, key 0 crossing over),
+    /// it is two: one for now, reserved as a staged move's old key is, and one from the
+    /// switch on, held. Answers each new key as `(now, after)`. All or nothing.
+    pub fn extend_switching(
+        &mut self,
+        now: &[HashKey],
+        after: &[HashKey],
+        weights: &[u64],
+    ) -> Result<Vec<(HashKey, HashKey)>, Error> {
+        let (mut now, mut after) = (now.to_vec(), after.to_vec());
+        let mut added: Vec<(HashKey, HashKey)> = Vec::with_capacity(weights.len());
+        for &weight in weights {
+            match self.place_switching(&now, &after, weight) {
+                Ok((key_now, key_after)) => {
+                    now.push(key_now);
+                    after.push(key_after);
+                    added.push((key_now, key_after));
+                }
+                Err(err) => {
+                    for (key_now, key_after) in added {
+                        self.remove(key_after).expect("held a moment ago");
+                        if key_now != key_after {
+                            self.unreserve(key_now).expect("reserved a moment ago");
+                        }
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    /// Key `now.len()` of a switching account, as [`Allocator::extend_switching`] places it.
+    fn place_switching(
+        &mut self,
+        now: &[HashKey],
+        after: &[HashKey],
+        weight: u64,
+    ) -> Result<(HashKey, HashKey), Error> {
+        let (i, max) = (now.len(), self.keyspace.max());
+        let both = self.spread().forbidden_at_all(&[now, after], i);
+        match self.next_key_outside(&both, HashKey(0), max) {
+            Ok(key) => return self.insert(key, weight).map(|()| (key, key)),
+            Err(Error::Full { .. }) => {}
+            Err(err) => return Err(err),
+        }
+        let key_after = self.next_key_for(after, i, HashKey(0), max)?;
+        self.insert(key_after, weight)?;
+        let key_now = self
+            .next_key_for(now, i, HashKey(0), max)
+            .and_then(|key| self.reserve(key).map(|()| key));
+        match key_now {
+            Ok(key_now) => Ok((key_now, key_after)),
+            Err(err) => {
+                self.remove(key_after).expect("held a moment ago");
+                Err(err)
+            }
+        }
+    }
+
     /// The key for index `keys.len()`: in the lightest shard its round has not used.
     fn next_key_on_shards(&self, keys: &[HashKey]) -> Result<HashKey, Error> {
         let balance = self.balance.as_ref().expect("balanced on a map");
@@ -797,6 +859,88 @@ mod tests {
             let next = alloc.next_key();
             alloc.balance_on(Some(map.clone()));
             prop_assert_eq!(alloc.next_key(), next);
+        }
+    }
+
+    #[test]
+    fn a_key_added_while_key_0_crosses_two_shards_switches_the_other_way() {
+        let map = crate::keyspace::ShardMap::uniform(Keyspace::new(7).unwrap(), 2).unwrap();
+        let mut alloc = Allocator::new(Keyspace::new(7).unwrap());
+        alloc.balance_on(Some(map.clone()));
+        // Key 0 moving from shard 0 (10) to shard 1 (100): its old key reserved.
+        alloc.insert(HashKey(100), 1).unwrap();
+        alloc.reserve(HashKey(10)).unwrap();
+        let added = alloc
+            .extend_switching(&[HashKey(10)], &[HashKey(100)], &[1])
+            .unwrap();
+        let (now, after) = added[0];
+        assert_eq!((map.index_of(now), map.index_of(after)), (1, 0));
+        assert!(alloc.is_reserved(now));
+        assert_eq!(alloc.weight(after), Some(1));
+    }
+
+    /// An account of `held` keys spread on `map`, some of which a staged move switches:
+    /// answers its keys now and after the switch, with the allocator holding them as the
+    /// registry does (old keys reserved).
+    fn switching_account(
+        alloc: &mut Allocator,
+        held: usize,
+        moving: &[bool],
+    ) -> (Vec<HashKey>, Vec<HashKey>) {
+        let now = alloc.allocate_keys(&vec![1; held]).unwrap();
+        let mut after = now.clone();
+        let max = alloc.keyspace().max();
+        for i in (0..held).filter(|&i| moving[i]) {
+            let to = alloc.next_key_for(&after, i, HashKey(0), max).unwrap();
+            alloc.insert(to, 1).unwrap();
+            alloc.remove(now[i]).unwrap();
+            alloc.reserve(now[i]).unwrap();
+            after[i] = to;
+        }
+        (now, after)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn keys_added_while_others_switch_spread_now_and_after_the_switch(
+            shards in prop::option::of(1u64..6),
+            others in prop::collection::vec(0u128..128, 0..40),
+            held in 1usize..5,
+            moving in prop::collection::vec(any::<bool>(), 5),
+            grow in 1usize..6,
+        ) {
+            let keyspace = Keyspace::new(7).unwrap();
+            let map = shards.map(|s| crate::keyspace::ShardMap::uniform(keyspace, s).unwrap());
+            let mut alloc = Allocator::new(keyspace);
+            alloc.balance_on(map.clone());
+            for key in others {
+                let _ = alloc.insert(HashKey(key), 1);
+            }
+            let (now, after) = switching_account(&mut alloc, held, &moving);
+            let spread = alloc.spread();
+            prop_assume!(spread.holds(&now) && spread.holds(&after));
+            let before = alloc.clone();
+            let added = match alloc.extend_switching(&now, &after, &vec![1; grow]) {
+                Ok(added) => added,
+                Err(Error::Full { .. }) => {
+                    // All or nothing: a refusal leaves every key as it was.
+                    prop_assert_eq!(alloc.iter().collect::<Vec<_>>(), before.iter().collect::<Vec<_>>());
+                    return Ok(());
+                }
+                Err(err) => return Err(TestCaseError::fail(format!("{err}"))),
+            };
+            let spread = alloc.spread();
+            let grown_now: Vec<HashKey> = now.iter().copied().chain(added.iter().map(|p| p.0)).collect();
+            let grown_after: Vec<HashKey> = after.iter().copied().chain(added.iter().map(|p| p.1)).collect();
+            prop_assert!(spread.holds(&grown_now), "now {grown_now:?}");
+            prop_assert!(spread.holds(&grown_after), "after {grown_after:?}");
+            for (key_now, key_after) in added {
+                prop_assert!(before.weight(key_after).is_none() && before.weight(key_now).is_none());
+                prop_assert_eq!(alloc.weight(key_after), Some(1));
+                // A key for now differs from its key after the switch only as a staged old key.
+                prop_assert_eq!(alloc.is_reserved(key_now), key_now != key_after);
+            }
         }
     }
 }

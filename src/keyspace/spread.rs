@@ -89,7 +89,7 @@ impl Spread<'_> {
     /// The key ranges key `i` may not move into, given where the account's other keys lie
     /// (`keys[i]` itself is ignored): sorted, disjoint, inclusive.
     pub fn forbidden(&self, keys: &[HashKey], i: usize) -> Vec<(HashKey, HashKey)> {
-        let mut ranges: Vec<(HashKey, HashKey)> = match *self {
+        let ranges: Vec<(HashKey, HashKey)> = match *self {
             Spread::Shards(map) => {
                 let round = map.len();
                 let first = i / round * round;
@@ -106,15 +106,18 @@ impl Spread<'_> {
                 .map(|j| segment_range(keyspace, keys[j], level(i.max(j))))
                 .collect(),
         };
-        ranges.sort();
-        let mut merged: Vec<(HashKey, HashKey)> = Vec::with_capacity(ranges.len());
-        for (lo, hi) in ranges {
-            match merged.last_mut() {
-                Some(last) if lo.0 <= last.1.0.saturating_add(1) => last.1 = last.1.max(hi),
-                _ => merged.push((lo, hi)),
-            }
-        }
-        merged
+        merge(ranges)
+    }
+
+    /// The key ranges key `i` may not lie in at any of several moments, each moment's
+    /// keys by index (a switching account: the keys in force now, and from its switch on).
+    pub fn forbidden_at_all(&self, moments: &[&[HashKey]], i: usize) -> Vec<(HashKey, HashKey)> {
+        merge(
+            moments
+                .iter()
+                .flat_map(|keys| self.forbidden(keys, i))
+                .collect(),
+        )
     }
 
     /// The parts of `[lo, hi]` key `i` may move into: `[lo, hi]` less [`Spread::forbidden`].
@@ -127,6 +130,19 @@ impl Spread<'_> {
     ) -> Vec<(HashKey, HashKey)> {
         allowed_in(&self.forbidden(keys, i), lo, hi)
     }
+}
+
+/// `ranges` (inclusive) sorted, overlapping and adjacent ones joined.
+fn merge(mut ranges: Vec<(HashKey, HashKey)>) -> Vec<(HashKey, HashKey)> {
+    ranges.sort();
+    let mut merged: Vec<(HashKey, HashKey)> = Vec::with_capacity(ranges.len());
+    for (lo, hi) in ranges {
+        match merged.last_mut() {
+            Some(last) if lo.0 <= last.1.0.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    merged
 }
 
 /// `[lo, hi]` less the `forbidden` ranges (sorted, disjoint, inclusive).

@@ -571,20 +571,52 @@ impl Registry {
                 .collect();
             let mut keys: Vec<HashKey> = held[..kept].iter().map(|r| r.hash_key).collect();
             let weights: Vec<u64> = (kept..fanout as usize).map(share).collect();
-            w.alloc.extend_keys(&mut keys, &weights)?;
-            let added: Vec<KeyRow> = keys[kept..]
-                .iter()
-                .enumerate()
-                .map(|(n, key)| KeyRow {
+            // While kept keys switch, new keys spread against the keys now and after it;
+            // one that cannot be both switches too, at the last of their switches.
+            let switching: Vec<Switch> = (a.switching.iter())
+                .filter(|s| (s.index as usize) < kept)
+                .copied()
+                .collect();
+            let new_keys: Vec<(HashKey, HashKey)> = match switching.is_empty() {
+                true => {
+                    w.alloc.extend_keys(&mut keys, &weights)?;
+                    keys[kept..].iter().map(|&k| (k, k)).collect()
+                }
+                false => {
+                    let now = a.keys_at(at).keys;
+                    let now = &now.as_slice()[..kept];
+                    let new_keys = w.alloc.extend_switching(now, &keys, &weights)?;
+                    keys.extend(new_keys.iter().map(|&(_, after)| after));
+                    new_keys
+                }
+            };
+            let added: Vec<KeyRow> = (new_keys.iter().enumerate())
+                .map(|(n, &(key, _))| KeyRow {
                     account: a.account.clone(),
                     index: (kept + n) as u32,
-                    hash_key: *key,
+                    hash_key: key,
                     weight: weights[n],
                     created_at: at,
                 })
                 .collect();
-            for row in &added {
-                w.alloc.remove(row.hash_key).expect("held a moment ago");
+            let switch_at = switching.iter().map(|s| s.switch_at).max().unwrap_or(at);
+            let staged: Vec<keyspace::Move> = (added.iter().zip(&new_keys))
+                .filter(|(_, (now, after))| now != after)
+                .map(|(row, &(from, to))| keyspace::Move {
+                    account: row.account.to_string(),
+                    index: row.index,
+                    from,
+                    to,
+                    from_shard: w.alloc.balanced_map().map_or(0, |m| m.index_of(from)),
+                    to_shard: w.alloc.balanced_map().map_or(0, |m| m.index_of(to)),
+                    weight: row.weight,
+                })
+                .collect();
+            for &(now, after) in &new_keys {
+                w.alloc.remove(after).expect("held a moment ago");
+                if now != after {
+                    w.alloc.unreserve(now).expect("reserved a moment ago");
+                }
             }
             let mut events = Vec::with_capacity(gone.len() + reweighted.len() + added.len());
             let ids = tx.delete_many(&gone, at).await?;
@@ -618,6 +650,18 @@ impl Registry {
                     weight: row.weight,
                 },
             }));
+            let ids = tx.apply_moves(&staged, at, switch_at).await?;
+            events.extend(ids.into_iter().zip(&staged).map(|(id, m)| Event {
+                id,
+                at,
+                change: Change::Move {
+                    account: a.account.clone(),
+                    index: m.index,
+                    from: m.from,
+                    to: m.to,
+                    switch_at,
+                },
+            }));
             this.commit(&mut w, tx, Committed::Reweight).await?;
             this.apply_events(&mut w, events)?;
             Ok(Assignment {
@@ -625,8 +669,12 @@ impl Registry {
                 hash_keys: HashKeys::from_vec(keys),
                 weight,
                 created_at: a.created_at,
-                switching: (a.switching.into_iter())
-                    .filter(|s| (s.index as usize) < kept)
+                switching: (switching.into_iter())
+                    .chain(staged.iter().map(|m| Switch {
+                        index: m.index,
+                        from: m.from,
+                        switch_at,
+                    }))
                     .collect(),
             })
         })

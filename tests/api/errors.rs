@@ -191,10 +191,15 @@ async fn behind_a_trusted_proxy_without_a_token_the_forwarded_client_must_be_loc
         via_proxy(&trusted, remote, Some("127.0.0.1"), "POST", "/keys/a").await,
         StatusCode::FORBIDDEN
     );
-    // Without trusted proxies the header is ignored.
+    // Without trusted proxies the address in it is not believed, and the request, relayed
+    // by a proxy on this host, is from a remote client.
     assert_eq!(
         via_proxy(&[], local_proxy, Some("203.0.113.9"), "POST", "/keys/a").await,
-        StatusCode::CREATED
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        via_proxy(&[], local_proxy, Some("127.0.0.1"), "POST", "/keys/a").await,
+        StatusCode::FORBIDDEN
     );
 }
 

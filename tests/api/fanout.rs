@@ -614,3 +614,35 @@ async fn a_page_of_hot_accounts_ends_at_16384_keys() {
     assert_eq!(keys_of(&rest.body["items"][0]).len(), 1024);
     assert_eq!(rest.body["next"], Value::Null);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_values_that_are_not_utf8_are_refused_not_replaced() {
+    let app = spawn_app().await;
+    let made = app
+        .post("/keys/acct", Some(json!({"fanout": 4, "weight": 4})))
+        .await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    for (query, name) in [
+        ("account=acct&sub_key=%FF&shards=4", "sub_key"),
+        ("account=acct&sub_key=order-%C3&shards=4", "sub_key"),
+        ("partition_key=%FE%FF&shards=4", "partition_key"),
+        ("account=acct%FF&shards=4", "account"),
+    ] {
+        let answer = app.get(&format!("/shard-of?{query}")).await;
+        assert_problem(&answer, 400, &format!("`{name}` is not UTF-8"));
+    }
+    // Percent-encoded UTF-8 is fine: "é" is %C3%A9, and `+` is a space.
+    let encoded = app
+        .get("/shard-of?account=acct&sub_key=caf%C3%A9+1&shards=4")
+        .await;
+    let plain = app
+        .get(&format!(
+            "/shard-of?account=acct&sub_key={}&shards=4",
+            "caf\u{e9}%201"
+        ))
+        .await;
+    assert_eq!(encoded.status, 200, "{}", encoded.body);
+    assert_eq!(encoded.body, plain.body);
+    let index = keyspread::keyspace::sub_key_index("caf\u{e9} 1", 4);
+    assert_eq!(encoded.body["index"], index);
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{TestApp, spawn_app_with};
+use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 
 /// A server without a token that trusts proxies on 127.0.0.1.
 async fn behind_local_proxy() -> TestApp {
@@ -85,6 +85,20 @@ struct Nginx {
 
 impl Nginx {
     async fn start(program: &std::path::Path, upstream: std::net::SocketAddr) -> Nginx {
+        Nginx::start_setting(
+            program,
+            upstream,
+            "X-Forwarded-For $proxy_add_x_forwarded_for",
+        )
+        .await
+    }
+
+    /// nginx that sets `header` (`NAME VALUE`, nginx variables allowed) on what it relays.
+    async fn start_setting(
+        program: &std::path::Path,
+        upstream: std::net::SocketAddr,
+        header: &str,
+    ) -> Nginx {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().display().to_string();
         // nginx cannot listen on port 0: take a free port and hand it over.
@@ -100,7 +114,7 @@ impl Nginx {
              uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n\
              server {{\n    listen {addr};\n    location / {{\n\
              proxy_pass http://{upstream};\n\
-             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n    }}\n  }}\n}}\n"
+             proxy_set_header {header};\n    }}\n  }}\n}}\n"
         );
         let file = dir.path().join("nginx.conf");
         std::fs::write(&file, config).unwrap();
@@ -169,5 +183,81 @@ async fn through_nginx_a_forged_forwarded_for_is_refused_and_local_clients_pass(
     assert_eq!(app.get("/keys/plain").await.status, 200);
     for n in 0..4 {
         assert_eq!(app.get(&format!("/keys/f{n}")).await.status, 404);
+    }
+}
+
+/// A POST from this host carrying `header` (a whole `Name: value` line, or none).
+fn post_with(account: &str, header: &str) -> Vec<u8> {
+    let line = match header {
+        "" => String::new(),
+        header => format!("{header}\r\n"),
+    };
+    format!(
+        "POST /keys/{account} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\
+         Connection: close\r\n{line}\r\n"
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_says_it_was_relayed_is_remote_unless_its_proxy_is_trusted() {
+    let app = spawn_app().await;
+    for (n, header) in [
+        "X-Forwarded-For: 203.0.113.9",
+        "X-Forwarded-For: 127.0.0.1",
+        "Forwarded: for=203.0.113.9;proto=https",
+        "X-Real-IP: 203.0.113.9",
+        "X-Forwarded-Host: keys.example.com",
+        "Via: 1.1 proxy.example.com",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (status, body) = raw(app.addr, &post_with(&format!("r{n}"), header)).await;
+        assert!(
+            status.starts_with("HTTP/1.1 403"),
+            "{header}: {status} {body}"
+        );
+        assert!(body.contains("--trusted-proxies"), "{header}: {body}");
+        assert_eq!(
+            app.get(&format!("/keys/r{n}")).await.status,
+            404,
+            "{header}"
+        );
+    }
+    // Without such a header a client on this host is local, and reads stay open to all.
+    let (status, body) = raw(app.addr, &post_with("direct", "")).await;
+    assert!(status.starts_with("HTTP/1.1 201"), "{status} {body}");
+    let read = b"GET /keys/direct HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Real-IP: 203.0.113.9\r\n\
+                 Connection: close\r\n\r\n";
+    let (status, _) = raw(app.addr, read).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_an_untrusted_nginx_on_this_host_a_client_is_remote() {
+    let test = "through_an_untrusted_nginx_on_this_host_a_client_is_remote";
+    let Some(program) = crate::helpers::required_tool("nginx", test) else {
+        return;
+    };
+    let app = spawn_app().await;
+    for (n, header) in [
+        "X-Forwarded-For $proxy_add_x_forwarded_for",
+        "X-Real-IP $remote_addr",
+        "Forwarded \"for=$remote_addr\"",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let nginx = Nginx::start_setting(&program, app.addr, header).await;
+        let (status, body) = raw(nginx.addr, &post_with(&format!("n{n}"), "")).await;
+        assert!(
+            status.starts_with("HTTP/1.1 403"),
+            "{header}: {status} {body}"
+        );
+        assert!(body.contains("\"status\":403"), "{body}");
+    }
+    for n in 0..3 {
+        assert_eq!(app.get(&format!("/keys/n{n}")).await.status, 404);
     }
 }

@@ -581,3 +581,17 @@ async fn allocation_behind_the_lock<'a>(
     );
     allocation
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_batch_fits_its_body_limit() {
+    let app = spawn_app().await;
+    // 10,000 accounts of the longest id, 256 bytes: 2.7 MB, within the 4 MiB limit.
+    let accounts: Vec<_> = (0..10_000)
+        .map(|i| json!({"account": format!("{i:05}{}", "x".repeat(251))}))
+        .collect();
+    let body = json!({ "accounts": accounts });
+    assert!(body.to_string().len() > 2_500_000);
+    let answer = app.post("/keys/batch", Some(body)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["items"].as_array().map(Vec::len), Some(10_000));
+}

@@ -348,3 +348,51 @@ fn a_port_in_use_is_named_in_the_error() {
     );
     drop(taken);
 }
+
+#[test]
+fn serve_refuses_a_lookup_cache_control_that_could_outlive_a_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("never.db");
+    let url = format!("sqlite://{}", db.display());
+    for (value, needle) in [
+        ("max-age=86401", "86400"),
+        ("public, s-maxage=90000", "86400"),
+        ("max-age=86400, stale-while-revalidate=1", "86400"),
+        ("max-age=60, max-age=600", "max-age is given twice"),
+        ("max-age=60, MAX-AGE=60", "max-age is given twice"),
+        ("max-age=soon", "max-age"),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &url])
+            .args(["--lookup-cache-control", value])
+            .env_remove("KEYSPREAD_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{value}: still serving after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(2), "{value}: {stderr}");
+        assert!(
+            stderr.contains("--lookup-cache-control"),
+            "{value}: {stderr}"
+        );
+        assert!(stderr.contains(needle), "{value}: {stderr}");
+        assert!(
+            !db.exists(),
+            "{value}: refused before the database is touched"
+        );
+    }
+}

@@ -91,10 +91,7 @@ async fn split_plan_commands_quote_every_argument() {
     for command in commands {
         let words = shell_words(command.as_str().unwrap());
         assert_eq!(words[..2], ["aws", "kinesis"], "{command}");
-        let arg = |flag: &str| {
-            let at = words.iter().position(|w| w == flag)?;
-            words.get(at + 1).cloned()
-        };
+        let arg = |flag: &str| option(&words, flag);
         assert_eq!(arg("--stream-name").as_deref(), Some("old"), "{command}");
         if words[2] == "split-shard" {
             assert_eq!(arg("--shard-to-split"), Some(id.clone()), "{command}");
@@ -104,4 +101,76 @@ async fn split_plan_commands_quote_every_argument() {
         !marker.exists(),
         "a printed command ran a command of its own"
     );
+}
+
+/// The value of `flag` among `words`, given as one word `FLAG=VALUE`.
+fn option(words: &[String], flag: &str) -> Option<String> {
+    let prefix = format!("{flag}=");
+    let mut values = words.iter().filter_map(|w| w.strip_prefix(&prefix));
+    let value = values.next()?.to_owned();
+    assert_eq!(values.next(), None, "{flag} given twice: {words:?}");
+    Some(value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_start_with_a_dash_stay_values_in_printed_commands() {
+    let app = spawn_app().await;
+    // Valid in Kinesis; `--stream-name -x` would make the AWS CLI read `-x` as an option.
+    let two = json!({"Shards": [
+        {"ShardId": "-a", "HashKeyRange": {"StartingHashKey": "0", "EndingHashKey": (u128::MAX / 2).to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "1"}},
+        {"ShardId": "-b", "HashKeyRange": {"StartingHashKey": (u128::MAX / 2 + 1).to_string(), "EndingHashKey": u128::MAX.to_string()},
+         "SequenceNumberRange": {"StartingSequenceNumber": "2"}},
+    ]});
+    let created = put(&app, "-x", two).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let mut seen = std::collections::BTreeSet::new();
+    for target in [1, 4] {
+        let plan = app
+            .get(&format!("/streams/-x/split-plan?target={target}"))
+            .await;
+        assert_eq!(plan.status, 200, "{}", plan.body);
+        for command in plan.body["commands"].as_array().unwrap() {
+            let command = command.as_str().unwrap();
+            let words = shell_words(command);
+            assert_eq!(words[..2], ["aws", "kinesis"], "{command}");
+            // Every option and its value are one word, so no value can pass for an option.
+            let options: Vec<&String> = words.iter().filter(|w| w.starts_with('-')).collect();
+            assert!(
+                options
+                    .iter()
+                    .all(|w| w.starts_with("--") && w.contains('=')),
+                "{command}"
+            );
+            assert_eq!(
+                option(&words, "--stream-name").as_deref(),
+                Some("-x"),
+                "{command}"
+            );
+            match words[2].as_str() {
+                "split-shard" => {
+                    assert!(option(&words, "--shard-to-split").is_some(), "{command}");
+                    assert!(
+                        option(&words, "--new-starting-hash-key").is_some(),
+                        "{command}"
+                    );
+                }
+                "merge-shards" => {
+                    assert_eq!(
+                        option(&words, "--shard-to-merge").as_deref(),
+                        Some("-a"),
+                        "{command}"
+                    );
+                    assert_eq!(
+                        option(&words, "--adjacent-shard-to-merge").as_deref(),
+                        Some("-b"),
+                        "{command}"
+                    );
+                }
+                _ => assert_eq!(words[2..4], ["wait", "stream-exists"], "{command}"),
+            }
+            seen.insert(words[2].clone());
+        }
+    }
+    assert_eq!(seen.len(), 3, "split, merge and wait printed: {seen:?}");
 }

@@ -612,7 +612,7 @@ fn check_commands(plan: &SplitPlan, stream: &str) {
                 adjacent_shard_to_merge,
             ],
         };
-        let stream_arg = format!("--stream-name {stream}");
+        let stream_arg = format!("--stream-name={stream}");
         assert!(command.starts_with("aws kinesis "), "{command}");
         for needle in needles.into_iter().chain([stream_arg.as_str()]) {
             assert!(

@@ -527,3 +527,76 @@ async fn a_pending_account_is_not_moved_again_even_where_a_plan_would_want_it() 
     assert_eq!(preview["moves"], json!([]), "{preview}");
     assert_eq!(preview["complete"], false, "{preview}");
 }
+
+/// The shard index of `key` (a decimal string) on `stream`, as shard-of says.
+async fn shard_index(app: &TestApp, key: &Value, stream: &str) -> u64 {
+    let key = key.as_str().expect("hash keys are strings");
+    let on = app
+        .get(&format!("/shard-of?hash_key={key}&stream={stream}"))
+        .await;
+    assert_eq!(on.status, 200, "{}", on.body);
+    on.body["shard_index"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growing_a_moving_account_spreads_its_keys_now_and_after_the_switch() {
+    let app = spawn_app().await;
+    crate::fanout::primary_stream(&app, "s", 2).await;
+    lopsided(&app).await;
+    let preview = app.get("/rebalance/preview?stream=s").await.body;
+    let body = json!({"plan_id": preview["plan_id"], "switch_after_s": 3600});
+    let applied = app.post("/rebalance", Some(body)).await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    let account = applied.body["moves"][0]["account"].as_str().unwrap();
+    // A replica on the same database, following the log from before the change.
+    let replica = keyspread::AppState::open(&app.config).await.unwrap();
+
+    let path = format!("/keys/{account}");
+    let grown = app
+        .call(
+            reqwest::Method::PATCH,
+            &path,
+            Some(json!({"fanout": 2, "weight": 2})),
+        )
+        .await;
+    assert_eq!(grown.status, 200, "{}", grown.body);
+    let looked = app.get(&path).await.body;
+    let started = std::time::Instant::now();
+    loop {
+        let router = keyspread::app(replica.clone());
+        let request = axum::http::Request::get(&path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = tower::ServiceExt::oneshot(router, request).await.unwrap();
+        let bytes = axum::body::to_bytes(answer.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let followed: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if followed == looked {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the replica answers {followed}, the writer {looked}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The key added as two is a staged move of its own, and survives a restart as one.
+    let app = app.restart().await;
+    let restarted = app.get(&path).await.body;
+    assert_eq!(restarted, looked);
+    for answer in [grown.body, looked] {
+        let (now, next) = (&answer["hash_keys"], &answer["next"]["hash_keys"]);
+        let mut shards = Vec::new();
+        for keys in [now, next] {
+            let keys = keys.as_array().unwrap_or_else(|| panic!("{answer}"));
+            assert_eq!(keys.len(), 2, "{answer}");
+            shards.push(vec![
+                shard_index(&app, &keys[0], "s").await,
+                shard_index(&app, &keys[1], "s").await,
+            ]);
+        }
+        assert_ne!(shards[0][0], shards[0][1], "keys now: {answer}");
+        assert_ne!(shards[1][0], shards[1][1], "keys from switch_at: {answer}");
+    }
+}

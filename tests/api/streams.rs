@@ -244,10 +244,10 @@ async fn split_plans_answer_calls_and_commands() {
         json!(["shardId-000000000001", "shardId-000000000002"])
     );
     let commands = plan.body["commands"].as_array().unwrap();
-    assert!(commands[0].as_str().unwrap().starts_with("aws kinesis split-shard --stream-name s --shard-to-split shardId-000000000000 --new-starting-hash-key "));
+    assert!(commands[0].as_str().unwrap().starts_with("aws kinesis split-shard --stream-name=s --shard-to-split=shardId-000000000000 --new-starting-hash-key="));
     assert_eq!(
         commands[1],
-        "aws kinesis wait stream-exists --stream-name s"
+        "aws kinesis wait stream-exists --stream-name=s"
     );
     assert_eq!(
         plan.body["uniform_scaling"]["shards"]

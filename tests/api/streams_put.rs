@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, answer, spawn_app};
 
@@ -178,4 +178,149 @@ async fn the_sample_list_shards_file_registers_its_split() {
     assert_eq!(shard["hash_key"], acme);
     // The walk's first key, 2^127, starts the unsplit second shard.
     assert_eq!(shard["shard_id"], "shardId-000000000001");
+}
+
+/// `aws kinesis list-shards` as the CLI prints it (4-space indent) for a stream created
+/// with `created` shards whose first `split` shards were each split in half: the parents
+/// closed, their children open, ids numbered as Kinesis numbers them.
+fn split_list_shards(created: u64, split: u64) -> Vec<u8> {
+    let step = u128::MAX / u128::from(created) + 1;
+    let range = |lo: u128, hi: u128| json!({"StartingHashKey": lo.to_string(), "EndingHashKey": hi.to_string()});
+    let sequence = |n: u64| format!("4968052517601483457443813792586297797676550293273{n:07}");
+    let bounds = |i: u64| {
+        let lo = u128::from(i) * step;
+        let hi = if i + 1 == created {
+            u128::MAX
+        } else {
+            lo + step - 1
+        };
+        (lo, hi)
+    };
+    let mut shards = Vec::new();
+    for i in 0..created {
+        let (lo, hi) = bounds(i);
+        let mut sequences = json!({"StartingSequenceNumber": sequence(i)});
+        if i < split {
+            sequences["EndingSequenceNumber"] = json!(sequence(i + created));
+        }
+        shards.push(json!({
+            "ShardId": format!("shardId-{i:012}"),
+            "HashKeyRange": range(lo, hi),
+            "SequenceNumberRange": sequences,
+        }));
+    }
+    let mut next = created;
+    for i in 0..split {
+        let (lo, hi) = bounds(i);
+        let mid = lo + (hi - lo) / 2 + 1;
+        for (a, b) in [(lo, mid - 1), (mid, hi)] {
+            shards.push(json!({
+                "ShardId": format!("shardId-{next:012}"),
+                "ParentShardId": format!("shardId-{i:012}"),
+                "HashKeyRange": range(a, b),
+                "SequenceNumberRange": {"StartingSequenceNumber": sequence(next + 2 * created)},
+            }));
+            next += 1;
+        }
+    }
+    let mut out = Vec::new();
+    let indent = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut writer = serde_json::Serializer::with_formatter(&mut out, indent);
+    serde::Serialize::serialize(&json!({"Shards": shards}), &mut writer).unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shards_of_10000_open_shards_after_splits_registers_by_route_and_command() {
+    let app = spawn_app().await;
+    // 5,000 shards each split in two: 10,000 open, 5,000 closed parents.
+    let listed = split_list_shards(5_000, 5_000);
+    assert!(listed.len() > 7_000_000, "{} bytes", listed.len());
+    let put = app
+        .client
+        .put(app.url("/streams/big"))
+        .header("content-type", "application/json")
+        .body(listed.clone())
+        .send()
+        .await
+        .unwrap();
+    let put = answer(put).await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    assert_eq!(put.body["stream"]["shard_count"], 10_000);
+    // The last open shard is the second child of the last parent, shardId-000000014999.
+    let on = app
+        .get(&format!("/shard-of?hash_key={}&stream=big", u128::MAX))
+        .await;
+    assert_eq!(on.status, 200, "{}", on.body);
+    assert_eq!(on.body["shard_id"], "shardId-000000014999");
+    assert_eq!(on.body["shard_index"], 9_999);
+    let on = app.get("/shard-of?hash_key=0&stream=big").await;
+    assert_eq!(on.body["shard_id"], "shardId-000000005000");
+
+    let file = app.dir().join("big.json");
+    std::fs::write(&file, &listed).unwrap();
+    let out = streams_put(&app, "big2", &file).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        registered(&app, "big2").await,
+        registered(&app, "big").await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_body_over_its_limit_gets_413_and_other_routes_keep_theirs() {
+    let app = spawn_app().await;
+    let stream_limit = keyspread::http::STREAM_BODY_LIMIT;
+    assert!(
+        stream_limit > 8 << 20,
+        "room for 10,000 open shards and their parents"
+    );
+    for (path, method, length, refused) in [
+        ("/streams/big", "PUT", stream_limit + 1, true),
+        ("/streams/big", "PUT", stream_limit, false),
+        ("/keys/a", "POST", keyspread::http::BODY_LIMIT + 1, true),
+        (
+            "/streams/big/workers/w1",
+            "PUT",
+            keyspread::http::BODY_LIMIT + 1,
+            true,
+        ),
+    ] {
+        // The length declared and no body sent: the limit answers from the length alone.
+        let head = declared_length(&app, method, path, length).await;
+        match refused {
+            true => {
+                assert!(head.starts_with("HTTP/1.1 413"), "{method} {path}: {head}");
+                assert!(head.contains("application/problem+json"), "{head}");
+            }
+            false => assert!(!head.starts_with("HTTP/1.1 413"), "{method} {path}: {head}"),
+        }
+    }
+}
+
+/// The status line and headers the server answers to a request that declares a JSON body
+/// of `length` bytes and sends none of it (within 2 s; empty if it waits for the body).
+async fn declared_length(app: &TestApp, method: &str, path: &str, length: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = app
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
+         content-length: {length}\r\n\r\n"
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut head = vec![0; 4096];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(2), socket.read(&mut head));
+    match read.await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&head[..n]).into_owned(),
+        _ => String::new(),
+    }
 }
