@@ -15,6 +15,7 @@ mod fanout_kinesis;
 mod follow;
 mod forwarded;
 mod heavy;
+mod history;
 mod import;
 mod keys;
 mod kinesalite;

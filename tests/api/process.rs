@@ -21,6 +21,11 @@ impl Server {
     /// between choosing and binding) over `database_url`, appending its log to `log`
     /// (restarts share one file). [`Server::wait_ready`] learns the port from the log.
     pub fn spawn(database_url: &str, log: &Path) -> Server {
+        Server::spawn_with(database_url, log, &[])
+    }
+
+    /// [`Server::spawn`] with more environment, such as a faked clock.
+    pub fn spawn_with(database_url: &str, log: &Path, env: &[(&str, String)]) -> Server {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -38,6 +43,7 @@ impl Server {
             .env_remove("KEYSPREAD_KEYSPACE_BITS")
             .env_remove("KEYSPREAD_TOKEN")
             .env_remove("KEYSPREAD_PRIMARY_STREAM")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
