@@ -8,11 +8,12 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
+mod quiet;
+mod workers;
+
 use super::events::{Observed, Watcher};
 use super::faults::{Replicas, hold_write_lock, terminate_backends};
-use super::model::{Model, answered, view};
 use super::{Call, Clock, Fault, MAX_OPS, Violation};
-use crate::helpers::Db;
 use crate::process::Rng;
 
 /// Account names: few enough that allocations, releases and lookups meet.
@@ -260,15 +261,6 @@ impl Driver {
         (!open.is_empty()).then(|| open[self.below(open.len() as u64) as usize])
     }
 
-    /// A worker that is not away, if any.
-    fn present(&mut self) -> Option<usize> {
-        let now = self.clock.now();
-        let here: Vec<usize> = (0..WORKERS)
-            .filter(|&w| self.workers[w].away_until <= now)
-            .collect();
-        (!here.is_empty()).then(|| here[self.below(here.len() as u64) as usize])
-    }
-
     fn account(&mut self) -> String {
         if !self.recent.is_empty() && self.below(10) < 6 {
             let i = self.below(self.recent.len() as u64) as usize;
@@ -296,7 +288,7 @@ impl Driver {
             }
             68..78 => {
                 let (r, w) = (self.pick(true), self.below(WORKERS as u64) as usize);
-                self.checkpoint(r, w).await;
+                self.checkpoint(r, w, false).await;
             }
             78..86 => {
                 // The rarer operations, each at its own pace.
@@ -305,7 +297,7 @@ impl Driver {
                     self.next_rebalance = now + 400 + self.below(1600) as i64;
                     self.rebalance().await;
                 } else if now >= self.next_map {
-                    self.next_map = now + 2_000 + self.below(3_000) as i64;
+                    self.next_map = now + 1_000 + self.below(2_000) as i64;
                     self.change_map().await;
                 } else if now >= self.next_leave {
                     self.next_leave = now + 1_500 + self.below(2_500) as i64;
@@ -427,101 +419,6 @@ impl Driver {
         }
     }
 
-    /// A new map for the leased stream; then, at once, a leave or a checkpoint through
-    /// another replica, which may not have seen it yet.
-    async fn change_map(&mut self) {
-        let r = self.pick(true);
-        let body = json!({"shard_count": 1 + self.below(8)});
-        let (status, _) = self
-            .call(
-                r,
-                "stream",
-                Method::PUT,
-                format!("/streams/{LEASED}"),
-                Some(body),
-            )
-            .await;
-        if status != 200 || self.below(3) == 0 {
-            return;
-        }
-        let Some(other) = self.other(r) else { return };
-        let Some(w) = self.present() else { return };
-        if self.below(2) == 0 {
-            self.leave(other, w).await;
-        } else {
-            self.checkpoint(other, w).await;
-        }
-    }
-
-    async fn leave(&mut self, r: usize, w: usize) {
-        let path = format!("/streams/{LEASED}/workers/{}", self.workers[w].name);
-        self.call(r, "leave", Method::DELETE, path, None).await;
-        let back = 500 + self.below(2000) as i64;
-        let worker = &mut self.workers[w];
-        worker.owned.clear();
-        worker.away_until = self.clock.now() + back;
-    }
-
-    async fn checkpoint(&mut self, r: usize, w: usize) {
-        if self.workers[w].owned.is_empty() {
-            return;
-        }
-        let i = self.below(self.workers[w].owned.len() as u64) as usize;
-        let end = self.below(25) == 0;
-        let worker = &mut self.workers[w];
-        worker.sequence += 1;
-        let (shard, epoch) = worker.owned[i].clone();
-        let sequence = if end {
-            "SHARD_END".to_owned()
-        } else {
-            worker.sequence.to_string()
-        };
-        let body = json!({"worker": worker.name, "epoch": epoch, "sequence_number": sequence});
-        let path = format!("/streams/{LEASED}/leases/{shard}/checkpoint");
-        self.call(r, "checkpoint", Method::PUT, path, Some(body))
-            .await;
-    }
-
-    /// Every worker due beats (a third of its ttl after its last answered heartbeat).
-    async fn heartbeats(&mut self) {
-        for w in 0..WORKERS {
-            let now = self.clock.now();
-            let worker = &self.workers[w];
-            if now < worker.away_until || now < worker.next_beat {
-                continue;
-            }
-            let path = format!("/streams/{LEASED}/workers/{}", worker.name);
-            let r = self.pick(true);
-            let body = json!({"ttl_s": TTL_S});
-            let (status, answer) = self
-                .call(r, "heartbeat", Method::PUT, path, Some(body))
-                .await;
-            let worker = &mut self.workers[w];
-            if status == 200 {
-                worker.owned = (answer["leases"].as_array().into_iter().flatten())
-                    .map(|l| {
-                        (
-                            l["shard_id"].as_str().unwrap().to_owned(),
-                            l["epoch"].as_u64().unwrap(),
-                        )
-                    })
-                    .collect();
-                worker.next_beat = now + (TTL_S * 1000 / 3) as i64;
-            } else {
-                worker.next_beat = now + 300;
-            }
-        }
-    }
-
-    /// A replica back from an idle gap serves reads first (as a read-only pool would).
-    async fn reads_after_idle(&mut self, r: usize) {
-        for _ in 0..6 {
-            let a = self.account();
-            self.call(r, "lookup", Method::GET, format!("/keys/{a}"), None)
-                .await;
-        }
-    }
-
     async fn fault(&mut self) {
         let now = self.clock.now();
         self.next_fault = now + 4_000 + self.below(8_000) as i64;
@@ -562,75 +459,5 @@ impl Driver {
             from: now,
             until,
         });
-    }
-
-    /// (b) No requests until every switch has passed and 1 s more; then every replica
-    /// answers every account as the log and the table do.
-    async fn quiet(&mut self) {
-        for lock in self.locks.drain(..) {
-            let joined = tokio::task::spawn_blocking(move || lock.join())
-                .await
-                .unwrap();
-            joined.expect("the lock holder");
-        }
-        self.watcher.catch_up(&self.url).await;
-        let last_switch = (self.watcher.events().iter())
-            .filter_map(|e| e.switch_at)
-            .max()
-            .unwrap_or(0);
-        let now = self.clock.now();
-        let wait = (last_switch + 100 - now).max(0) + 1000;
-        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-        self.watcher.catch_up(&self.url).await;
-        let model = Model::fold(&self.watcher.events());
-        let at = self.clock.now();
-        self.quiet_checks += 1;
-        let mut db = Db::connect(&self.url).await;
-        let mut table: std::collections::BTreeMap<String, Vec<u128>> = Default::default();
-        for row in db.key_rows().await {
-            table
-                .entry(row.0)
-                .or_default()
-                .push(u128::from_be_bytes(row.2.try_into().unwrap()));
-        }
-        let mut names: Vec<String> = (0..POOL).map(|i| format!("acct-{i}")).collect();
-        names.extend(model.names().cloned());
-        names.sort();
-        names.dedup();
-        for name in &names {
-            let logged = model.now(name).map(|k| view(k, at));
-            if logged.as_ref().map(|v| &v.keys) != table.get(name) {
-                self.quiet_violations.push(Violation {
-                    check: "(b) every replica equal to the database after 1 s of quiet",
-                    what: format!(
-                        "{name}: the log says {logged:?}, the table {:?}",
-                        table.get(name)
-                    ),
-                });
-            }
-        }
-        for r in 0..self.replicas.len() {
-            for name in &names {
-                self.call(r, "quiet", Method::GET, format!("/keys/{name}"), None)
-                    .await;
-                let call = self.calls.last().unwrap();
-                let expected = model.now(name).map(|k| view(k, at));
-                if answered(call) != Some(expected.clone()) {
-                    self.quiet_violations.push(Violation {
-                        check: "(b) every replica equal to the database after 1 s of quiet",
-                        what: format!(
-                            "quiet check at +{} ms: r{r} answers {name} {} {}; the log and the table say {expected:?}",
-                            self.clock.rel(at),
-                            call.status,
-                            call.answer,
-                        ),
-                    });
-                }
-            }
-        }
-        let now = self.clock.now();
-        self.quiet_at = None;
-        self.next_quiet = now + 10_000 + self.below(8_000) as i64;
-        self.idle_until.iter_mut().for_each(|t| *t = 0);
     }
 }

@@ -119,10 +119,29 @@ pub fn judge(history: &History) -> Vec<Violation> {
                 .iter()
                 .find(|a| a.worker != b.worker && a.until > b.from)
             {
+                // What happened to the group in between: map changes, leaves, checkpoints.
+                let mut between: Vec<String> = (history.calls.iter())
+                    .filter(|c| c.sent >= a.from - 1000 && c.sent <= b.from)
+                    .filter(|c| {
+                        matches!(c.op, "stream" | "leave" | "checkpoint")
+                            && c.path.starts_with("/streams/l")
+                    })
+                    .map(|c| {
+                        format!(
+                            "{} {} on r{} at +{} ms: {}",
+                            c.method,
+                            c.path,
+                            c.replica,
+                            history.clock.rel(c.sent),
+                            c.status
+                        )
+                    })
+                    .collect();
+                between.drain(..between.len().saturating_sub(4));
                 out.push(Violation {
                     check: "(c) no two live workers told held for one shard",
                     what: format!(
-                        "{shard}: {} was told held at epoch {} at +{} ms while {} held it at epoch {} (+{}..+{} ms)",
+                        "{shard}: {} was told held at epoch {} at +{} ms while {} held it at epoch {} (+{}..+{} ms); before: {between:?}",
                         b.worker,
                         b.epoch,
                         history.clock.rel(b.from),
