@@ -40,6 +40,10 @@ pub struct History {
     pub end: i64,
     /// Per replica, how many times its log says it could not follow the event log.
     pub follow_errors: Vec<usize>,
+    /// ... of which saying a key is already held (a replica's tree out of step with the log).
+    pub already_held: Vec<usize>,
+    /// Per replica, log lines saying a pooled connection was left in an aborted transaction.
+    pub aborted: Vec<usize>,
 }
 
 struct Worker {
@@ -53,6 +57,10 @@ struct Worker {
 
 struct Driver {
     rng: Rng,
+    /// Faults and heartbeats draw from streams of their own, so that how many operations
+    /// fit between them (which timing decides) does not change what they choose.
+    faults_rng: Rng,
+    beats_rng: Rng,
     clock: Clock,
     client: reqwest::Client,
     url: String,
@@ -107,6 +115,8 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
             })
             .collect(),
         rng,
+        faults_rng: Rng::new(seed ^ 0xFA01_7000),
+        beats_rng: Rng::new(seed ^ 0xBEA7_0000),
         clock,
         client,
         url: url.to_owned(),
@@ -171,9 +181,10 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
     d.quiet().await;
     let end = d.clock.now();
     let events = d.watcher.stop().await;
-    let follow_errors = (0..n)
-        .map(|r| d.replicas.log_lines(r, "cannot follow"))
-        .collect();
+    let lines = |needle: &str| (0..n).map(|r| d.replicas.log_lines(r, needle)).collect();
+    let follow_errors = lines("cannot follow");
+    let already_held = lines("already held");
+    let aborted = lines("transaction is aborted");
     let skew_ms = (0..n)
         .map(|r| fast.filter(|f| f.0 == r).map_or(0, |f| f.1 as i64 * 1000))
         .collect();
@@ -191,6 +202,8 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         ttl_ms: TTL_S as i64 * 1000,
         end,
         follow_errors,
+        already_held,
+        aborted,
     }
 }
 
@@ -421,16 +434,16 @@ impl Driver {
 
     async fn fault(&mut self) {
         let now = self.clock.now();
-        self.next_fault = now + 4_000 + self.below(8_000) as i64;
+        self.next_fault = now + 4_000 + self.faults_rng.below(8_000) as i64;
         let kinds: &[&str] = if self.postgres {
             &["lock", "terminate", "kill"]
         } else {
             &["lock", "kill"]
         };
-        let kind = kinds[self.below(kinds.len() as u64) as usize];
+        let kind = kinds[self.faults_rng.below(kinds.len() as u64) as usize];
         let (replica, until) = match kind {
             "lock" => {
-                let hold = 1000 + self.below(1000);
+                let hold = 1000 + self.faults_rng.below(1000);
                 let url = self.url.clone();
                 // On a thread of its own: the lock outlives this call, and sqlx's
                 // connection futures are not spawnable on this runtime as they are.
@@ -448,7 +461,7 @@ impl Driver {
                 (None, self.clock.now() + 500)
             }
             _ => {
-                let r = self.below(self.replicas.len() as u64) as usize;
+                let r = self.faults_rng.below(self.replicas.len() as u64) as usize;
                 self.replicas.kill_and_restart(r, &self.client).await;
                 (Some(r), self.clock.now())
             }

@@ -116,7 +116,7 @@ async fn random_histories_keep_every_promise() {
     let replay = format!(
         "{}KEYSPREAD_HISTORY_SEED={seed} KEYSPREAD_HISTORY_SECS={} cargo test --test api history:: -- --nocapture",
         if backend == "postgres" {
-            "KEYSPREAD_TEST_POSTGRES=... "
+            "KEYSPREAD_TEST_POSTGRES=$KEYSPREAD_TEST_POSTGRES "
         } else {
             ""
         },
@@ -155,11 +155,13 @@ async fn random_histories_keep_every_promise() {
         started.elapsed(),
     );
     println!(
-        "history on {backend}: {} events; faults injected {}: {faults:?}; {} quiet checks; \"cannot follow\" log lines per replica {:?}",
+        "history on {backend}: {} events; faults injected {}: {faults:?}; {} quiet checks; log lines per replica: \"cannot follow\" {:?} (\"already held\" {:?}), \"transaction is aborted\" {:?}",
         history.events.len(),
         faults.len(),
         history.quiet_checks,
         history.follow_errors,
+        history.already_held,
+        history.aborted,
     );
     println!(
         "history on {backend}: answers checked against the log {}, spreads checked {}, held periods {}, max lag seen {} ms",

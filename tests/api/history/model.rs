@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::driver::History;
 use super::events::Observed;
-use super::{Call, Clock, LAG_MS, Violation};
+use super::{Call, Clock, FAULT_GRACE_MS, LAG_MS, Violation};
 
 /// Key index -> (key, pending switch: (old key, switch_at)).
 pub type Keys = BTreeMap<i64, (u128, Option<(u128, i64)>)>;
@@ -300,7 +300,14 @@ pub fn judge(history: &History, model: &Model) -> Judged {
         }
         j.checked += 1;
         let skew = history.skew_ms[call.replica];
-        let (from, to) = (call.sent - LAG_MS - skew, call.received + skew);
+        // A fault may hold a follower back (a killed connection, a restart) until it ends.
+        let disturbed = history.faults.iter().any(|f| {
+            f.replica.is_none_or(|r| r == call.replica)
+                && f.from <= call.received
+                && call.sent - LAG_MS <= f.until + FAULT_GRACE_MS
+        });
+        let lag = LAG_MS + if disturbed { FAULT_GRACE_MS } else { 0 };
+        let (from, to) = (call.sent - lag - skew, call.received + skew);
         match model.matches(account, &seen, from, to) {
             Some(t) => j.max_lag = j.max_lag.max(call.sent - t),
             None => {

@@ -76,6 +76,12 @@ impl Driver {
 
     /// Every worker due beats (a third of its ttl after its last answered heartbeat).
     pub(super) async fn heartbeats(&mut self) {
+        std::mem::swap(&mut self.rng, &mut self.beats_rng);
+        self.beat_due().await;
+        std::mem::swap(&mut self.rng, &mut self.beats_rng);
+    }
+
+    async fn beat_due(&mut self) {
         // From a random worker on: who beats first decides who gets a free shard.
         let first = self.below(WORKERS as u64) as usize;
         for w in (0..WORKERS).map(|i| (first + i) % WORKERS) {
