@@ -31,7 +31,8 @@ pub fn periods(history: &History) -> Vec<Period> {
     }
     let ttl = history.ttl_ms;
     let mut out = Vec::new();
-    for (worker, calls) in by_worker {
+    for (worker, mut calls) in by_worker {
+        calls.sort_by_key(|c| c.sent);
         let mut h = Holding {
             worker,
             shards: HashMap::new(),

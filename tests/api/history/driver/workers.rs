@@ -5,7 +5,7 @@
 use reqwest::Method;
 use serde_json::json;
 
-use super::{Driver, LEASED, TTL_S, WORKERS};
+use super::{Driver, LEASED, TTL_S, WORKERS, send};
 
 impl Driver {
     /// A worker that is not away, if any.
@@ -19,21 +19,51 @@ impl Driver {
 
     /// A new map for the leased stream, and every present worker heartbeating on it
     /// through that replica; then, at once, a leave or a checkpoint through another
-    /// replica, which may not have seen the new map yet.
-    pub(super) async fn change_map(&mut self) {
+    /// replica, which may not have seen the new map yet. Or (where followers wake on a
+    /// notification, as on Postgres, and catch up within milliseconds) a leave sent
+    /// through another replica while the map is being put.
+    pub(super) async fn change_map(&mut self, follow_up: bool) {
         let r = self.pick(true);
         let body = json!({"shard_count": 1 + self.below(8)});
         let path = format!("/streams/{LEASED}");
-        let (status, _) = self.call(r, "stream", Method::PUT, path, Some(body)).await;
-        if status != 200 || self.below(4) == 0 {
+        let racing = match (self.below(2), self.other(r), self.present()) {
+            (0, Some(other), Some(w)) if !follow_up => Some((other, w)),
+            _ => None,
+        };
+        let status = match racing {
+            Some((other, w)) => {
+                let url = self.replicas.urls[other].clone();
+                let leaving = format!("/streams/{LEASED}/workers/{}", self.workers[w].name);
+                let (client, clock) = (self.client.clone(), self.clock);
+                let leave = tokio::spawn(async move {
+                    send(
+                        &client,
+                        clock,
+                        &url,
+                        other,
+                        "leave",
+                        Method::DELETE,
+                        leaving,
+                        None,
+                    )
+                    .await
+                });
+                let (status, _) = self.call(r, "stream", Method::PUT, path, Some(body)).await;
+                self.beat_all(r, Some(w)).await;
+                self.calls.push(leave.await.expect("the leave"));
+                self.away(w);
+                status
+            }
+            None => {
+                self.call(r, "stream", Method::PUT, path, Some(body))
+                    .await
+                    .0
+            }
+        };
+        if status != 200 || racing.is_some() || (self.below(4) == 0 && !follow_up) {
             return;
         }
-        let (now, first) = (self.clock.now(), self.below(WORKERS as u64) as usize);
-        for w in (0..WORKERS).map(|i| (first + i) % WORKERS) {
-            if self.workers[w].away_until <= now {
-                self.beat(w, r).await;
-            }
-        }
+        self.beat_all(r, None).await;
         let Some(other) = self.other(r) else { return };
         let Some(w) = self.present() else { return };
         if self.below(3) != 0 {
@@ -43,9 +73,24 @@ impl Driver {
         }
     }
 
+    /// Every present worker but `except` heartbeats through `r`, from a random one on.
+    async fn beat_all(&mut self, r: usize, except: Option<usize>) {
+        let (now, first) = (self.clock.now(), self.below(WORKERS as u64) as usize);
+        for w in (0..WORKERS).map(|i| (first + i) % WORKERS) {
+            if self.workers[w].away_until <= now && except != Some(w) {
+                self.beat(w, r).await;
+            }
+        }
+    }
+
     pub(super) async fn leave(&mut self, r: usize, w: usize) {
         let path = format!("/streams/{LEASED}/workers/{}", self.workers[w].name);
         self.call(r, "leave", Method::DELETE, path, None).await;
+        self.away(w);
+    }
+
+    /// `w` has left: it comes back after a while.
+    fn away(&mut self, w: usize) {
         let back = 500 + self.below(2000) as i64;
         let worker = &mut self.workers[w];
         worker.owned.clear();
