@@ -120,11 +120,15 @@ pub fn judge(history: &History) -> Vec<Violation> {
                 .iter()
                 .find(|a| a.worker != b.worker && a.until > b.from)
             {
-                // What happened to the group in between: map changes, leaves, checkpoints.
+                // What happened to the group in between: map changes, leaves, SHARD_END.
                 let mut between: Vec<String> = (history.calls.iter())
                     .filter(|c| c.sent >= a.from - 1000 && c.sent <= b.from)
                     .filter(|c| {
-                        matches!(c.op, "stream" | "leave" | "checkpoint")
+                        let end = c
+                            .body
+                            .as_ref()
+                            .is_some_and(|b| b["sequence_number"] == "SHARD_END");
+                        (matches!(c.op, "stream" | "leave") || end)
                             && c.path.starts_with("/streams/l")
                     })
                     .map(|c| {
