@@ -29,6 +29,7 @@ pub struct History {
     pub calls: Vec<Call>,
     pub faults: Vec<Fault>,
     pub events: Vec<Observed>,
+    /// Broken promises seen while it ran: at quiet checks, and restarts refused.
     pub quiet_violations: Vec<Violation>,
     pub quiet_checks: u32,
     pub replicas: usize,
@@ -451,7 +452,13 @@ impl Driver {
             }
             _ => {
                 let r = self.faults_rng.below(self.replicas.len() as u64) as usize;
-                self.replicas.kill_and_restart(r, &self.client).await;
+                let refused = self.replicas.kill_and_restart(r, &self.client).await;
+                for why in refused {
+                    self.quiet_violations.push(Violation {
+                        check: "(e) a killed replica starts again on the database",
+                        what: format!("r{r} at +{} ms: {why}", self.clock.rel(now)),
+                    });
+                }
                 (Some(r), self.clock.now())
             }
         };

@@ -58,18 +58,44 @@ impl Replicas {
     }
 
     async fn spawn(&self, i: usize, client: &reqwest::Client) -> Server {
-        let log = self.dir.join(format!("replica-{i}.log"));
-        let mut server = Server::spawn_with(&self.database_url, &log, &self.env[i]);
-        server.wait_ready(client).await;
-        server
+        self.try_spawn(i, client)
+            .await
+            .unwrap_or_else(|why| panic!("replica {i} did not start: {why}"))
     }
 
-    /// SIGKILLs replica `i` and starts it again on the same database.
-    pub async fn kill_and_restart(&mut self, i: usize, client: &reqwest::Client) {
+    /// Starts replica `i`; why not, if it exits or is not ready within 30 s.
+    async fn try_spawn(&self, i: usize, client: &reqwest::Client) -> Result<Server, String> {
+        let log = self.dir.join(format!("replica-{i}.log"));
+        let mut server = Server::spawn_with(&self.database_url, &log, &self.env[i]);
+        let client = client.clone();
+        // `wait_ready` panics on failure; in a task of its own, that is an answer.
+        let ready = tokio::spawn(async move {
+            server.wait_ready(&client).await;
+            server
+        });
+        ready.await.map_err(|e| match e.try_into_panic() {
+            Ok(panic) => (panic.downcast_ref::<String>().cloned()).unwrap_or_default(),
+            Err(e) => e.to_string(),
+        })
+    }
+
+    /// SIGKILLs replica `i` and starts it again on the same database, trying for up to
+    /// five times: the reasons it would not start meanwhile, if any.
+    pub async fn kill_and_restart(&mut self, i: usize, client: &reqwest::Client) -> Vec<String> {
         self.servers[i].kill();
-        let server = self.spawn(i, client).await;
-        self.urls[i] = server.url.clone();
-        self.servers[i] = server;
+        let mut refused = Vec::new();
+        for _ in 0..5 {
+            match self.try_spawn(i, client).await {
+                Ok(server) => {
+                    self.urls[i] = server.url.clone();
+                    self.servers[i] = server;
+                    return refused;
+                }
+                Err(why) => refused.push(why),
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        panic!("replica {i} did not start again: {refused:?}");
     }
 
     pub fn len(&self) -> usize {
