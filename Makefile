@@ -42,7 +42,9 @@ PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: cr
 proofs: test-deps
 	$(PYTHON) tests/run --api -- $(PROOFS) --nocapture --test-threads=1
 
-## The history checker for 10 minutes on each backend (`make test` runs it for about 90 s).
+## The history checker for 10 minutes on each backend instead of `make test`'s 90 s: random
+## operations through replica processes with faults, every answer judged against the event
+## log. KEYSPREAD_HISTORY_SEED=N replays a run's choices.
 soak:
 	KEYSPREAD_HISTORY_SECS=600 $(PYTHON) tests/run --api -- history:: --nocapture
 

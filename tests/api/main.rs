@@ -18,6 +18,7 @@ mod fold;
 mod follow;
 mod forwarded;
 mod heavy;
+mod history;
 mod import;
 mod keys;
 mod kinesalite;

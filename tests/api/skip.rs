@@ -52,7 +52,19 @@ pub fn postgres_only(test: &str) -> Option<String> {
 /// libfaketime's preload library, or `None` (`test` recorded as skipped) where it is not
 /// installed; under CI its absence fails.
 pub fn faketime_library(test: &str) -> Option<String> {
-    let found = [
+    let found = faketime_path();
+    if found.is_none() {
+        skipped(test, FAKETIME_MISSING);
+    }
+    found
+}
+
+pub const FAKETIME_MISSING: &str =
+    "libfaketime is not installed (on Debian: apt-get install libfaketime)";
+
+/// Where libfaketime's preload library is installed, if it is.
+pub fn faketime_path() -> Option<String> {
+    [
         "/usr/lib/x86_64-linux-gnu/faketime",
         "/usr/lib/aarch64-linux-gnu/faketime",
         "/usr/lib/faketime",
@@ -60,12 +72,7 @@ pub fn faketime_library(test: &str) -> Option<String> {
     .iter()
     .map(|dir| std::path::Path::new(dir).join("libfaketime.so.1"))
     .find(|p| p.is_file())
-    .map(|p| p.display().to_string());
-    if found.is_none() {
-        let why = "libfaketime is not installed (on Debian: apt-get install libfaketime)";
-        skipped(test, why);
-    }
-    found
+    .map(|p| p.display().to_string())
 }
 
 /// Whether `test`, which runs on SQLite only, runs here; on Postgres it is recorded as the

@@ -1,0 +1,526 @@
+//! Drives one history: random operations through random replicas, with idle gaps while
+//! switches pass, faults, and quiet checks; records every call.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+mod quiet;
+mod workers;
+
+use super::events::{Observed, Watcher};
+use super::faults::{Replicas, hold_write_lock, terminate_backends};
+use super::{Call, Clock, Fault, MAX_OPS, Violation};
+use crate::process::Rng;
+
+/// Account names: few enough that allocations, releases and lookups meet.
+const POOL: u64 = 40;
+const WORKERS: usize = 4;
+const TTL_S: u64 = 3;
+const PRIMARY: &str = "p";
+const LEASED: &str = "l";
+
+/// What a run did, for the checks.
+pub struct History {
+    pub clock: Clock,
+    pub calls: Vec<Call>,
+    pub faults: Vec<Fault>,
+    pub events: Vec<Observed>,
+    /// Broken promises seen while it ran: at quiet checks, and restarts refused.
+    pub quiet_violations: Vec<Violation>,
+    pub quiet_checks: u32,
+    pub replicas: usize,
+    pub primary_shards: u64,
+    pub clock_note: String,
+    /// How far each replica's clock runs ahead, in ms.
+    pub skew_ms: Vec<i64>,
+    pub ttl_ms: i64,
+    pub end: i64,
+    /// Per replica, how many times its log says it could not follow the event log.
+    pub follow_errors: Vec<usize>,
+    /// ... of which saying a key is already held (a replica's tree out of step with the log).
+    pub already_held: Vec<usize>,
+    /// Per replica, log lines saying a pooled connection was left in an aborted transaction.
+    pub aborted: Vec<usize>,
+}
+
+struct Worker {
+    name: String,
+    next_beat: i64,
+    away_until: i64,
+    /// Leases the last answered heartbeat gave it: (shard, epoch).
+    owned: Vec<(String, u64)>,
+    sequence: u64,
+}
+
+struct Driver {
+    rng: Rng,
+    /// Faults and heartbeats draw from streams of their own, so that how many operations
+    /// fit between them (which timing decides) does not change what they choose.
+    faults_rng: Rng,
+    beats_rng: Rng,
+    clock: Clock,
+    client: reqwest::Client,
+    url: String,
+    postgres: bool,
+    replicas: Replicas,
+    calls: Vec<Call>,
+    faults: Vec<Fault>,
+    idle_until: Vec<i64>,
+    reads_only_until: Vec<i64>,
+    returning: Vec<bool>,
+    quiet_at: Option<i64>,
+    next_quiet: i64,
+    next_fault: i64,
+    next_rebalance: i64,
+    next_map: i64,
+    next_leave: i64,
+    next_silence: i64,
+    workers: Vec<Worker>,
+    recent: VecDeque<String>,
+    locks: Vec<std::thread::JoinHandle<()>>,
+    watcher: Watcher,
+    quiet_violations: Vec<Violation>,
+    quiet_checks: u32,
+}
+
+pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History {
+    let mut rng = Rng::new(seed);
+    let postgres = url.starts_with("postgres");
+    let n = 2 + rng.below(2) as usize;
+    let fast = (postgres && rng.below(2) == 0).then(|| (n - 1, 2 + rng.below(4)));
+    let primary_shards = 2 + rng.below(3);
+    // The clock fault needs libfaketime: CI installs it; elsewhere the run says it went
+    // without (the rest of the history still runs).
+    let faketime = crate::skip::faketime_path();
+    if faketime.is_none() && fast.is_some() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{}",
+            crate::skip::FAKETIME_MISSING
+        );
+    }
+    let fast = fast.filter(|_| faketime.is_some());
+    let clock_note = match (postgres, fast, &faketime) {
+        (false, ..) => "no clock skew (SQLite replicas share one host clock)".to_owned(),
+        (true, _, None) => format!("no clock skew: {}", crate::skip::FAKETIME_MISSING),
+        (true, None, _) => "no clock skew this seed".to_owned(),
+        (true, Some((r, s)), _) => format!("r{r} runs {s} s ahead (libfaketime)"),
+    };
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let fast_clock = fast.zip(faketime);
+    let replicas = Replicas::start(url, dir, n, fast_clock, &client).await;
+    let clock = Clock::new();
+    let now = clock.now();
+    let mut d = Driver {
+        workers: (0..WORKERS)
+            .map(|i| Worker {
+                name: format!("w{i}"),
+                next_beat: now + rng.below(1000) as i64,
+                away_until: 0,
+                owned: Vec::new(),
+                sequence: 0,
+            })
+            .collect(),
+        rng,
+        faults_rng: Rng::new(seed ^ 0xFA01_7000),
+        beats_rng: Rng::new(seed ^ 0xBEA7_0000),
+        clock,
+        client,
+        url: url.to_owned(),
+        postgres,
+        replicas,
+        calls: Vec::new(),
+        faults: Vec::new(),
+        idle_until: vec![0; n],
+        reads_only_until: vec![0; n],
+        returning: vec![false; n],
+        quiet_at: None,
+        next_quiet: now + 8_000,
+        next_fault: now + 3_000,
+        next_rebalance: now + 500,
+        next_map: now + 2_000,
+        next_leave: now + 3_000,
+        next_silence: now + 5_000,
+        recent: VecDeque::new(),
+        locks: Vec::new(),
+        watcher: Watcher::start(url, clock),
+        quiet_violations: Vec::new(),
+        quiet_checks: 0,
+    };
+    let body = json!({"shard_count": primary_shards, "primary": true});
+    let (status, answer) = d
+        .call(
+            0,
+            "stream",
+            Method::PUT,
+            format!("/streams/{PRIMARY}"),
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let body = json!({"shard_count": 4});
+    let (status, answer) = d
+        .call(
+            1,
+            "stream",
+            Method::PUT,
+            format!("/streams/{LEASED}"),
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+
+    let end = now + run_for.as_millis() as i64;
+    while d.clock.now() < end && d.calls.len() < MAX_OPS {
+        d.heartbeats().await;
+        let now = d.clock.now();
+        if now >= d.next_fault {
+            d.fault().await;
+        } else if now >= d.next_quiet || d.quiet_at.is_some_and(|q| now >= q) {
+            d.quiet().await;
+        } else if let Some(r) = (0..n).find(|&r| d.returning[r] && now >= d.idle_until[r]) {
+            d.returning[r] = false;
+            d.reads_after_idle(r).await;
+        } else {
+            d.step().await;
+        }
+    }
+    d.quiet().await;
+    let end = d.clock.now();
+    let events = d.watcher.stop().await;
+    let lines = |needle: &str| (0..n).map(|r| d.replicas.log_lines(r, needle)).collect();
+    let follow_errors = lines("cannot follow");
+    let already_held = lines("already held");
+    let aborted = lines("transaction is aborted");
+    let skew_ms = (0..n)
+        .map(|r| fast.filter(|f| f.0 == r).map_or(0, |f| f.1 as i64 * 1000))
+        .collect();
+    History {
+        clock: d.clock,
+        calls: d.calls,
+        faults: d.faults,
+        events,
+        quiet_violations: d.quiet_violations,
+        quiet_checks: d.quiet_checks,
+        replicas: n,
+        primary_shards,
+        clock_note,
+        skew_ms,
+        ttl_ms: TTL_S as i64 * 1000,
+        end,
+        follow_errors,
+        already_held,
+        aborted,
+    }
+}
+
+impl Driver {
+    async fn call(
+        &mut self,
+        replica: usize,
+        op: &'static str,
+        method: Method,
+        path: String,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let url = self.replicas.urls[replica].clone();
+        let call = send(
+            &self.client,
+            self.clock,
+            &url,
+            replica,
+            op,
+            method,
+            path,
+            body,
+        )
+        .await;
+        let answer = (call.status, call.answer.clone());
+        self.calls.push(call);
+        answer
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.rng.below(n)
+    }
+
+    /// A replica to send to: not idle, and not serving reads only when `mutating`.
+    fn pick(&mut self, mutating: bool) -> usize {
+        let now = self.clock.now();
+        let open: Vec<usize> = (0..self.replicas.len())
+            .filter(|&r| {
+                now >= self.idle_until[r] && (!mutating || now >= self.reads_only_until[r])
+            })
+            .collect();
+        open[self.below(open.len() as u64) as usize]
+    }
+
+    /// Another replica than `r` that is not idle, if any.
+    fn other(&mut self, r: usize) -> Option<usize> {
+        let now = self.clock.now();
+        let open: Vec<usize> = (0..self.replicas.len())
+            .filter(|&o| o != r && now >= self.idle_until[o])
+            .collect();
+        (!open.is_empty()).then(|| open[self.below(open.len() as u64) as usize])
+    }
+
+    fn account(&mut self) -> String {
+        if !self.recent.is_empty() && self.below(10) < 6 {
+            let i = self.below(self.recent.len() as u64) as usize;
+            return self.recent[i].clone();
+        }
+        format!("acct-{}", self.below(POOL))
+    }
+
+    async fn step(&mut self) {
+        match self.below(100) {
+            0..30 => {
+                let (r, a) = (self.pick(false), self.account());
+                self.call(r, "lookup", Method::GET, format!("/keys/{a}"), None)
+                    .await;
+            }
+            30..52 => self.allocate().await,
+            52..60 => {
+                let (r, a) = (self.pick(true), self.account());
+                self.call(r, "release", Method::DELETE, format!("/keys/{a}"), None)
+                    .await;
+            }
+            60..68 => {
+                let a = self.account();
+                self.patch(&a).await;
+            }
+            68..78 => {
+                let (r, w) = (self.pick(true), self.below(WORKERS as u64) as usize);
+                self.checkpoint(r, w, false).await;
+            }
+            78..86 => {
+                // The rarer operations, each at its own pace.
+                let now = self.clock.now();
+                if now >= self.next_rebalance {
+                    self.next_rebalance = now + 400 + self.below(1600) as i64;
+                    self.rebalance().await;
+                } else if now >= self.next_map {
+                    self.next_map = now + 1_000 + self.below(2_000) as i64;
+                    self.change_map(false).await;
+                } else if now >= self.next_leave {
+                    self.next_leave = now + 1_500 + self.below(2_500) as i64;
+                    let (r, w) = (self.pick(true), self.present());
+                    if let Some(w) = w {
+                        self.leave(r, w).await;
+                    }
+                } else if now >= self.next_silence {
+                    // Silent past its ttl, then back.
+                    self.next_silence = now + 4_000 + self.below(4_000) as i64;
+                    if let Some(w) = self.present() {
+                        let away = (TTL_S * 1000 + 500 + self.below(1500)) as i64;
+                        self.workers[w].away_until = now + away;
+                    }
+                }
+            }
+            _ => {
+                let Some(a) = self.recent.back().cloned() else {
+                    return;
+                };
+                let r = self.pick(false);
+                self.call(r, "lookup", Method::GET, format!("/keys/{a}"), None)
+                    .await;
+            }
+        }
+    }
+
+    async fn allocate(&mut self) {
+        let r = self.pick(true);
+        let account = format!("acct-{}", self.below(POOL));
+        let fanout = 1 + self.below(4);
+        let weight = fanout + self.below(12);
+        let body = json!({"fanout": fanout, "weight": weight});
+        let (status, _) = self
+            .call(
+                r,
+                "allocate",
+                Method::POST,
+                format!("/keys/{account}"),
+                Some(body),
+            )
+            .await;
+        if status == 201 {
+            self.recent.push_back(account);
+            if self.recent.len() > 12 {
+                self.recent.pop_front();
+            }
+        }
+    }
+
+    async fn patch(&mut self, account: &str) {
+        let r = self.pick(true);
+        let fanout = 1 + self.below(4);
+        let weight = fanout + self.below(12);
+        let body = match self.below(3) {
+            0 => json!({"weight": weight}),
+            1 => json!({"fanout": fanout}),
+            _ => json!({"fanout": fanout, "weight": weight}),
+        };
+        self.call(
+            r,
+            "patch",
+            Method::PATCH,
+            format!("/keys/{account}"),
+            Some(body),
+        )
+        .await;
+    }
+
+    /// Plans on one replica, applies on another; sometimes leaves a replica idle while the
+    /// switch passes, and changes a moving account's fanout before it switches.
+    async fn rebalance(&mut self) {
+        let r = self.pick(false);
+        let (status, plan) = self
+            .call(
+                r,
+                "preview",
+                Method::GET,
+                format!("/rebalance/preview?stream={PRIMARY}"),
+                None,
+            )
+            .await;
+        let moves: Vec<String> = (plan["moves"].as_array().into_iter().flatten())
+            .filter_map(|m| m["account"].as_str().map(str::to_owned))
+            .collect();
+        if status != 200 || (moves.is_empty() && self.below(4) != 0) {
+            return;
+        }
+        let (applier, switch) = (self.pick(true), self.below(3));
+        let body = json!({"plan_id": plan["plan_id"], "switch_after_s": switch});
+        let (status, _) = self
+            .call(
+                applier,
+                "apply",
+                Method::POST,
+                "/rebalance".to_owned(),
+                Some(body),
+            )
+            .await;
+        if status != 200 || switch == 0 || moves.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        let switch_at = now + switch as i64 * 1000;
+        let none_idle = self.idle_until.iter().all(|&t| t <= now);
+        if none_idle && self.below(3) != 0 {
+            let idle = self.other(applier).expect("another replica");
+            let gap = 1000 + self.below(2000) as i64;
+            self.idle_until[idle] = (now + gap).max(switch_at + 300);
+            self.reads_only_until[idle] = self.idle_until[idle] + 1500 + self.below(1000) as i64;
+            self.returning[idle] = true;
+            if self.below(2) == 0 {
+                self.quiet_at = Some(self.idle_until[idle] + 800);
+            }
+        }
+        if self.below(2) == 0 {
+            let a = moves[self.below(moves.len() as u64) as usize].clone();
+            self.patch(&a).await;
+        }
+    }
+
+    async fn fault(&mut self) {
+        let now = self.clock.now();
+        self.next_fault = now + 4_000 + self.faults_rng.below(8_000) as i64;
+        let kinds: &[&str] = if self.postgres {
+            &["lock", "terminate", "kill"]
+        } else {
+            &["lock", "kill"]
+        };
+        let kind = kinds[self.faults_rng.below(kinds.len() as u64) as usize];
+        let (replica, until) = match kind {
+            "lock" => {
+                let hold = 1000 + self.faults_rng.below(1000);
+                let url = self.url.clone();
+                // On a thread of its own: the lock outlives this call, and sqlx's
+                // connection futures are not spawnable on this runtime as they are.
+                self.locks.push(std::thread::spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    runtime.block_on(hold_write_lock(url, Duration::from_millis(hold)));
+                }));
+                (None, now + hold as i64 + 500)
+            }
+            "terminate" => {
+                terminate_backends(&self.url).await;
+                let until = self.clock.now() + 500;
+                // Followers that lost their connection (and the notification that would
+                // wake them) catch up late: a map put now meets replicas that miss it.
+                if self.faults_rng.below(2) == 0 {
+                    self.change_map(true).await;
+                }
+                (None, until)
+            }
+            _ => {
+                let r = self.faults_rng.below(self.replicas.len() as u64) as usize;
+                let refused = self.replicas.kill_and_restart(r, &self.client).await;
+                for why in refused {
+                    self.quiet_violations.push(Violation {
+                        check: "(e) a killed replica starts again on the database",
+                        what: format!("r{r} at +{} ms: {why}", self.clock.rel(now)),
+                    });
+                }
+                (Some(r), self.clock.now())
+            }
+        };
+        self.faults.push(Fault {
+            kind,
+            replica,
+            from: now,
+            until,
+        });
+    }
+}
+
+/// Sends one request and records it as a client sees it.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    client: &reqwest::Client,
+    clock: Clock,
+    url: &str,
+    replica: usize,
+    op: &'static str,
+    method: Method,
+    path: String,
+    body: Option<Value>,
+) -> Call {
+    let mut request = client.request(method.clone(), format!("{url}{path}"));
+    if let Some(body) = &body {
+        request = request.json(body);
+    }
+    let sent = clock.now();
+    let (status, answer, retry_after) = match request.send().await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let retry = (response.headers()).contains_key(reqwest::header::RETRY_AFTER);
+            let text = response.text().await.unwrap_or_default();
+            let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            (status, body, retry)
+        }
+        Err(e) => (0, Value::String(e.to_string()), false),
+    };
+    Call {
+        replica,
+        op,
+        method,
+        path,
+        body,
+        status,
+        answer,
+        retry_after,
+        sent,
+        received: clock.now(),
+    }
+}

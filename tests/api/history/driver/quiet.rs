@@ -1,0 +1,93 @@
+//! Quiet checks: no requests until every switch has passed and 1 s more; then every
+//! replica must answer as the log and the table do.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::Method;
+
+use super::super::Violation;
+use super::super::model::{Model, answered, view};
+use super::{Driver, POOL};
+use crate::helpers::Db;
+
+impl Driver {
+    /// A replica back from an idle gap serves reads first (as a read-only pool would).
+    pub(super) async fn reads_after_idle(&mut self, r: usize) {
+        for _ in 0..6 {
+            let a = self.account();
+            self.call(r, "lookup", Method::GET, format!("/keys/{a}"), None)
+                .await;
+        }
+    }
+
+    /// (b) No requests until every switch has passed and 1 s more; then every replica
+    /// answers every account as the log and the table do.
+    pub(super) async fn quiet(&mut self) {
+        for lock in self.locks.drain(..) {
+            let joined = tokio::task::spawn_blocking(move || lock.join())
+                .await
+                .unwrap();
+            joined.expect("the lock holder");
+        }
+        self.watcher.catch_up(&self.url).await;
+        let last_switch = (self.watcher.events().iter())
+            .filter_map(|e| e.switch_at)
+            .max()
+            .unwrap_or(0);
+        let now = self.clock.now();
+        let wait = (last_switch + 100 - now).max(0) + 1000;
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+        self.watcher.catch_up(&self.url).await;
+        let model = Model::fold(&self.watcher.events());
+        let at = self.clock.now();
+        self.quiet_checks += 1;
+        let mut db = Db::connect(&self.url).await;
+        let mut table: BTreeMap<String, Vec<u128>> = BTreeMap::new();
+        for row in db.key_rows().await {
+            table
+                .entry(row.0)
+                .or_default()
+                .push(u128::from_be_bytes(row.2.try_into().unwrap()));
+        }
+        let mut names: Vec<String> = (0..POOL).map(|i| format!("acct-{i}")).collect();
+        names.extend(model.names().cloned());
+        names.sort();
+        names.dedup();
+        for name in &names {
+            let logged = model.now(name).map(|k| view(k, at));
+            if logged.as_ref().map(|v| &v.keys) != table.get(name) {
+                self.quiet_violations.push(Violation {
+                    check: "(b) every replica equal to the database after 1 s of quiet",
+                    what: format!(
+                        "{name}: the log says {logged:?}, the table {:?}",
+                        table.get(name)
+                    ),
+                });
+            }
+        }
+        for r in 0..self.replicas.len() {
+            for name in &names {
+                self.call(r, "quiet", Method::GET, format!("/keys/{name}"), None)
+                    .await;
+                let call = self.calls.last().unwrap();
+                let expected = model.now(name).map(|k| view(k, at));
+                if answered(call) != Some(expected.clone()) {
+                    self.quiet_violations.push(Violation {
+                        check: "(b) every replica equal to the database after 1 s of quiet",
+                        what: format!(
+                            "quiet check at +{} ms: r{r} answers {name} {} {}; the log and the table say {expected:?}",
+                            self.clock.rel(at),
+                            call.status,
+                            call.answer,
+                        ),
+                    });
+                }
+            }
+        }
+        let now = self.clock.now();
+        self.quiet_at = None;
+        self.next_quiet = now + 10_000 + self.below(8_000) as i64;
+        self.idle_until.iter_mut().for_each(|t| *t = 0);
+    }
+}

@@ -1,0 +1,175 @@
+//! The replica processes and the faults a history injects into them and their database;
+//! and the check that no 5xx came from anything but an injected fault.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::Connection;
+
+use super::driver::History;
+use super::{FAULT_GRACE_MS, Violation};
+use crate::helpers::Db;
+use crate::process::Server;
+
+/// The replicas of one history: processes that can be killed and restarted on one database,
+/// one of them perhaps with its clock `secs` ahead through libfaketime (`fast`: replica,
+/// seconds, and the library).
+pub struct Replicas {
+    servers: Vec<Server>,
+    pub urls: Vec<String>,
+    env: Vec<Vec<(&'static str, String)>>,
+    database_url: String,
+    dir: PathBuf,
+}
+
+impl Replicas {
+    /// Starts `n` replicas; `fast` puts one of them `secs` ahead of the host clock.
+    pub async fn start(
+        database_url: &str,
+        dir: &Path,
+        n: usize,
+        fast: Option<((usize, u64), String)>,
+        client: &reqwest::Client,
+    ) -> Replicas {
+        let env = (0..n)
+            .map(|i| match &fast {
+                Some(((r, secs), faketime)) if *r == i => vec![
+                    ("LD_PRELOAD", faketime.clone()),
+                    ("FAKETIME", format!("+{secs}s")),
+                    ("FAKETIME_DONT_RESET", "1".to_owned()),
+                ],
+                _ => Vec::new(),
+            })
+            .collect();
+        let mut replicas = Replicas {
+            servers: Vec::new(),
+            urls: Vec::new(),
+            env,
+            database_url: database_url.to_owned(),
+            dir: dir.to_owned(),
+        };
+        for i in 0..n {
+            let server = replicas.spawn(i, client).await;
+            replicas.urls.push(server.url.clone());
+            replicas.servers.push(server);
+        }
+        replicas
+    }
+
+    async fn spawn(&self, i: usize, client: &reqwest::Client) -> Server {
+        self.try_spawn(i, client)
+            .await
+            .unwrap_or_else(|why| panic!("replica {i} did not start: {why}"))
+    }
+
+    /// Starts replica `i`; why not, if it exits or is not ready within 30 s.
+    async fn try_spawn(&self, i: usize, client: &reqwest::Client) -> Result<Server, String> {
+        let log = self.dir.join(format!("replica-{i}.log"));
+        let env: Vec<(&str, &str)> = self.env[i].iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut server = Server::spawn_with(&self.database_url, &log, &env);
+        let client = client.clone();
+        // `wait_ready` panics on failure; in a task of its own, that is an answer.
+        let ready = tokio::spawn(async move {
+            server.wait_ready(&client).await;
+            server
+        });
+        ready.await.map_err(|e| match e.try_into_panic() {
+            Ok(panic) => (panic.downcast_ref::<String>().cloned()).unwrap_or_default(),
+            Err(e) => e.to_string(),
+        })
+    }
+
+    /// SIGKILLs replica `i` and starts it again on the same database, trying for up to
+    /// five times: the reasons it would not start meanwhile, if any.
+    pub async fn kill_and_restart(&mut self, i: usize, client: &reqwest::Client) -> Vec<String> {
+        self.servers[i].kill();
+        let mut refused = Vec::new();
+        for _ in 0..5 {
+            match self.try_spawn(i, client).await {
+                Ok(server) => {
+                    self.urls[i] = server.url.clone();
+                    self.servers[i] = server;
+                    return refused;
+                }
+                Err(why) => refused.push(why),
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        panic!("replica {i} did not start again: {refused:?}");
+    }
+
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// The log lines of replica `i` that contain `needle`.
+    pub fn log_lines(&self, i: usize, needle: &str) -> usize {
+        let log = self.dir.join(format!("replica-{i}.log"));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        text.lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+/// Holds the database's write lock from a connection of its own for `hold`, as another
+/// writer (or an operator's `psql`) would.
+pub async fn hold_write_lock(database_url: String, hold: Duration) {
+    let mut db = Db::connect(&database_url).await;
+    db.hold_write_lock().await;
+    tokio::time::sleep(hold).await;
+    db.release_write_lock().await;
+}
+
+/// Terminates every other Postgres backend of the database (the replicas' pooled
+/// connections): how many.
+pub async fn terminate_backends(database_url: &str) -> usize {
+    let mut conn = sqlx::PgConnection::connect(database_url)
+        .await
+        .expect("connect to postgres");
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("terminate backends");
+    killed.len()
+}
+
+/// (e) No 5xx and no unanswered request except inside a fault's window: a 503 with
+/// `Retry-After` while the database is disturbed; never a 500.
+pub fn judge(history: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for call in &history.calls {
+        if (200..500).contains(&call.status) {
+            continue;
+        }
+        let covered = history.faults.iter().any(|f| {
+            f.from <= call.received
+                && call.sent <= f.until + FAULT_GRACE_MS
+                && f.replica.is_none_or(|r| r == call.replica)
+        });
+        let excused = covered && call.status == 503 && call.retry_after;
+        if !excused {
+            out.push(Violation {
+                check: "(e) no 5xx outside injected faults",
+                what: format!(
+                    "{} {} {} on r{} at +{} ms answered {} {}{}",
+                    call.method,
+                    call.path,
+                    call.body.as_ref().map_or(String::new(), Value::to_string),
+                    call.replica,
+                    history.clock.rel(call.sent),
+                    call.status,
+                    call.answer,
+                    if covered {
+                        " (inside a fault window)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+    }
+    out
+}
