@@ -99,8 +99,17 @@ impl Model {
     }
 
     /// The largest instant in `[from, to]` at which the model could have answered `seen`
-    /// for `account`, if any.
-    fn matches(&self, account: &str, seen: &Option<View>, from: i64, to: i64) -> Option<i64> {
+    /// for `account`, if any, by a replica whose clock runs up to `lead` ms ahead: it
+    /// answers the keys in force at that instant as they stand by its own clock (DESIGN:
+    /// lookups switch by the replica's clock; only who holds a key must not depend on it).
+    fn matches(
+        &self,
+        account: &str,
+        seen: &Option<View>,
+        from: i64,
+        to: i64,
+        lead: i64,
+    ) -> Option<i64> {
         let none = Vec::new();
         let versions = self.accounts.get(account).unwrap_or(&none);
         // Version j is in force from its commit (at the earliest lo) until the next one's
@@ -123,18 +132,18 @@ impl Model {
                 }
                 continue;
             };
-            let mut moments = vec![b, a];
+            let mut moments = vec![b.saturating_add(lead), b, a];
             for (_, s) in keys.values() {
                 if let Some((_, at)) = s
                     && a < *at
-                    && *at <= b
+                    && *at <= b.saturating_add(lead)
                 {
                     moments.extend([*at, *at - 1]);
                 }
             }
             moments.sort_unstable_by(|x, y| y.cmp(x));
             if let Some(t) = moments.into_iter().find(|&t| Some(view(keys, t)) == *seen) {
-                return Some(t);
+                return Some(t.min(b));
             }
         }
         None
@@ -307,12 +316,12 @@ pub fn judge(history: &History, model: &Model) -> Judged {
                 && call.sent - LAG_MS <= f.until + FAULT_GRACE_MS
         });
         let lag = LAG_MS + if disturbed { FAULT_GRACE_MS } else { 0 };
-        let (from, to) = (call.sent - lag - skew, call.received + skew);
-        match model.matches(account, &seen, from, to) {
+        let (from, to) = (call.sent - lag, call.received);
+        match model.matches(account, &seen, from, to, skew) {
             Some(t) => j.max_lag = j.max_lag.max(call.sent - t),
             None => {
                 let lead = model
-                    .matches(account, &seen, i64::MIN, to)
+                    .matches(account, &seen, i64::MIN, to, skew)
                     .map(|t| call.sent - t);
                 let others: Vec<String> = (seen.iter())
                     .flat_map(|v| v.keys.iter().chain(v.next.iter().flat_map(|n| n.0.iter())))
