@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{Error, Registry, Stream, detached};
-use crate::keyspace::lease_state::{HolderState, LeaseShard, SHARD_END, leasable};
+use crate::keyspace::lease_state::{Holder, HolderState, LeaseShard, SHARD_END, leasable};
 use crate::keyspace::leases::assign;
 use crate::store::Tx;
 use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
@@ -155,9 +155,12 @@ impl Registry {
                 tx.insert_worker(name, &me, now).await?;
             }
             // The revocations it was told of at an earlier heartbeat complete now: it has
-            // stopped reading those shards.
+            // stopped reading those shards (and forgets those the map no longer lists).
+            let listed = |id: &str| stream.lease_shards.iter().any(|s| s.id == id);
             for mut lease in tx.owned_leases(name, &me.worker).await? {
-                if lease.holder.told {
+                if lease.holder.told && !listed(&lease.shard_id) {
+                    tx.delete_lease(name, &lease.shard_id).await?;
+                } else if lease.holder.told {
                     lease.holder = lease.holder.owner_heartbeats();
                     tx.put_lease(name, &lease).await?;
                 }
@@ -174,12 +177,26 @@ impl Registry {
                 }
             }
             let mut leases = Vec::new();
+            let listed = |id: &str| stream.lease_shards.iter().any(|s| s.id == id);
             for mut lease in tx.owned_leases(name, &me.worker).await? {
-                if lease.holder.next.is_some() && !lease.holder.told {
-                    lease.holder = lease.holder.owner_heartbeats();
+                let dropped = !listed(&lease.shard_id);
+                if (dropped || lease.holder.next.is_some()) && !lease.holder.told {
+                    // A shard the map dropped goes to nobody: its owner is told to stop.
+                    lease.holder = if dropped {
+                        Holder {
+                            told: true,
+                            ..lease.holder
+                        }
+                    } else {
+                        lease.holder.owner_heartbeats()
+                    };
                     tx.put_lease(name, &lease).await?;
                 }
-                leases.push(own_lease(lease));
+                let mut own = own_lease(lease);
+                if dropped {
+                    own.state = HolderState::Revoking;
+                }
+                leases.push(own);
             }
             tx.commit().await?;
             this.metrics.lease_heartbeats.add(1);
@@ -467,9 +484,12 @@ impl Registry {
         for row in tx.leases(name).await? {
             if listed.contains(row.shard_id.as_str()) {
                 rows.insert(row.shard_id.clone(), row);
-            } else {
+            } else if !read_by_live(&row, is_live) {
                 tx.delete_lease(name, &row.shard_id).await?;
             }
+            // Else a live owner still reads a shard the map no longer lists: the row stays
+            // until its owner has been answered `revoking` (see `heartbeat`), so that a map
+            // listing the shard again fences it like any hand-over.
         }
         let done = |id: &str| rows.get(id).is_some_and(is_done);
         let can = leasable(&stream.lease_shards, done);
@@ -537,6 +557,11 @@ impl Registry {
         .await
         .expect("weights task")
     }
+}
+
+/// Whether a live worker reads the shard of `row`: it owns the lease and has not ended it.
+fn read_by_live(row: &LeaseRow, is_live: impl Fn(&String) -> bool) -> bool {
+    !is_done(row) && row.holder.owner.as_ref().is_some_and(is_live)
 }
 
 fn is_done(row: &LeaseRow) -> bool {

@@ -821,3 +821,50 @@ async fn shard_end_on_an_open_shard_is_refused_and_it_stays_leased() {
     let w2 = heartbeat(&app, "o", "w2", 30).await;
     assert_eq!(held(&w2).len(), 1, "{w2}");
 }
+
+/// A map that drops a shard a live worker reads takes it to nobody, fenced: the worker is
+/// told `revoking` at its next heartbeat, and a map that lists the shard again hands it to
+/// another worker only through the usual revocation, never `held` to two live workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_dropped_and_listed_again_is_never_held_by_two_live_workers() {
+    let app = spawn_assigning_every_join().await;
+    put_stream(&app, "s", json!({"shard_count": 4})).await;
+    let first = heartbeat(&app, "s", "w1", 60).await;
+    assert_eq!(held(&first).len(), 4, "{first}");
+    let told = leases_of(&first);
+
+    // Shards 2 and 3 leave the map; another worker's join assigns over it while w1, which
+    // still reads them, has not heartbeated.
+    put_stream(&app, "s", json!({"shard_count": 2})).await;
+    heartbeat(&app, "s", "w0", 60).await;
+    put_stream(&app, "s", json!({"shard_count": 4})).await;
+    let w0 = heartbeat(&app, "s", "w0", 60).await;
+    for shard in ["shardId-000000000002", "shardId-000000000003"] {
+        assert!(
+            !held(&w0).contains(&shard.to_owned()),
+            "{shard} told held to w0 while w1 still reads it at epoch {:?}: {w0}",
+            told[shard]
+        );
+    }
+    // w1 hears of it, stops, and then the shards pass on with their epochs raised.
+    let w1 = heartbeat(&app, "s", "w1", 60).await;
+    let w1_leases = leases_of(&w1);
+    assert!(
+        ["shardId-000000000002", "shardId-000000000003"]
+            .iter()
+            .any(|s| w1_leases
+                .get(*s)
+                .is_some_and(|(state, _)| state == "revoking")),
+        "{w1}"
+    );
+    heartbeat(&app, "s", "w1", 60).await;
+    let w0 = heartbeat(&app, "s", "w0", 60).await;
+    for (shard, (state, epoch)) in leases_of(&w0) {
+        if state == "held" && told.contains_key(&shard) && told[&shard].1 >= epoch {
+            panic!(
+                "{shard} passed to w0 at epoch {epoch}, not above w1's {:?}",
+                told[&shard]
+            );
+        }
+    }
+}
