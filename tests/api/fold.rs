@@ -2,97 +2,47 @@
 //! only the database's clock frees a key, and the database itself refuses a second holder
 //! of any key, pending old keys included.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::helpers::{fresh_database, spawn_app};
-use crate::process::Server;
+use crate::replicas::{Api, start_with};
 use crate::staged::{lopsided, now_ms, sleep_until, unix_ms};
 
-/// Replica processes on one database, and a client for them.
-struct Replicas {
-    servers: Vec<Server>,
-    client: reqwest::Client,
+/// Allocates `account` on replica `i`; answers its keys.
+async fn allocate(api: &Api, i: usize, account: &str) -> Vec<String> {
+    let (status, body) = api
+        .call(i, Method::POST, &format!("/keys/{account}"), None)
+        .await;
+    assert_eq!(status, 201, "allocate {account} on replica {i}: {body}");
+    keys(&body["hash_keys"])
 }
 
-impl Replicas {
-    /// Starts one replica per entry of `envs` (extra environment each) on `database_url`.
-    async fn start(database_url: &str, dir: &Path, envs: &[&[(&str, &str)]]) -> Replicas {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
-        let mut servers = Vec::new();
-        for (i, env) in envs.iter().enumerate() {
-            let log = dir.join(format!("replica-{i}.log"));
-            let mut server = Server::spawn_with(database_url, &log, env);
-            server.wait_ready(&client).await;
-            servers.push(server);
-        }
-        Replicas { servers, client }
-    }
-
-    /// Sends a request to replica `i`: status and JSON body (a string if not JSON).
-    async fn call(
-        &self,
-        i: usize,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut request = (self.client).request(method, format!("{}{path}", self.servers[i].url));
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let text = response.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn get(&self, i: usize, path: &str) -> (u16, Value) {
-        self.call(i, Method::GET, path, None).await
-    }
-
-    /// Allocates `account` on replica `i`; answers its keys.
-    async fn allocate(&self, i: usize, account: &str) -> Vec<String> {
-        let (status, body) = self
-            .call(i, Method::POST, &format!("/keys/{account}"), None)
-            .await;
-        assert_eq!(status, 201, "allocate {account} on replica {i}: {body}");
-        keys(&body["hash_keys"])
-    }
-
-    /// Waits up to 1 s (the documented lag bound) until every replica answers each of
-    /// `accounts` as replica 0 does: status, keys in force, and the next ones.
-    async fn agree(&self, accounts: &[String]) {
-        let started = Instant::now();
-        loop {
-            let mut differ = None;
-            'all: for account in accounts {
-                let path = format!("/keys/{account}");
-                let truth = answer(self.get(0, &path).await);
-                for i in 1..self.servers.len() {
-                    let seen = answer(self.get(i, &path).await);
-                    if seen != truth {
-                        differ = Some(format!("{path}: replica 0 {truth:?}, replica {i} {seen:?}"));
-                        break 'all;
-                    }
+/// Waits up to 1 s (the documented lag bound) until every replica answers each of
+/// `accounts` as replica 0 does: status, keys in force, and the next ones.
+async fn agree(api: &Api, replicas: usize, accounts: &[String]) {
+    let started = Instant::now();
+    loop {
+        let mut differ = None;
+        'all: for account in accounts {
+            let path = format!("/keys/{account}");
+            let truth = answer(api.get(0, &path).await);
+            for i in 1..replicas {
+                let seen = answer(api.get(i, &path).await);
+                if seen != truth {
+                    differ = Some(format!("{path}: replica 0 {truth:?}, replica {i} {seen:?}"));
+                    break 'all;
                 }
             }
-            let Some(differ) = differ else { return };
-            assert!(
-                started.elapsed() < Duration::from_secs(1),
-                "replicas still disagree after 1 s: {differ}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let Some(differ) = differ else { return };
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "replicas still disagree after 1 s: {differ}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -113,18 +63,18 @@ fn keys(list: &Value) -> Vec<String> {
 /// On replica 0: eight accounts over two uniform shards, those on shard 1 released, and
 /// the plan that evens them out applied with `switch_after_s`. Answers the accounts still
 /// held, the moves' old keys and the switch time (Unix milliseconds).
-async fn stage_moves(replicas: &Replicas, switch_after_s: u64) -> (Vec<String>, Vec<String>, i64) {
+async fn stage_moves(api: &Api, switch_after_s: u64) -> (Vec<String>, Vec<String>, i64) {
     let mut held = Vec::new();
     for i in 0..8 {
-        replicas.allocate(0, &format!("acct-{i}")).await;
+        allocate(api, 0, &format!("acct-{i}")).await;
     }
     for i in 0..8 {
         let account = format!("acct-{i}");
-        let (_, on) = replicas
+        let (_, on) = api
             .get(0, &format!("/shard-of?account={account}&shards=2"))
             .await;
         if on["shard_index"] == 1 {
-            let (status, _) = replicas
+            let (status, _) = api
                 .call(0, Method::DELETE, &format!("/keys/{account}"), None)
                 .await;
             assert_eq!(status, 204);
@@ -132,12 +82,10 @@ async fn stage_moves(replicas: &Replicas, switch_after_s: u64) -> (Vec<String>, 
             held.push(account);
         }
     }
-    let (status, preview) = replicas.get(0, "/rebalance/preview?shards=2").await;
+    let (status, preview) = api.get(0, "/rebalance/preview?shards=2").await;
     assert_eq!(status, 200, "{preview}");
     let body = json!({"plan_id": preview["plan_id"], "switch_after_s": switch_after_s});
-    let (status, applied) = replicas
-        .call(0, Method::POST, "/rebalance", Some(body))
-        .await;
+    let (status, applied) = api.call(0, Method::POST, "/rebalance", Some(body)).await;
     assert_eq!(status, 200, "{applied}");
     let moves = applied["moves"].as_array().unwrap();
     assert!(!moves.is_empty(), "a lopsided table moves: {applied}");
@@ -156,15 +104,15 @@ async fn stage_moves(replicas: &Replicas, switch_after_s: u64) -> (Vec<String>, 
 async fn a_replica_idle_through_a_staged_switch_follows_and_answers_the_truth() {
     let dir = tempfile::tempdir().unwrap();
     let (url, _pg) = fresh_database(dir.path()).await;
-    let replicas = Replicas::start(&url, dir.path(), &[&[], &[]]).await;
-    let (mut accounts, old, switch_at) = stage_moves(&replicas, 1).await;
+    let (replicas, api) = start_with(&url, dir.path(), &[&[], &[]]).await;
+    let (mut accounts, old, switch_at) = stage_moves(&api, 1).await;
     // Replica 1 is asked nothing until well past the switch.
     sleep_until(switch_at, 2_000).await;
 
     let mut reused = 0;
     for n in 0..6 {
         let account = format!("new-{n}");
-        let got = replicas.allocate(0, &account).await;
+        let got = allocate(&api, 0, &account).await;
         reused += got.iter().filter(|k| old.contains(k)).count();
         accounts.push(account);
     }
@@ -174,23 +122,23 @@ async fn a_replica_idle_through_a_staged_switch_follows_and_answers_the_truth() 
     );
     // A released account's key goes to the next account: replica 1 must not answer it twice.
     let victim = accounts.remove(0);
-    let (status, _) = replicas
+    let (status, _) = api
         .call(0, Method::DELETE, &format!("/keys/{victim}"), None)
         .await;
     assert_eq!(status, 204);
-    let thief = replicas.allocate(0, "thief").await;
+    let thief = allocate(&api, 0, "thief").await;
     accounts.extend([victim, "thief".to_owned()]);
-    replicas.agree(&accounts).await;
+    agree(&api, replicas.len(), &accounts).await;
     assert!(!thief.is_empty());
 
     // It decides on the same truth: a change through it finds the thief's keys.
-    let (status, body) = replicas
+    let (status, body) = api
         .call(1, Method::PATCH, "/keys/thief", Some(json!({"weight": 3})))
         .await;
     assert_eq!((status, keys(&body["hash_keys"])), (200, thief), "{body}");
-    let (status, ready) = replicas.get(1, "/readyz").await;
+    let (status, ready) = api.get(1, "/readyz").await;
     assert_eq!(status, 200, "{ready}");
-    for server in &replicas.servers {
+    for server in &replicas {
         let log = server.log_text();
         assert!(
             !log.contains("cannot follow"),
@@ -251,9 +199,9 @@ async fn a_keyspread_older_than_its_database_refuses_changes() {
     app.db().await.record_newer_migration().await;
     let dir = tempfile::tempdir().unwrap();
     let url = app.config.database_url.clone();
-    let replicas = Replicas::start(&url, dir.path(), &[&[]]).await;
+    let (replicas, api) = start_with(&url, dir.path(), &[&[]]).await;
 
-    let (status, body) = replicas.get(0, "/keys/acme").await;
+    let (status, body) = api.get(0, "/keys/acme").await;
     assert_eq!(
         (status, body["hash_key"].as_str()),
         (200, Some(key.as_str()))
@@ -265,12 +213,12 @@ async fn a_keyspread_older_than_its_database_refuses_changes() {
         (Method::PUT, "/streams/s", Some(json!({"shard_count": 2}))),
         (Method::PUT, "/streams/old/workers/w1", Some(json!({}))),
     ] {
-        let (status, problem) = replicas.call(0, method.clone(), path, body).await;
+        let (status, problem) = api.call(0, method.clone(), path, body).await;
         assert_eq!(status, 503, "{method} {path}: {problem}");
         let detail = problem["detail"].as_str().unwrap_or_default();
         assert!(detail.contains("upgrade"), "{method} {path}: {detail}");
     }
-    let log = replicas.servers[0].log_text();
+    let log = replicas[0].log_text();
     assert!(
         log.contains("migrated by a newer keyspread") && log.contains("upgrade it"),
         "{log}"
@@ -285,21 +233,13 @@ async fn a_keyspread_older_than_its_database_refuses_changes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_clock_runs_ahead_hands_out_no_pending_old_key() {
     const TEST: &str = "a_replica_whose_clock_runs_ahead_hands_out_no_pending_old_key";
-    if crate::skip::postgres_only(TEST).is_none() {
-        return;
-    }
-    let Some(faketime) = crate::skip::faketime_library(TEST) else {
+    let Some(ahead) = crate::skip::clock_ahead(TEST, 4) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let (url, _pg) = fresh_database(dir.path()).await;
-    let ahead: &[(&str, &str)] = &[
-        ("LD_PRELOAD", faketime.as_str()),
-        ("FAKETIME", "+4s"),
-        ("FAKETIME_DONT_RESET", "1"),
-    ];
-    let replicas = Replicas::start(&url, dir.path(), &[&[], ahead]).await;
-    let (mut accounts, old, switch_at) = stage_moves(&replicas, 3).await;
+    let (replicas, api) = start_with(&url, dir.path(), &[&[], &ahead.env()]).await;
+    let (mut accounts, old, switch_at) = stage_moves(&api, 3).await;
     // By the fast replica's clock the switch has passed; by the database's it has not.
     // (Lookups of the moving accounts differ meanwhile: each replica switches producers by
     // its own clock.)
@@ -307,20 +247,20 @@ async fn a_replica_whose_clock_runs_ahead_hands_out_no_pending_old_key() {
     let mut early = Vec::new();
     for n in 0..6 {
         let account = format!("early-{n}");
-        let got = replicas.allocate(1, &account).await;
+        let got = allocate(&api, 1, &account).await;
         assert!(
             now_ms() >= switch_at || got.iter().all(|k| !old.contains(k)),
             "{account} got a pending old key {got:?} before the switch"
         );
         early.push(account);
     }
-    replicas.agree(&early).await;
+    agree(&api, replicas.len(), &early).await;
     accounts.extend(early);
     sleep_until(switch_at, 300).await;
-    replicas.allocate(0, "after").await;
+    allocate(&api, 0, "after").await;
     accounts.push("after".into());
-    replicas.agree(&accounts).await;
-    for server in &replicas.servers {
+    agree(&api, replicas.len(), &accounts).await;
+    for server in &replicas {
         assert!(!server.log_text().contains("cannot follow"));
     }
 }

@@ -16,21 +16,11 @@ use crate::replicas::Api;
 /// Starts one replica per entry of `envs` on `database_url`, each with that environment
 /// added (every one assigns leases at each join).
 async fn replicas(database_url: &str, dir: &Path, envs: &[&[(&str, &str)]]) -> (Vec<Server>, Api) {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap();
-    let mut servers = Vec::new();
-    for (i, env) in envs.iter().enumerate() {
-        let mut env = env.to_vec();
-        env.push(("KEYSPREAD_LEASE_JOIN_BATCH_MS", "0"));
-        let log = dir.join(format!("replica-{i}.log"));
-        let mut server = Server::spawn_with(database_url, &log, &env);
-        server.wait_ready(&client).await;
-        servers.push(server);
-    }
-    let urls = servers.iter().map(|s| s.url.clone()).collect();
-    (servers, Api::new(client, urls))
+    let envs: Vec<Vec<(&str, &str)>> = (envs.iter())
+        .map(|env| [*env, &[("KEYSPREAD_LEASE_JOIN_BATCH_MS", "0")]].concat())
+        .collect();
+    let envs: Vec<&[(&str, &str)]> = envs.iter().map(Vec::as_slice).collect();
+    crate::replicas::start_with(database_url, dir, &envs).await
 }
 
 /// A heartbeat's leases as shard -> (state, epoch).
@@ -238,18 +228,12 @@ async fn a_replica_with_its_clock_ahead_takes_no_live_workers_lease() {
     if crate::skip::postgres_only(TEST).is_none() {
         return;
     }
-    let Some(faketime) = crate::skip::faketime_library(TEST) else {
+    let Some(fast) = crate::skip::clock_ahead(TEST, 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let (url, _postgres) = fresh_database(dir.path()).await;
-    let fast: &[(&str, &str)] = &[
-        ("LD_PRELOAD", faketime.as_str()),
-        ("FAKETIME", "+30s"),
-        // Timers and timeouts run on the monotonic clock: only the wall clock is ahead.
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-    ];
-    let (_servers, api) = replicas(&url, dir.path(), &[&[], fast]).await;
+    let (_servers, api) = replicas(&url, dir.path(), &[&[], &fast.env()]).await;
     let (status, body) = api
         .call(
             0,

@@ -76,21 +76,30 @@ impl Api {
 
 /// Starts the replicas on `database_url` and waits until each is ready.
 pub async fn start(database_url: &str, dir: &Path) -> (Vec<Server>, Api) {
-    let mut replicas: Vec<Server> = (0..REPLICAS)
-        .map(|i| Server::spawn(database_url, &dir.join(format!("replica-{i}.log"))))
-        .collect();
+    let none: &[(&str, &str)] = &[];
+    start_with(database_url, dir, &[none; REPLICAS]).await
+}
+
+/// Starts one replica per entry of `envs` on `database_url`, each with that environment
+/// added, and waits until each is ready.
+pub async fn start_with(
+    database_url: &str,
+    dir: &Path,
+    envs: &[&[(&str, &str)]],
+) -> (Vec<Server>, Api) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap();
-    for replica in &mut replicas {
-        replica.wait_ready(&client).await;
+    let mut servers = Vec::new();
+    for (i, env) in envs.iter().enumerate() {
+        let log = dir.join(format!("replica-{i}.log"));
+        let mut server = Server::spawn_with(database_url, &log, env);
+        server.wait_ready(&client).await;
+        servers.push(server);
     }
-    let api = Api {
-        client,
-        urls: Arc::new(replicas.iter().map(|r| r.url.clone()).collect()),
-    };
-    (replicas, api)
+    let urls = servers.iter().map(|s| s.url.clone()).collect();
+    (servers, Api::new(client, urls))
 }
 
 /// Allocates on each replica in turn and times how long the others take to show the key.

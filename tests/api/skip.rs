@@ -59,6 +59,40 @@ pub fn faketime_library(test: &str) -> Option<String> {
     found
 }
 
+/// What runs a process with its wall clock `secs` ahead through libfaketime.
+pub struct ClockAhead {
+    library: String,
+    offset: String,
+}
+
+impl ClockAhead {
+    /// Where the library is installed, and the lead in seconds.
+    pub fn new(library: String, secs: u64) -> ClockAhead {
+        ClockAhead {
+            library,
+            offset: format!("+{secs}s"),
+        }
+    }
+
+    /// The variables to add to the process's environment.
+    pub fn env(&self) -> [(&'static str, &str); 3] {
+        [
+            ("LD_PRELOAD", self.library.as_str()),
+            ("FAKETIME", self.offset.as_str()),
+            // Timers and timeouts run on the monotonic clock: only the wall clock is ahead.
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ]
+    }
+}
+
+/// For `test`, which runs on Postgres only (replicas on one SQLite file share a host, and
+/// so a clock), a clock `secs` ahead; `None`, the test recorded as the Postgres pass's
+/// or skipped, where it cannot run.
+pub fn clock_ahead(test: &str, secs: u64) -> Option<ClockAhead> {
+    postgres_only(test)?;
+    Some(ClockAhead::new(faketime_library(test)?, secs))
+}
+
 pub const FAKETIME_MISSING: &str =
     "libfaketime is not installed (on Debian: apt-get install libfaketime)";
 

@@ -15,6 +15,7 @@ use super::events::{Observed, Watcher};
 use super::faults::{Replicas, hold_write_lock, terminate_backends};
 use super::{Call, Clock, Fault, MAX_OPS, Violation};
 use crate::process::Rng;
+use crate::skip::ClockAhead;
 
 /// Account names: few enough that allocations, releases and lookups meet.
 const POOL: u64 = 40;
@@ -114,7 +115,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         .timeout(Duration::from_secs(15))
         .build()
         .unwrap();
-    let fast_clock = fast.zip(faketime);
+    let fast_clock = (fast.zip(faketime)).map(|((r, secs), lib)| (r, ClockAhead::new(lib, secs)));
     let replicas = Replicas::start(url, dir, n, fast_clock, &client).await;
     let clock = Clock::new();
     let now = clock.now();

@@ -11,10 +11,10 @@ use super::driver::History;
 use super::{FAULT_GRACE_MS, Violation};
 use crate::helpers::Db;
 use crate::process::Server;
+use crate::skip::ClockAhead;
 
 /// The replicas of one history: processes that can be killed and restarted on one database,
-/// one of them perhaps with its clock `secs` ahead through libfaketime (`fast`: replica,
-/// seconds, and the library).
+/// one of them perhaps with its clock ahead.
 pub struct Replicas {
     servers: Vec<Server>,
     pub urls: Vec<String>,
@@ -29,16 +29,14 @@ impl Replicas {
         database_url: &str,
         dir: &Path,
         n: usize,
-        fast: Option<((usize, u64), String)>,
+        fast: Option<(usize, ClockAhead)>,
         client: &reqwest::Client,
     ) -> Replicas {
         let env = (0..n)
             .map(|i| match &fast {
-                Some(((r, secs), faketime)) if *r == i => vec![
-                    ("LD_PRELOAD", faketime.clone()),
-                    ("FAKETIME", format!("+{secs}s")),
-                    ("FAKETIME_DONT_RESET", "1".to_owned()),
-                ],
+                Some((r, ahead)) if *r == i => (ahead.env().iter())
+                    .map(|&(k, v)| (k, v.to_owned()))
+                    .collect(),
                 _ => Vec::new(),
             })
             .collect();
