@@ -151,7 +151,32 @@ pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
                 }
                 let mut keys: Vec<HashKey> = held.values().map(|(k, _)| HashKey(*k)).collect();
                 let weights: Vec<u64> = added.iter().map(|e| e.6.unwrap() as u64).collect();
-                alloc.extend_keys(&mut keys, &weights).unwrap();
+                // An account with keys still switching grows spread against its keys now
+                // and after the switch; a key that cannot be both is added as the key for
+                // now and moved (a `move` event follows) to the one after.
+                let now_keys: Vec<HashKey> = (0..keys.len())
+                    .map(|i| {
+                        let moving = (account.clone(), i as i64);
+                        (reserved.iter())
+                            .find(|(_, (owner, _))| *owner == moving)
+                            .map_or(keys[i], |(old, _)| HashKey(*old))
+                    })
+                    .collect();
+                let picked: Vec<u128> = if now_keys == keys {
+                    alloc.extend_keys(&mut keys, &weights).unwrap();
+                    keys[held.len()..].iter().map(|k| k.0).collect()
+                } else {
+                    let new = alloc.extend_switching(&now_keys, &keys, &weights).unwrap();
+                    // As the server does: the tree as before, then the events applied.
+                    for (&(now, after), &w) in new.iter().zip(&weights) {
+                        alloc.remove(after).unwrap();
+                        if now != after {
+                            alloc.unreserve(now).unwrap();
+                        }
+                        alloc.insert(now, w).unwrap();
+                    }
+                    new.iter().map(|(now, _)| now.0).collect()
+                };
                 for &(key, _) in &pending {
                     let (_, w) = held.values().find(|(k, _)| *k == key.0).unwrap();
                     alloc.set_weight(key, *w as u64).unwrap();
@@ -159,7 +184,6 @@ pub fn check_store(rows: &[KeyRow], events: &[IndexedEvent]) -> Held {
                 let logged: Vec<u128> = (added.iter())
                     .map(|e| key(e.5.as_deref().expect("key_after")))
                     .collect();
-                let picked: Vec<u128> = keys[held.len()..].iter().map(|k| k.0).collect();
                 assert_eq!(
                     picked, logged,
                     "event {id}: allocate {account} from key {idx}"
@@ -325,4 +349,31 @@ async fn fanned_out_keys_replay_by_account_and_index() {
         let held: Vec<u128> = keys.iter().map(|(k, _)| *k).collect();
         assert_eq!(answered, held, "{account}");
     }
+}
+
+/// An account that grows while its key 0 switches (on the uniform map of 2 shards its new
+/// key cannot be apart from both the old and the new key 0): the log of the allocation and
+/// the staged move of the added key replays to the table, the walk included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growing_a_switching_account_replays() {
+    let app = spawn_app().await;
+    let ok = |a: &crate::helpers::Answer, status: u16| assert_eq!(a.status, status, "{}", a.body);
+    crate::staged::lopsided(&app).await;
+    let plan = app.get("/rebalance/preview?shards=2").await;
+    ok(&plan, 200);
+    let body = json!({"plan_id": plan.body["plan_id"], "switch_after_s": 3600});
+    let applied = app.post("/rebalance", Some(body)).await;
+    ok(&applied, 200);
+    let account = applied.body["moves"][0]["account"].as_str().unwrap();
+    let grown = json!({"fanout": 2, "weight": 2});
+    let path = format!("/keys/{account}");
+    ok(&app.call(Method::PATCH, &path, Some(grown)).await, 200);
+    ok(&app.post("/keys/later", None).await, 201);
+
+    let mut db = app.db().await;
+    let events = db.indexed_events().await;
+    let staged_growth =
+        (events.iter()).any(|e| e.1 == "move" && e.2.as_deref() == Some(account) && e.3 == 1);
+    assert!(staged_growth, "the added key is staged too: {events:?}");
+    check_store(&db.key_rows().await, &events);
 }
