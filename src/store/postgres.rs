@@ -190,6 +190,12 @@ pub async fn connect(url: &str) -> Result<PgPool> {
         .max_connections(8)
         // Mutations fail fast when the database is gone; lookups never wait on it.
         .acquire_timeout(super::ACQUIRE_TIMEOUT)
+        // A connection that comes back still inside a transaction, as sqlx counts them (a
+        // statement refused while the transaction guard was being given up), is closed
+        // rather than lent again: the next begin on it would fail.
+        .after_release(|conn, _| {
+            Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) })
+        })
         .connect_with(options.options(session_settings()))
         .await?)
 }

@@ -46,6 +46,8 @@ pub struct History {
     pub already_held: Vec<usize>,
     /// Per replica, log lines saying a pooled connection was left in an aborted transaction.
     pub aborted: Vec<usize>,
+    /// Per replica, the first log lines of requests that failed with a 5xx (their cause).
+    pub failures: Vec<Vec<String>>,
 }
 
 struct Worker {
@@ -200,6 +202,14 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
     let follow_errors = lines("cannot follow");
     let already_held = lines("already held");
     let aborted = lines("transaction is aborted");
+    // The causes of 5xx answers, which the server logs and never sends.
+    let failures = (0..n)
+        .map(|r| {
+            let mut lines = d.replicas.log_matching(r, "request failed", 3);
+            lines.extend(d.replicas.log_matching(r, "panicked", 3));
+            lines
+        })
+        .collect();
     let skew_ms = (0..n)
         .map(|r| fast.filter(|f| f.0 == r).map_or(0, |f| f.1 as i64 * 1000))
         .collect();
@@ -219,6 +229,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         follow_errors,
         already_held,
         aborted,
+        failures,
     }
 }
 

@@ -101,11 +101,19 @@ impl Replicas {
         self.servers.len()
     }
 
-    /// The log lines of replica `i` that contain `needle`.
+    /// How many log lines of replica `i` contain `needle`.
     pub fn log_lines(&self, i: usize, needle: &str) -> usize {
+        self.log_matching(i, needle, usize::MAX).len()
+    }
+
+    /// The first `most` log lines of replica `i` that contain `needle`.
+    pub fn log_matching(&self, i: usize, needle: &str, most: usize) -> Vec<String> {
         let log = self.dir.join(format!("replica-{i}.log"));
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        text.lines().filter(|l| l.contains(needle)).count()
+        (text.lines().filter(|l| l.contains(needle)))
+            .take(most)
+            .map(str::to_owned)
+            .collect()
     }
 }
 

@@ -183,6 +183,29 @@ async fn random_histories_keep_every_promise() {
             eprintln!("  {what}");
         }
     }
+    if !violations.is_empty() {
+        for (r, lines) in history.failures.iter().enumerate() {
+            for line in lines {
+                eprintln!("{backend} seed {seed}: r{r} logged: {line}");
+            }
+        }
+        // The replicas' logs outlive the run, for whoever reads the failure.
+        let kept = std::env::temp_dir().join(format!("keyspread-history-{backend}-{seed}"));
+        let _ = std::fs::create_dir_all(&kept);
+        for entry in std::fs::read_dir(dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry.path().extension().is_some_and(|e| e == "log") {
+                let _ = std::fs::copy(entry.path(), kept.join(entry.file_name()));
+            }
+        }
+        eprintln!(
+            "{backend} seed {seed}: the replicas' logs are kept in {}",
+            kept.display()
+        );
+    }
     assert!(
         violations.is_empty(),
         "{backend}, seed {seed}: {} broken promise(s) ({}); replay with: {replay}",
