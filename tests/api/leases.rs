@@ -24,7 +24,7 @@ async fn heartbeat(app: &TestApp, stream: &str, worker: &str, ttl_s: u64) -> Val
 }
 
 /// A heartbeat's leases as shard -> (state, epoch).
-fn leases_of(answer: &Value) -> BTreeMap<String, (String, u64)> {
+pub fn leases_of(answer: &Value) -> BTreeMap<String, (String, u64)> {
     answer["leases"]
         .as_array()
         .unwrap()

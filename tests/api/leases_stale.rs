@@ -10,6 +10,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::helpers::fresh_database;
+use crate::leases::leases_of;
 use crate::process::Server;
 use crate::replicas::Api;
 
@@ -21,24 +22,6 @@ async fn replicas(database_url: &str, dir: &Path, envs: &[&[(&str, &str)]]) -> (
         .collect();
     let envs: Vec<&[(&str, &str)]> = envs.iter().map(Vec::as_slice).collect();
     crate::replicas::start_with(database_url, dir, &envs).await
-}
-
-/// A heartbeat's leases as shard -> (state, epoch).
-fn leases_of(answer: &Value) -> BTreeMap<String, (String, u64)> {
-    answer["leases"]
-        .as_array()
-        .unwrap_or_else(|| panic!("not a heartbeat: {answer}"))
-        .iter()
-        .map(|l| {
-            (
-                l["shard_id"].as_str().unwrap().to_owned(),
-                (
-                    l["state"].as_str().unwrap().to_owned(),
-                    l["epoch"].as_u64().unwrap(),
-                ),
-            )
-        })
-        .collect()
 }
 
 async fn heartbeat(api: &Api, replica: usize, worker: &str, ttl_s: u64) -> (u16, Value) {

@@ -313,31 +313,9 @@ fn a_port_in_use_is_named_in_the_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
-        .arg("serve")
-        .env("KEYSPREAD_LISTEN", addr.to_string())
-        .env(
-            "DATABASE_URL",
-            format!("sqlite://{}", dir.path().join("k.db").display()),
-        )
-        .env("RUST_LOG", "info")
-        .env_remove("KEYSPREAD_TOKEN")
-        .env_remove("KEYSPREAD_PRIMARY_STREAM")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("still running 30 s after starting on a taken address");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let url = format!("sqlite://{}", dir.path().join("k.db").display());
+    let (code, stderr) = crate::startup::serve_on(&addr.to_string(), &url, dir.path());
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!("cannot listen on {addr}: address already in use")),
         "{stderr}"

@@ -8,10 +8,16 @@ use std::time::{Duration, Instant};
 /// Runs `keyspread serve` on a free loopback port with `database_url`, in `cwd`, until it
 /// exits (at most 30 s); answers its exit code and stderr.
 fn serve(database_url: &str, cwd: &Path) -> (Option<i32>, String) {
+    serve_on("127.0.0.1:0", database_url, cwd)
+}
+
+/// `keyspread serve` on `listen` over `database_url`, from `cwd`, expected to stop by itself
+/// (within 30 s): its exit code and standard error.
+pub fn serve_on(listen: &str, database_url: &str, cwd: &Path) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
         .arg("serve")
         .current_dir(cwd)
-        .env("KEYSPREAD_LISTEN", "127.0.0.1:0")
+        .env("KEYSPREAD_LISTEN", listen)
         .env("DATABASE_URL", database_url)
         .env("RUST_LOG", "info")
         .env_remove("KEYSPREAD_TOKEN")
@@ -24,7 +30,7 @@ fn serve(database_url: &str, cwd: &Path) -> (Option<i32>, String) {
     while child.try_wait().unwrap().is_none() {
         if started.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
-            panic!("still running 30 s after starting on {database_url}");
+            panic!("still running 30 s after starting on {listen} over {database_url}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
