@@ -6,8 +6,11 @@ written under 3 sub-keys each) while a rebalance runs in the middle; 10 % of the
 every PutRecords call fail on purpose (dropped from the call and reported failed at their
 position, as Kinesis does). The producers take turns: each account's numbers form one
 sequence, written by one process at a time and handed over once all its records are in
-(a fleet behind a load balancer, serialised per account). They looked their keys up at
-different moments, so their caches expire at different moments.
+(a fleet behind a load balancer, serialised per account). Their caches expire at different
+moments: just before the rebalance the second process looks every key up again (so it
+keeps the old keys for the whole `max-age`), and just after it the first does (so it knows
+the move at once). That is the case a staged move exists for, made to happen every run
+rather than by the luck of the caches' timing.
 
 The order-aware consumer of examples/ reads every shard meanwhile and hands records on;
 the checker counts, per (account, sub-key), numbers handed on out of order (inversions),
@@ -117,7 +120,23 @@ class NaiveProducer:
             self.send_once(force=True)
 
 
-def producer(p, cfg, streams, turn, counters, stop_at, report):
+# The rebalance's steps, in `refresh`: the main process asks (ASK_BEFORE), the second
+# producer looks its keys up again (BEFORE_DONE), the main process applies the plan and
+# says so (APPLIED), the first producer looks its keys up again (AFTER_DONE).
+ASK_BEFORE, BEFORE_DONE, APPLIED, AFTER_DONE = 1, 2, 3, 4
+
+
+def refresh_if_asked(p, refresh, lookups, streams):
+    """Looks every key up again when it is producer `p`'s step of the rebalance."""
+    mine, done = (ASK_BEFORE, BEFORE_DONE) if p == 1 else (APPLIED, AFTER_DONE)
+    if refresh.value == mine:
+        lookups.cache.clear()
+        for account, _ in streams:
+            lookups.assignment(account)
+        refresh.value = done
+
+
+def producer(p, cfg, streams, turn, refresh, counters, stop_at, report):
     """One producer process: writes during its turns until `stop_at`."""
     sys.path.insert(0, cfg["client_dir"])
     sys.path.insert(0, cfg["examples"])
@@ -137,11 +156,13 @@ def producer(p, cfg, streams, turn, counters, stop_at, report):
         lookups.assignment(account)
     tick = 0.1
     while time.time() < stop_at:
+        refresh_if_asked(p, refresh, lookups, streams)
         if turn.value != p:
             time.sleep(0.002)
             continue
         window_end = min(time.time() + cfg["window"], stop_at)
         while time.time() < window_end:
+            refresh_if_asked(p, refresh, lookups, streams)
             started = time.time()
             for i, (account, sub_key) in enumerate(streams):
                 record = {"a": account, "s": sub_key, "n": counters[i], "p": p}
@@ -153,6 +174,13 @@ def producer(p, cfg, streams, turn, counters, stop_at, report):
         out.flush()
         turn.value = 1 - p
     report.put({"producer": p, "sent": out.sent, "resent": out.resent, "failed": kinesis.failed})
+
+
+def wait_for(refresh, step, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while refresh.value != step:
+        assert time.monotonic() < deadline, f"no producer took step {step} of the rebalance"
+        time.sleep(0.005)
 
 
 def main():
@@ -212,6 +240,7 @@ def main():
     assert put.status_code in (200, 201), put.text
     streams = [(a, None) for a in singles] + [(a, f"s{j}") for a in hot for j in range(3)]
     turn = mp.Value("i", 0)
+    refresh = mp.Value("i", 0)
     counters = mp.Array("q", len(streams))
     report = mp.Queue()
     started = time.time()
@@ -220,7 +249,7 @@ def main():
            "kinesis": args.kinesis, "stream": args.stream, "mode": args.mode,
            "fail_rate": args.fail_rate, "seed": args.seed, "stagger": args.stagger,
            "window": args.window}
-    procs = [mp.Process(target=producer, args=(p, cfg, streams, turn, counters, stop_at, report))
+    procs = [mp.Process(target=producer, args=(p, cfg, streams, turn, refresh, counters, stop_at, report))
              for p in (0, 1)]
     for proc in procs:
         proc.start()
@@ -237,8 +266,12 @@ def main():
             plan = preview.sync(client=client, stream=args.stream)
             assert isinstance(plan, RebalancePlan), plan
             switch_after = 0 if args.mode == "immediate" else args.switch_after
+            refresh.value = ASK_BEFORE
+            wait_for(refresh, BEFORE_DONE)
             applied = apply.sync(client=client, body=ApplyRequest(plan_id=plan.plan_id, switch_after_s=switch_after))
             assert isinstance(applied, RebalancePlan), applied
+            refresh.value = APPLIED
+            wait_for(refresh, AFTER_DONE)
             print(f"t={time.time() - started:.1f}s applied {len(applied.moves)} moves, "
                   f"switch_at {applied.switch_at} ({switch_after} s on)", flush=True)
         time.sleep(args.every)
