@@ -67,6 +67,12 @@ pub struct RebalancePlan {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     pub switch_at: Option<String>,
+    /// Once applied: true when the preview had gone stale and the apply planned again
+    /// under the writer lock (the answer is the plan applied, at most as many moves as the
+    /// preview had, under its own `plan_id`). Absent from previews.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub replanned: Option<bool>,
 }
 
 impl RebalancePlan {
@@ -74,6 +80,7 @@ impl RebalancePlan {
         RebalancePlan {
             plan_id,
             switch_at: None,
+            replanned: None,
             cap: plan.cap,
             complete: plan.complete,
             mends: plan.mends,
@@ -100,9 +107,9 @@ impl RebalancePlan {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ApplyRequest {
-    /// The `plan_id` of a preview: `EVENT.MAP.DIGEST`.
+    /// The `plan_id` of a preview: `EVENT.MAP.MOVES.DIGEST`.
     #[schema(
-        pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,4}|100000|stream:[a-zA-Z0-9_.-]{1,128})\.[0-9a-fA-F]{16}$"
+        pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,4}|100000|stream:[a-zA-Z0-9_.-]{1,128})\.[0-9]{1,9}\.[0-9a-fA-F]{16}$"
     )]
     pub plan_id: String,
     /// Seconds until producers switch to the new keys, 0..=86400: until then lookups
@@ -112,6 +119,11 @@ pub struct ApplyRequest {
     #[schema(minimum = 0, maximum = 86400)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub switch_after_s: Option<u64>,
+    /// When anything changed since the preview: false (the default) refuses the plan as
+    /// stale (409); true plans again under the writer lock and applies at most as many
+    /// moves as the preview had, answering that plan with `replanned: true`.
+    #[serde(default)]
+    pub replan: bool,
 }
 
 super::extract::objects_only!(ApplyRequest);
@@ -143,6 +155,7 @@ async fn preview(
 
 /// Apply a previewed plan, in one transaction, staging its moves: each moved account keeps
 /// its old key until `switch_at` (`switch_after_s` from now), then every producer switches.
+/// With `replan`, a preview gone stale is planned again under the writer lock.
 #[utoipa::path(
     post, path = "/rebalance", tag = "rebalance",
     request_body = ApplyRequest,
@@ -150,7 +163,7 @@ async fn preview(
         (status = 200, description = "The moves applied", body = RebalancePlan),
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The plan's stream is no longer registered", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Assignments or the map changed since the preview", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Assignments or the map changed since the preview (and `replan` was not asked for)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a plan id, or switch_after_s outside 0..=86400", body = Problem, content_type = "application/problem+json"),
     ),
@@ -168,11 +181,13 @@ async fn apply(
             "switch_after_s must be between 0 and {MAX_SWITCH_AFTER_S} seconds, got {switch_after_s}"
         )));
     }
-    let (plan, switch_at) = state
+    let applied = state
         .registry
-        .apply(body.plan_id.clone(), switch_after_s as i64 * 1000)
+        .apply(body.plan_id, switch_after_s as i64 * 1000, body.replan)
         .await?;
-    let mut answer = RebalancePlan::new(body.plan_id, plan);
+    let switch_at = applied.switch_at;
+    let mut answer = RebalancePlan::new(applied.plan_id, applied.plan);
+    answer.replanned = Some(applied.replanned);
     if !answer.moves.is_empty() {
         let switch_at = super::timestamp_ms(switch_at);
         for m in &mut answer.moves {

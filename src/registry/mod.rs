@@ -29,7 +29,7 @@ pub use leases::{
     WEIGHT_RECHECK_MS, WorkerLeases,
 };
 use metrics::Committed;
-pub use rebalance::MapSpec;
+pub use rebalance::{Applied, MapSpec};
 pub use streams::{Stream, StreamChange};
 
 /// Why a registry operation failed.
@@ -39,7 +39,9 @@ pub enum Error {
     NotFound(AccountId),
     #[error(transparent)]
     Keyspace(#[from] keyspace::Error),
-    #[error("plan {0} no longer matches the assignments: preview again")]
+    #[error(
+        "plan {0} no longer matches the assignments: preview again, or apply with \"replan\": true"
+    )]
     StalePlan(String),
     #[error("no stream named {0:?} is registered")]
     UnknownStream(String),

@@ -109,16 +109,18 @@ impl Registry {
             .collect()
     }
 
-    /// Applies the plan `id` names, if nothing changed since it was previewed, staging its
-    /// moves: each account keeps its old key until `switch_after_ms` from now, then switches.
-    /// Answers the plan and the switch time (Unix milliseconds).
+    /// Applies the plan `id` names, staging its moves: each account keeps its old key until
+    /// `switch_after_ms` from now, then switches. When anything changed since the preview,
+    /// refuses it as stale, or with `replan` plans again under the writer lock and applies
+    /// at most as many moves as the preview had.
     pub async fn apply(
         self: &Arc<Self>,
         id: String,
         switch_after_ms: i64,
-    ) -> Result<(Plan, i64), Error> {
-        let (event, spec) = parse_plan_id(&id).ok_or_else(|| Error::BadPlanId(id.clone()))?;
-        let map = self.resolve(&spec).map_err(|e| match e {
+        replan: bool,
+    ) -> Result<Applied, Error> {
+        let parsed = PlanId::parse(&id).ok_or_else(|| Error::BadPlanId(id.clone()))?;
+        let map = self.resolve(&parsed.spec).map_err(|e| match e {
             Error::Keyspace(_) => Error::BadPlanId(id.clone()),
             other => other,
         })?;
@@ -128,23 +130,40 @@ impl Registry {
             let (mut tx, at) = this.begin(&mut w).await?;
             // Any change, a stream's map included, here or on another replica, moves the
             // event id on.
-            if w.last_event != event {
+            if w.last_event != parsed.event && !replan {
                 return Err(Error::StalePlan(id));
             }
             let switch_at = at + switch_after_ms;
-            let plan = this.plan(&mut w, &map, at)?;
-            if plan_id(w.last_event, &spec, &plan) != id {
+            let mut plan = this.plan(&mut w, &map, at)?;
+            let fresh = plan_id(w.last_event, &parsed.spec, &plan);
+            let replanned = fresh != id;
+            if replanned && !replan {
                 return Err(Error::StalePlan(id));
             }
-            if plan.moves.is_empty() {
-                return Ok((plan, switch_at));
+            if plan.moves.len() > parsed.moves {
+                let loads = map
+                    .iter()
+                    .map(|s| w.alloc.load_in(s.start, s.end))
+                    .collect();
+                truncate(&mut plan, parsed.moves, loads);
             }
-            let ids = tx.apply_moves(&plan.moves, at, switch_at).await?;
-            this.commit(&mut w, tx, Committed::Moves(plan.moves.len()))
+            let plan_id = plan_id(w.last_event, &parsed.spec, &plan);
+            let applied = Applied {
+                plan_id,
+                plan,
+                switch_at,
+                replanned,
+            };
+            if applied.plan.moves.is_empty() {
+                return Ok(applied);
+            }
+            let moves = &applied.plan.moves;
+            let ids = tx.apply_moves(moves, at, switch_at).await?;
+            this.commit(&mut w, tx, Committed::Moves(moves.len()))
                 .await?;
             let events = ids
                 .into_iter()
-                .zip(&plan.moves)
+                .zip(moves)
                 .map(|(id, m)| {
                     let change = Change::Move {
                         account: AccountId::parse(m.account.clone())?,
@@ -157,7 +176,7 @@ impl Registry {
                 })
                 .collect::<Result<Vec<_>, Error>>()?;
             this.apply_events(&mut w, events)?;
-            Ok((plan, switch_at))
+            Ok(applied)
         })
         .await
     }
@@ -193,7 +212,31 @@ fn plan_for<'a>(
     keyspace::plan(alloc, map, holdings)
 }
 
-/// `EVENT.MAP.DIGEST`: the state a plan was computed on, the map, and the moves' digest.
+/// What an apply did: the plan it applied (named by its own id), when its moves switch
+/// (Unix milliseconds), and whether it planned again because the preview had gone stale.
+#[derive(Debug)]
+pub struct Applied {
+    pub plan_id: String,
+    pub plan: Plan,
+    pub switch_at: i64,
+    pub replanned: bool,
+}
+
+/// Keeps the first `n` moves of `plan`, its `after` measured from the shards' `loads`
+/// before any move.
+fn truncate(plan: &mut Plan, n: usize, mut loads: Vec<Load>) {
+    plan.moves.truncate(n);
+    plan.mends = plan.mends.min(n);
+    for m in &plan.moves {
+        loads[m.from_shard] = loads[m.from_shard] - Load::one(m.weight);
+        loads[m.to_shard] = loads[m.to_shard] + Load::one(m.weight);
+    }
+    plan.after = keyspace::Skew::of(&loads);
+    plan.complete = false;
+}
+
+/// `EVENT.MAP.MOVES.DIGEST`: the state a plan was computed on, the map, how many moves it
+/// makes (the most an apply that plans again may make), and the moves' digest.
 pub(super) fn plan_id(last_event: i64, spec: &MapSpec, plan: &Plan) -> String {
     let mut md5 = Md5::new();
     for m in &plan.moves {
@@ -203,15 +246,32 @@ pub(super) fn plan_id(last_event: i64, spec: &MapSpec, plan: &Plan) -> String {
     }
     let digest: [u8; 16] = md5.finalize().into();
     let short = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
-    format!("{last_event}.{}.{short:016x}", spec.to_id_part())
+    let moves = plan.moves.len();
+    format!("{last_event}.{}.{moves}.{short:016x}", spec.to_id_part())
 }
 
-fn parse_plan_id(id: &str) -> Option<(i64, MapSpec)> {
-    let (event, rest) = id.split_once('.')?;
-    let (map, digest) = rest.rsplit_once('.')?;
-    let digest_ok = digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit());
-    digest_ok.then_some(())?;
-    Some((event.parse().ok()?, MapSpec::from_id_part(map)?))
+/// A plan id's parts.
+#[derive(Debug, PartialEq)]
+struct PlanId {
+    event: i64,
+    spec: MapSpec,
+    moves: usize,
+}
+
+impl PlanId {
+    fn parse(id: &str) -> Option<PlanId> {
+        let (event, rest) = id.split_once('.')?;
+        let (rest, digest) = rest.rsplit_once('.')?;
+        let (map, moves) = rest.rsplit_once('.')?;
+        let digest_ok = digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit());
+        let moves_ok = !moves.is_empty() && moves.bytes().all(|b| b.is_ascii_digit());
+        (digest_ok && moves_ok).then_some(())?;
+        Some(PlanId {
+            event: event.parse().ok()?,
+            spec: MapSpec::from_id_part(map)?,
+            moves: moves.parse().ok()?,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -230,7 +290,12 @@ mod tests {
         };
         for spec in [MapSpec::Uniform(7), MapSpec::Stream("orders.v2-eu".into())] {
             let id = plan_id(42, &spec, &plan);
-            assert_eq!(parse_plan_id(&id), Some((42, spec)));
+            let parsed = PlanId {
+                event: 42,
+                spec,
+                moves: 0,
+            };
+            assert_eq!(PlanId::parse(&id), Some(parsed));
         }
         for bad in [
             "",
@@ -238,8 +303,11 @@ mod tests {
             "x.2.0000000000000000",
             "1.2.zzzzzzzzzzzzzzzz",
             "1.2.00",
+            "1.2.0000000000000000",
+            "1.2.x.0000000000000000",
+            "1.2..0000000000000000",
         ] {
-            assert_eq!(parse_plan_id(bad), None, "{bad}");
+            assert_eq!(PlanId::parse(bad), None, "{bad}");
         }
     }
 }
