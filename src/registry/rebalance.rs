@@ -11,7 +11,7 @@ use md5::{Digest, Md5};
 
 use super::{Committed, Error, Held, Registry, Writer, detached, now_ms};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Holding, Load, Plan, ShardMap};
-use crate::store::{Change, Event};
+use crate::store::{Change, Event, MoveReason};
 
 /// Which shard map a request means: a uniform map of N shards, or a registered stream's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,7 +158,9 @@ impl Registry {
                 return Ok(applied);
             }
             let moves = &applied.plan.moves;
-            let ids = tx.apply_moves(moves, at, switch_at).await?;
+            let ids = tx
+                .apply_moves(moves, at, switch_at, MoveReason::Admin)
+                .await?;
             this.commit(&mut w, tx, Committed::Moves(moves.len()))
                 .await?;
             let events = ids
@@ -171,6 +173,7 @@ impl Registry {
                         from: m.from,
                         to: m.to,
                         switch_at,
+                        reason: Some(MoveReason::Admin),
                     };
                     Ok(Event { id, at, change })
                 })

@@ -192,3 +192,118 @@ async fn an_exact_match_applies_as_previewed_and_a_stale_one_without_replan_conf
         preview["moves"].as_array().unwrap().len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_fanout_is_set_shown_and_cleared_with_patch() {
+    let app = spawn_app().await;
+    app.allocate("hot").await;
+    let patch = |body: serde_json::Value| app.call(reqwest::Method::PATCH, "/keys/hot", Some(body));
+    let set = patch(json!({"max_fanout": 4})).await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    assert_eq!(
+        (set.body["fanout"].clone(), set.body["max_fanout"].clone()),
+        (json!(1), json!(4))
+    );
+    assert_eq!(app.get("/keys/hot").await.body["max_fanout"], 4);
+    let page = app.get("/keys").await.body;
+    assert_eq!(page["items"][0]["max_fanout"], 4, "{page}");
+    // Weight and fanout changes keep it.
+    let grown = patch(json!({"weight": 3, "fanout": 3})).await;
+    assert_eq!(grown.status, 200, "{}", grown.body);
+    assert_eq!(grown.body["max_fanout"], 4);
+
+    // Out of range, or below the fanout (the one asked for, or the current one): 422.
+    for (body, needle) in [
+        (json!({"max_fanout": 0}), "max_fanout"),
+        (json!({"max_fanout": 1025}), "max_fanout"),
+        (json!({"max_fanout": 2}), "below the fanout"),
+        (json!({"fanout": 5, "weight": 5}), "above max_fanout"),
+        (json!({"fanout": 2, "max_fanout": 1}), "below the fanout"),
+    ] {
+        assert_problem(&patch(body.clone()).await, 422, needle);
+    }
+    assert_eq!(app.get("/keys/hot").await.body["max_fanout"], 4);
+
+    // Null clears it, and the lookup no longer shows one.
+    let cleared = patch(json!({"max_fanout": null})).await;
+    assert_eq!(cleared.status, 200, "{}", cleared.body);
+    assert!(cleared.body.get("max_fanout").is_none(), "{}", cleared.body);
+    assert!(app.get("/keys/hot").await.body.get("max_fanout").is_none());
+
+    // The log records each change of the cap.
+    let events = app.get("/events?limit=1000").await.body;
+    let caps: Vec<_> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "max_fanout")
+        .map(|e| e["max_fanout"].clone())
+        .collect();
+    assert_eq!(caps, vec![json!(4), json!(null)], "{events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_fanout_survives_a_restart_and_goes_with_the_account() {
+    let app = spawn_app().await;
+    app.allocate("hot").await;
+    let set = app
+        .call(
+            reqwest::Method::PATCH,
+            "/keys/hot",
+            Some(json!({"max_fanout": 8})),
+        )
+        .await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    let app = app.restart().await;
+    assert_eq!(app.get("/keys/hot").await.body["max_fanout"], 8);
+    assert_eq!(app.delete("/keys/hot").await.status, 204);
+    app.allocate("hot").await;
+    assert!(app.get("/keys/hot").await.body.get("max_fanout").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_moves_say_their_reason_in_the_log() {
+    let app = spawn_app().await;
+    crate::staged::lopsided(&app).await;
+    let preview = app.get("/rebalance/preview?shards=2").await.body;
+    let body = json!({"plan_id": preview["plan_id"], "switch_after_s": 0});
+    assert_eq!(app.post("/rebalance", Some(body)).await.status, 200);
+    let events = app.get("/events?limit=1000").await.body;
+    let moves: Vec<_> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "move")
+        .collect();
+    assert_eq!(moves.len(), 2, "{events}");
+    for m in moves {
+        assert_eq!(m["reason"], "admin", "{m}");
+    }
+    let allocate = &events["events"][0];
+    assert!(allocate.get("reason").is_none(), "{allocate}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_replica_shows_max_fanout_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (database, _postgres) = crate::helpers::fresh_database(dir.path()).await;
+    let none: &[(&str, &str)] = &[];
+    let (_servers, api) = crate::replicas::start_with(&database, dir.path(), &[none; 2]).await;
+    let (status, body) = api.call(0, reqwest::Method::POST, "/keys/hot", None).await;
+    assert_eq!(status, 201, "{body}");
+    let cap = Some(json!({"max_fanout": 6}));
+    let (status, body) = api.call(0, reqwest::Method::PATCH, "/keys/hot", cap).await;
+    assert_eq!(status, 200, "{body}");
+    let started = Instant::now();
+    loop {
+        let (status, seen) = api.get(1, "/keys/hot").await;
+        if status == 200 && seen["max_fanout"] == 6 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "replica 1 answers {seen}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
