@@ -391,6 +391,45 @@ mod tests {
 
     use super::*;
 
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        serve: ServeConfig,
+    }
+
+    #[test]
+    fn load_flags_default_to_kinesis_limits_and_refuse_what_cannot_be() {
+        use clap::Parser as _;
+        let parse = |args: &[&str]| {
+            Flags::try_parse_from(std::iter::once("keyspread").chain(args.iter().copied()))
+                .map(|f| f.serve.load_config())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(&[]).unwrap(), crate::registry::LoadConfig::default());
+        let set = parse(&[
+            "--load-half-life-s=30",
+            "--shard-records-per-s=50",
+            "--shard-bytes-per-s=4096.5",
+            "--hot-account-share=1",
+        ])
+        .unwrap();
+        assert_eq!(set.half_life_ms, 30_000);
+        assert_eq!(set.limits.records_per_s, 50.0);
+        assert_eq!(set.limits.bytes_per_s, 4096.5);
+        assert_eq!(set.hot_account_share, 1.0);
+        for (flag, needle) in [
+            ("--load-half-life-s=0", "1..=86400"),
+            ("--load-half-life-s=86401", "1..=86400"),
+            ("--shard-records-per-s=0", "must be a number above 0"),
+            ("--shard-bytes-per-s=inf", "must be a number above 0"),
+            ("--hot-account-share=0", "must be above 0 and at most 1"),
+            ("--hot-account-share=1.5", "must be above 0 and at most 1"),
+        ] {
+            let err = parse(&[flag]).unwrap_err();
+            assert!(err.contains(needle), "{flag}: {err}");
+        }
+    }
+
     #[test]
     fn tokens_are_never_printed() {
         let token: Token = "correct-horse-battery-staple".parse().unwrap();

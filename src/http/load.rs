@@ -118,6 +118,8 @@ pub enum IgnoredReason {
     StaleEpoch,
     /// The worker's lease is being revoked.
     Revoking,
+    /// The stream's map no longer lists the shard (the worker read it before the change).
+    NotListed,
 }
 
 /// A load entry that was not counted.
@@ -137,6 +139,7 @@ impl From<IgnoredLoad> for IgnoredLoadBody {
                 IgnoreReason::NotHeld => IgnoredReason::NotHeld,
                 IgnoreReason::StaleEpoch => IgnoredReason::StaleEpoch,
                 IgnoreReason::Revoking => IgnoredReason::Revoking,
+                IgnoreReason::NotListed => IgnoredReason::NotListed,
             },
         }
     }

@@ -141,8 +141,6 @@ impl Registry {
         let this = Arc::clone(self);
         detached(async move {
             let (mut tx, mut stream, now) = this.begin_leases(&stream).await?;
-            // Before anything is written: reports name shards of the map read in here.
-            Self::check_load_shards(&stream, &load)?;
             let name: &str = &stream.name.clone();
             let me = WorkerRow {
                 worker,
@@ -164,6 +162,8 @@ impl Registry {
             // The revocations it was told of at an earlier heartbeat complete now: it has
             // stopped reading those shards (and forgets those the map no longer lists).
             let owned = tx.owned_leases(name, &me.worker).await?;
+            // Refused, this rolls back the worker's join or heartbeat.
+            Self::check_load_shards(&stream, &owned, &load)?;
             // Counted by the leases as they stood before this heartbeat changed them.
             let ignored_load = if load.is_empty() {
                 Vec::new()

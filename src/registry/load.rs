@@ -71,6 +71,8 @@ pub enum IgnoreReason {
     StaleEpoch,
     /// The worker's lease is being revoked: what it reads now is not counted.
     Revoking,
+    /// The stream's map no longer lists the shard.
+    NotListed,
 }
 
 /// A report entry not counted, and why.
@@ -138,10 +140,16 @@ impl Registry {
         Ok((load, now))
     }
 
-    /// Refuses reports on shards `stream`'s map does not list.
-    pub(super) fn check_load_shards(stream: &Stream, load: &[LoadReport]) -> Result<(), Error> {
+    /// Refuses reports on shards `stream`'s map does not list, unless the worker still
+    /// owns the lease of one (`owned`): the map dropped it while the worker read it.
+    pub(super) fn check_load_shards(
+        stream: &Stream,
+        owned: &[LeaseRow],
+        load: &[LoadReport],
+    ) -> Result<(), Error> {
         for (i, report) in load.iter().enumerate() {
-            if stream.lease_shard(&report.shard_id).is_none() {
+            let id = report.shard_id.as_str();
+            if stream.lease_shard(id).is_none() && !owned.iter().any(|l| l.shard_id == id) {
                 return Err(Error::InvalidReport(format!(
                     "load[{i}].shard_id: stream {:?} lists no shard {:?}",
                     stream.name, report.shard_id
@@ -167,6 +175,9 @@ impl Registry {
         for report in load {
             let lease = owned.iter().find(|l| l.shard_id == report.shard_id);
             let reason = match lease {
+                _ if stream.lease_shard(&report.shard_id).is_none() => {
+                    Some(IgnoreReason::NotListed)
+                }
                 None => Some(IgnoreReason::NotHeld),
                 Some(l) if l.holder.epoch != report.epoch => Some(IgnoreReason::StaleEpoch),
                 Some(l) if l.holder.next.is_some() => Some(IgnoreReason::Revoking),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, TestApp, assert_problem, spawn_app_with};
+use crate::helpers::{Answer, TestApp, assert_problem, fresh_database, spawn_app_with};
 
 const TTL_S: i64 = 30;
 
@@ -357,4 +357,272 @@ async fn invalid_entries_are_refused_naming_the_field_and_nothing_is_written() {
     assert_eq!(answer["ignored_load"], json!([]));
     let page = load(&app, "&limit=1000").await;
     assert_eq!(page["accounts"].as_array().unwrap().len(), 1000);
+}
+
+#[tokio::test]
+async fn accounts_come_heaviest_first_in_pages_with_their_suggested_fanout() {
+    let app = spawn_app_with(|c| {
+        c.shard_records_per_s = 100.0;
+        c.lease_join_batch_ms = 0;
+    })
+    .await;
+    put_stream(&app, "s", 1).await;
+    app.allocate("a9").await;
+    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
+    let (id, _, epoch) = leases(&joined).remove(0);
+    // Ten accounts, two pairs of them tied.
+    let records = [5, 40, 40, 300, 1000, 4000, 9000, 9000, 20_000, 100_000];
+    let accounts: Vec<Value> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| json!({"account": format!("a{i}"), "records": r, "bytes": r}))
+        .collect();
+    beat_ok(
+        &app,
+        "w1",
+        json!([entry(&id, epoch, 1000, 200_000, 200_000, json!(accounts))]),
+    )
+    .await;
+    let whole = load(&app, "&limit=1000").await;
+    let all: Vec<Value> = whole["accounts"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 10);
+    let names: Vec<&str> = all.iter().map(|a| a["account"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["a9", "a8", "a6", "a7", "a5", "a4", "a3", "a1", "a2", "a0"],
+        "heaviest first, ties by account"
+    );
+    for a in &all {
+        let load = f(&a["load"]);
+        assert_close(
+            load,
+            f(&a["records_per_s"]) / 100.0,
+            "load over the records limit",
+        );
+        let suggested = (load / 0.5).ceil();
+        if suggested > 1.0 {
+            assert_eq!(a["suggested_fanout"], json!(suggested as u64), "{a}");
+        } else {
+            assert_eq!(a["suggested_fanout"], Value::Null, "{a}");
+        }
+    }
+    assert!(
+        all[0]["suggested_fanout"].as_u64().unwrap() > 1,
+        "{}",
+        all[0]
+    );
+    assert_eq!(all[0]["fanout"], json!(1), "a9 holds one key");
+    assert_eq!(all[1]["fanout"], Value::Null, "a8 holds none");
+
+    let mut paged = Vec::new();
+    let mut query = "&limit=3".to_owned();
+    for _ in 0..10 {
+        let page = load(&app, &query).await;
+        let items = page["accounts"].as_array().unwrap();
+        assert!(items.len() <= 3);
+        paged.extend(
+            items
+                .iter()
+                .map(|a| a["account"].as_str().unwrap().to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(next) => query = format!("&limit=3&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(paged, names, "pages in order, none twice, none missed");
+    assert_problem(
+        &app.get("/load?stream=s&after=nonsense").await,
+        400,
+        "after",
+    );
+    assert_problem(&app.get("/load?stream=s&limit=0").await, 400, "limit");
+    assert_problem(&app.get("/load?stream=nope").await, 404, "nope");
+    assert_problem(&app.get("/load?stream=no%20such").await, 400, "stream name");
+}
+
+/// Two open shards, A and B, or one, C, over the whole keyspace.
+fn listed(ids: &[&str]) -> Value {
+    let half = "170141183460469231731687303715884105727";
+    let half1 = "170141183460469231731687303715884105728";
+    let max = "340282366920938463463374607431768211455";
+    let open = json!({"StartingSequenceNumber": "1"});
+    let ranges: Vec<(&str, &str)> = if ids.len() == 2 {
+        vec![("0", half), (half1, max)]
+    } else {
+        vec![("0", max)]
+    };
+    let shards: Vec<Value> = ids
+        .iter()
+        .zip(ranges)
+        .map(|(id, (lo, hi))| {
+            json!({"ShardId": id, "HashKeyRange": {"StartingHashKey": lo, "EndingHashKey": hi},
+                   "SequenceNumberRange": open})
+        })
+        .collect();
+    json!({ "Shards": shards })
+}
+
+async fn put_listed(app: &TestApp, ids: &[&str]) {
+    let put = app.call(Method::PUT, "/streams/s", Some(listed(ids))).await;
+    assert!(matches!(put.status, 200 | 201), "{}", put.body);
+}
+
+/// Reports on every shard `worker` holds (or held, if the map dropped it), with account
+/// `acct-SHARD` on each; answers `GET /load` after.
+async fn report_all(app: &TestApp, worker: &str, dropped: &[&str]) -> Value {
+    let (answer, _) = beat_ok(app, worker, json!([])).await;
+    let entries: Vec<Value> = leases(&answer)
+        .into_iter()
+        .map(|(id, _, epoch)| {
+            let accounts = json!([{"account": format!("acct-{id}"), "records": 50, "bytes": 50}]);
+            entry(&id, epoch, 1000, 100, 100, accounts)
+        })
+        .collect();
+    let (answer, _) = beat_ok(app, worker, json!(entries)).await;
+    let ignored: Vec<(&str, &str)> = answer["ignored_load"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["shard_id"].as_str().unwrap(),
+                i["reason"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(&str, &str)> = dropped.iter().map(|id| (*id, "not_listed")).collect();
+    assert_eq!(ignored, want, "{answer}");
+    load(app, "").await
+}
+
+#[tokio::test]
+async fn load_of_dropped_shards_and_deleted_streams_is_forgotten() {
+    let app = app(60).await;
+    let (a, b, c) = ("shardId-a", "shardId-b", "shardId-c");
+    put_listed(&app, &[a, b]).await;
+    let page = report_all(&app, "w1", &[]).await;
+    assert!(f(&shard(&page, a)["records_per_s"]) > 0.0, "{page}");
+    assert_eq!(page["accounts"].as_array().unwrap().len(), 2, "{page}");
+    // A map without A and B: a report on C clears their rows, so listing them again
+    // shows no load.
+    put_listed(&app, &[c]).await;
+    let page = report_all(&app, "w1", &[a, b]).await;
+    let ids: Vec<&str> = page["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["shard_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [c], "{page}");
+    assert_eq!(page["accounts"].as_array().unwrap().len(), 1, "{page}");
+    put_listed(&app, &[a, b]).await;
+    let page = load(&app, "").await;
+    for id in [a, b] {
+        assert_eq!(f(&shard(&page, id)["records_per_s"]), 0.0, "{page}");
+    }
+    assert_eq!(page["accounts"], json!([]), "{page}");
+    // A deleted stream's load goes with it.
+    let page = report_all(&app, "w1", &[c]).await;
+    assert!(f(&shard(&page, a)["records_per_s"]) > 0.0, "{page}");
+    let deleted = app.delete("/streams/s").await;
+    assert_eq!(deleted.status, 204, "{}", deleted.body);
+    put_listed(&app, &[a, b]).await;
+    let page = load(&app, "").await;
+    for id in [a, b] {
+        assert_eq!(f(&shard(&page, id)["records_per_s"]), 0.0, "{page}");
+    }
+    assert_eq!(page["accounts"], json!([]), "{page}");
+}
+
+#[tokio::test]
+async fn every_replica_answers_the_same_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _db) = fresh_database(dir.path()).await;
+    let env: &[(&str, &str)] = &[
+        ("KEYSPREAD_LOAD_HALF_LIFE_S", "30"),
+        ("KEYSPREAD_SHARD_RECORDS_PER_S", "100"),
+        ("KEYSPREAD_LEASE_JOIN_BATCH_MS", "0"),
+    ];
+    let (_servers, api) = crate::replicas::start_with(&url, dir.path(), &[env, env]).await;
+    let (status, body) = api
+        .call(
+            0,
+            Method::PUT,
+            "/streams/s",
+            Some(json!({"shard_count": 2})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, joined) = api
+        .call(0, Method::PUT, "/streams/s/workers/w1", None)
+        .await;
+    assert_eq!(status, 200, "{joined}");
+    // The report goes through the other replica, once it has followed the stream.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while api.call(1, Method::GET, "/streams/s", None).await.0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "replica 1 never saw the stream"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let entries: Vec<Value> = leases(&joined)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, _, epoch))| {
+            let n = 1000 * (i as u64 + 1);
+            entry(
+                &id,
+                epoch,
+                2000,
+                n,
+                10 * n,
+                json!([{"account": format!("a{i}"), "records": n, "bytes": n}]),
+            )
+        })
+        .collect();
+    let (status, answer) = api
+        .call(
+            1,
+            Method::PUT,
+            "/streams/s/workers/w1",
+            Some(json!({"load": entries})),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["ignored_load"], json!([]), "{answer}");
+    let (s0, first) = api.call(0, Method::GET, "/load?stream=s", None).await;
+    let (s1, second) = api.call(1, Method::GET, "/load?stream=s", None).await;
+    assert_eq!((s0, s1), (200, 200), "{first} {second}");
+    let elapsed = ms(&second["at"]) - ms(&first["at"]);
+    let factor = decay(elapsed, 30_000);
+    for (x, y) in first["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(second["shards"].as_array().unwrap())
+    {
+        assert_eq!(x["shard_id"], y["shard_id"]);
+        assert!(f(&x["records_per_s"]) > 0.0, "{first}");
+        assert_close(
+            f(&y["records_per_s"]),
+            f(&x["records_per_s"]) * factor,
+            "records/s",
+        );
+        assert_close(
+            f(&y["utilisation"]),
+            f(&y["records_per_s"]) / 100.0,
+            "utilisation",
+        );
+    }
+    let (xs, ys) = (
+        first["accounts"].as_array().unwrap(),
+        second["accounts"].as_array().unwrap(),
+    );
+    assert_eq!(xs.len(), 2);
+    for (x, y) in xs.iter().zip(ys) {
+        assert_eq!(x["account"], y["account"]);
+        assert_close(f(&y["load"]), f(&x["load"]) * factor, "account load");
+    }
 }
