@@ -2,8 +2,9 @@
 //! and which streams have had reports.
 //!
 //! A report's accounts are written as one batch: Postgres sends them as arrays (one
-//! statement, one round trip), SQLite runs one prepared upsert per row inside the
-//! transaction (no round trip to speak of in-process).
+//! statement, one round trip), SQLite a few hundred rows per statement (each statement is
+//! a hand-off to sqlx's connection thread; one per row cost more than the rest of the
+//! heartbeat).
 
 use super::{Result, Tx};
 use crate::keyspace::Rate;
@@ -16,6 +17,9 @@ pub struct RateRow {
     pub account: String,
     pub rate: Rate,
 }
+
+/// Rows per SQLite upsert: 7 parameters each, well under its limit of 32,766.
+const SQLITE_CHUNK: usize = 500;
 
 /// An account's new rate on a shard, and when it fades below the tiny rate that lets its
 /// row go (see [`Rate::fades_at`]).
@@ -225,40 +229,42 @@ impl Tx {
         shard_id: &str,
         rows: &[AccountRate],
     ) -> Result<()> {
-        const UPSERT: &str = "INSERT INTO account_load \
-            (stream, shard_id, account, records_per_s, bytes_per_s, at_ms, fades_at) \
-            VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream, shard_id, account) DO UPDATE \
+        const UPDATE: &str = " ON CONFLICT (stream, shard_id, account) DO UPDATE \
             SET records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
             at_ms = excluded.at_ms, fades_at = excluded.fades_at";
-        let accounts: Vec<&str> = rows.iter().map(|r| r.account.as_str()).collect();
-        let records: Vec<f64> = rows.iter().map(|r| r.rate.records_per_s).collect();
-        let bytes: Vec<f64> = rows.iter().map(|r| r.rate.bytes_per_s).collect();
-        let at: Vec<i64> = rows.iter().map(|r| r.rate.at_ms).collect();
-        let fades: Vec<i64> = rows.iter().map(|r| r.fades_at).collect();
         on_tx!(self, c =>
-            sqlite: for row in rows {
-                sqlx::query(UPSERT)
-                    .bind(stream)
-                    .bind(shard_id)
-                    .bind(&row.account)
-                    .bind(row.rate.records_per_s)
-                    .bind(row.rate.bytes_per_s)
-                    .bind(row.rate.at_ms)
-                    .bind(row.fades_at)
-                    .execute(&mut *c)
-                    .await?;
+            sqlite: for chunk in rows.chunks(SQLITE_CHUNK) {
+                sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                    "INSERT INTO account_load \
+                     (stream, shard_id, account, records_per_s, bytes_per_s, at_ms, fades_at) ",
+                )
+                .push_values(chunk, |mut row, r| {
+                    row.push_bind(stream)
+                        .push_bind(shard_id)
+                        .push_bind(r.account.as_str())
+                        .push_bind(r.rate.records_per_s)
+                        .push_bind(r.rate.bytes_per_s)
+                        .push_bind(r.rate.at_ms)
+                        .push_bind(r.fades_at);
+                })
+                .push(UPDATE)
+                .build()
+                .execute(&mut *c)
+                .await?;
             },
             postgres: {
-                sqlx::query(
+                let accounts: Vec<&str> = rows.iter().map(|r| r.account.as_str()).collect();
+                let records: Vec<f64> = rows.iter().map(|r| r.rate.records_per_s).collect();
+                let bytes: Vec<f64> = rows.iter().map(|r| r.rate.bytes_per_s).collect();
+                let at: Vec<i64> = rows.iter().map(|r| r.rate.at_ms).collect();
+                let fades: Vec<i64> = rows.iter().map(|r| r.fades_at).collect();
+                sqlx::query(&format!(
                     "INSERT INTO account_load \
                      (stream, shard_id, account, records_per_s, bytes_per_s, at_ms, fades_at) \
                      SELECT $1, $2, a, r, b, t, f \
                      FROM UNNEST($3::text[], $4::float8[], $5::float8[], $6::int8[], $7::int8[]) \
-                     AS u(a, r, b, t, f) \
-                     ON CONFLICT (stream, shard_id, account) DO UPDATE \
-                     SET records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
-                     at_ms = excluded.at_ms, fades_at = excluded.fades_at",
-                )
+                     AS u(a, r, b, t, f){UPDATE}"
+                ))
                 .bind(stream)
                 .bind(shard_id)
                 .bind(&accounts)

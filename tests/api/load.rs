@@ -626,3 +626,44 @@ async fn every_replica_answers_the_same_load() {
         assert_close(f(&y["load"]), f(&x["load"]) * factor, "account load");
     }
 }
+
+#[tokio::test]
+async fn accounts_whose_rate_faded_are_forgotten_at_the_next_report() {
+    let app = app(1).await;
+    put_stream(&app, "s", 1).await;
+    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
+    let (id, _, epoch) = leases(&joined).remove(0);
+    // 8 records in an hour: 0.0022/s, under the floor (0.001/s) after 1.15 half-lives;
+    // one below it from the start is not even kept.
+    let accounts = json!([{"account": "faint", "records": 8, "bytes": 8},
+                          {"account": "below", "records": 1, "bytes": 1},
+                          {"account": "busy", "records": 3_600_000, "bytes": 1}]);
+    let hour = 3_600_000;
+    beat_ok(
+        &app,
+        "w1",
+        json!([entry(&id, epoch, hour, hour, hour, accounts)]),
+    )
+    .await;
+    let names = |page: &Value| -> Vec<String> {
+        let accounts = page["accounts"].as_array().unwrap();
+        accounts
+            .iter()
+            .map(|a| a["account"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&load(&app, "").await), ["busy", "faint"]);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(
+        names(&load(&app, "").await),
+        ["busy", "faint"],
+        "until a report"
+    );
+    beat_ok(
+        &app,
+        "w1",
+        json!([entry(&id, epoch, 1000, 1, 1, json!([]))]),
+    )
+    .await;
+    assert_eq!(names(&load(&app, "").await), ["busy"]);
+}
