@@ -292,7 +292,8 @@ async fn invalid_entries_are_refused_naming_the_field_and_nothing_is_written() {
     let good = entry(&id, epoch, 1000, 10, 10, json!([]));
     let many = |n: usize| {
         let accounts: Vec<Value> = (0..n)
-            .map(|i| json!({"account": format!("account-{i}"), "records": 1, "bytes": 1}))
+            // Long ids: 1,000 of them make a body of 250 KB.
+            .map(|i| json!({"account": format!("account-{i:0>200}"), "records": 1, "bytes": 1}))
             .collect();
         entry(&id, epoch, 1000, n as u64, n as u64, json!(accounts))
     };
