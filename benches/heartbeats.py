@@ -73,11 +73,14 @@ try:
     while time.time() < deadline:  # settle: every hand-over done
         for w in range(workers): beat(w)
         s, b = call("GET", "/streams/s/leases")
-        if all(x["state"] == "held" for x in json.loads(b)["shards"]): break
+        group = json.loads(b)
+        busy = sum(1 for x in group["workers"] if x["shards"])  # joins wait to be assigned together
+        if all(x["state"] == "held" for x in group["shards"]) and busy == min(workers, shards): break
     if args.accounts:
         for w in range(workers):
             own = [l for l in json.loads(beat(w)[1])["leases"] if l["state"] == "held"]
             if own: held[w] = (own[0]["shard_id"], own[0]["epoch"])
+        print(f"{len(held)} of {workers} workers report {args.accounts} accounts at each heartbeat")
     def cpu():
         f = open(f"/proc/{p.pid}/stat").read().split(")")[1].split()
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")

@@ -21,7 +21,9 @@ CREATE TABLE shard_load (
 );
 
 -- Each account's smoothed rate on one shard; `fades_at` is when it decays below a tiny
--- rate, after which the row is deleted (so the table holds the accounts lately reported).
+-- rate, after which the next report on the shard deletes the row (so the table holds the
+-- accounts lately reported). Stored by its key alone and without an index on `fades_at`:
+-- a report rewrites a thousand rows, and every index would rewrite them again.
 CREATE TABLE account_load (
     stream        TEXT             COLLATE "C" NOT NULL,
     shard_id      TEXT             COLLATE "C" NOT NULL,
@@ -32,7 +34,6 @@ CREATE TABLE account_load (
     fades_at      BIGINT           NOT NULL,
     PRIMARY KEY (stream, shard_id, account)
 );
-CREATE INDEX account_load_fades ON account_load (stream, fades_at);
 
 -- A deleted stream's load goes with it.
 CREATE FUNCTION keyspread_forget_load() RETURNS trigger LANGUAGE plpgsql AS $$

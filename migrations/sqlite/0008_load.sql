@@ -18,10 +18,12 @@ CREATE TABLE shard_load (
     bytes_per_s   REAL    NOT NULL CHECK (bytes_per_s >= 0),
     at_ms         INTEGER NOT NULL,
     PRIMARY KEY (stream, shard_id)
-);
+) WITHOUT ROWID;
 
 -- Each account's smoothed rate on one shard; `fades_at` is when it decays below a tiny
--- rate, after which the row is deleted (so the table holds the accounts lately reported).
+-- rate, after which the next report on the shard deletes the row (so the table holds the
+-- accounts lately reported). Stored by its key alone and without an index on `fades_at`:
+-- a report rewrites a thousand rows, and every index would rewrite them again.
 CREATE TABLE account_load (
     stream        TEXT    NOT NULL,
     shard_id      TEXT    NOT NULL,
@@ -31,8 +33,7 @@ CREATE TABLE account_load (
     at_ms         INTEGER NOT NULL,
     fades_at      INTEGER NOT NULL,
     PRIMARY KEY (stream, shard_id, account)
-);
-CREATE INDEX account_load_fades ON account_load (stream, fades_at);
+) WITHOUT ROWID;
 
 -- A deleted stream's load goes with it.
 CREATE TRIGGER load_stream_deleted AFTER DELETE ON streams

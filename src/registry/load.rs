@@ -215,40 +215,55 @@ impl Registry {
             let rate = tx.shard_rate(name, shard).await?.unwrap_or(fresh);
             let rate = rate.observe(report.records, report.bytes, window, now, hl);
             tx.put_shard_rate(name, shard, rate).await?;
-            if report.accounts.is_empty() {
-                continue;
+            if !report.accounts.is_empty() {
+                fold_accounts(tx, name, &report, now, hl).await?;
             }
-            // An account named twice counts once, with both parts.
-            let mut parts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-            for a in &report.accounts {
-                let (r, b) = parts.entry(a.account.as_str()).or_default();
-                *r = r.saturating_add(a.records);
-                *b = b.saturating_add(a.bytes);
-            }
-            let names: Vec<&str> = parts.keys().copied().collect();
-            let before: HashMap<String, Rate> = tx
-                .account_rates(name, shard, &names)
-                .await?
-                .into_iter()
-                .collect();
-            let rows: Vec<AccountRate> = parts
-                .iter()
-                .map(|(&account, &(r, b))| {
-                    let old = before.get(account).copied().unwrap_or(fresh);
-                    let rate = old.observe(r, b, window, now, hl);
-                    AccountRate {
-                        account: account.to_owned(),
-                        rate,
-                        fades_at: rate.fades_at(FADED, hl),
-                    }
-                })
-                .collect();
-            tx.put_account_rates(name, shard, &rows).await?;
+            tx.prune_account_load(name, shard, now).await?;
         }
-        tx.prune_account_load(name, now).await?;
         tx.mark_reported(name, stream.version, now).await?;
         Ok(ignored)
     }
+}
+
+/// Folds a report's accounts into their rates on its shard: one read and one write of
+/// the accounts' rows. An account named twice counts once, with both parts.
+async fn fold_accounts(
+    tx: &mut Tx,
+    stream: &str,
+    report: &LoadReport,
+    now: i64,
+    hl: i64,
+) -> Result<(), StoreError> {
+    let mut parts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for a in &report.accounts {
+        let (r, b) = parts.entry(a.account.as_str()).or_default();
+        *r = r.saturating_add(a.records);
+        *b = b.saturating_add(a.bytes);
+    }
+    let shard = report.shard_id.as_str();
+    let names: Vec<&str> = parts.keys().copied().collect();
+    let before: HashMap<String, Rate> = tx
+        .account_rates(stream, shard, &names)
+        .await?
+        .into_iter()
+        .collect();
+    let fresh = Rate {
+        at_ms: now,
+        ..Rate::default()
+    };
+    let rows: Vec<AccountRate> = parts
+        .iter()
+        .map(|(&account, &(r, b))| {
+            let old = before.get(account).copied().unwrap_or(fresh);
+            let rate = old.observe(r, b, report.window_ms as i64, now, hl);
+            AccountRate {
+                account: account.to_owned(),
+                rate,
+                fades_at: rate.fades_at(FADED, hl),
+            }
+        })
+        .collect();
+    tx.put_account_rates(stream, shard, &rows).await
 }
 
 impl Tx {

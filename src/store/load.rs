@@ -135,10 +135,18 @@ impl Tx {
         })
     }
 
-    /// Deletes the account rows of `stream` that faded by `now`: one index range.
-    pub async fn prune_account_load(&mut self, stream: &str, now: i64) -> Result<u64> {
-        on_tx!(self, c => sqlx::query("DELETE FROM account_load WHERE stream = $1 AND fades_at <= $2")
+    /// Deletes the account rows of `shard_id` that faded by `now`: one range of the key.
+    pub async fn prune_account_load(
+        &mut self,
+        stream: &str,
+        shard_id: &str,
+        now: i64,
+    ) -> Result<u64> {
+        on_tx!(self, c => sqlx::query(
+                "DELETE FROM account_load WHERE stream = $1 AND shard_id = $2 AND fades_at <= $3",
+            )
             .bind(stream)
+            .bind(shard_id)
             .bind(now)
             .execute(&mut *c)
             .await?
