@@ -10,28 +10,29 @@ CREATE TABLE load_streams (
     reported_at BIGINT NOT NULL
 );
 
--- Each shard's smoothed rate.
+-- Each shard's smoothed rate, as of `at_ms`, and the instant its accounts' rates are
+-- stored as of (`accounts_at`).
 CREATE TABLE shard_load (
     stream        TEXT             COLLATE "C" NOT NULL,
     shard_id      TEXT             COLLATE "C" NOT NULL,
     records_per_s DOUBLE PRECISION NOT NULL CHECK (records_per_s >= 0),
     bytes_per_s   DOUBLE PRECISION NOT NULL CHECK (bytes_per_s >= 0),
     at_ms         BIGINT           NOT NULL,
+    accounts_at   BIGINT           NOT NULL,
     PRIMARY KEY (stream, shard_id)
 );
 
--- Each account's smoothed rate on one shard; `fades_at` is when it decays below a tiny
--- rate, after which the next report on the shard deletes the row (so the table holds the
--- accounts lately reported). Stored by its key alone and without an index on `fades_at`:
--- a report rewrites a thousand rows, and every index would rewrite them again.
+-- Each account's smoothed rate on one shard, as of its shard's `accounts_at` (a report
+-- adds to it; see src/store/load.rs). Once both rates fall below a tiny one, the next
+-- report on the shard deletes the row, so the table holds the accounts lately reported.
+-- Stored by its key alone: a report rewrites a thousand rows, and every other index would
+-- rewrite them again.
 CREATE TABLE account_load (
     stream        TEXT             COLLATE "C" NOT NULL,
     shard_id      TEXT             COLLATE "C" NOT NULL,
     account       TEXT             COLLATE "C" NOT NULL,
     records_per_s DOUBLE PRECISION NOT NULL CHECK (records_per_s >= 0),
     bytes_per_s   DOUBLE PRECISION NOT NULL CHECK (bytes_per_s >= 0),
-    at_ms         BIGINT           NOT NULL,
-    fades_at      BIGINT           NOT NULL,
     PRIMARY KEY (stream, shard_id, account)
 );
 

@@ -88,16 +88,6 @@ impl Rate {
             at_ms: a.at_ms.max(b.at_ms),
         }
     }
-
-    /// When this rate, decaying, falls below `floor` records/s and `floor` bytes/s both
-    /// (Unix milliseconds; `at_ms` when it already is): a row past it may be forgotten.
-    pub fn fades_at(&self, floor: f64, half_life_ms: i64) -> i64 {
-        let over = (self.records_per_s.max(self.bytes_per_s) / floor).max(1.0);
-        let halvings = over.log2();
-        let ms = (halvings * half_life_ms as f64).ceil();
-        self.at_ms
-            .saturating_add(ms.min(i64::MAX as f64 / 4.0) as i64)
-    }
 }
 
 #[cfg(test)]
@@ -129,26 +119,6 @@ mod tests {
         }
         .utilisation(limits);
         assert!(close(u, 1.0));
-    }
-
-    #[test]
-    fn a_rate_fades_below_the_floor_when_it_says() {
-        let hl = 1000;
-        let rate = Rate {
-            records_per_s: 8.0,
-            bytes_per_s: 2.0,
-            at_ms: 5000,
-        };
-        assert_eq!(rate.fades_at(1.0, hl), 8000);
-        assert!(rate.at(8000, hl).records_per_s <= 1.0 + 1e-12);
-        assert_eq!(
-            Rate {
-                at_ms: 7,
-                ..Rate::default()
-            }
-            .fades_at(1.0, hl),
-            7
-        );
     }
 
     fn rate() -> impl Strategy<Value = Rate> {

@@ -4,9 +4,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{Error, Registry, Stream};
+use crate::keyspace::load::decay;
 use crate::keyspace::{Limits, Rate};
 use crate::store::leases::LeaseRow;
-use crate::store::load::AccountRate;
+use crate::store::load::{AccountRate, ShardRate};
 use crate::store::{StoreError, Tx};
 
 /// How reports are smoothed and weighed.
@@ -39,6 +40,11 @@ pub const MAX_WINDOW_MS: u64 = 3_600_000;
 
 /// Records/s and bytes/s below which an account's rate is forgotten.
 const FADED: f64 = 1e-3;
+
+/// Half-lives after which a shard's account rows are brought to a newer instant (one
+/// statement over the shard's rows, every few minutes at most), so that their stored
+/// numbers never grow far.
+const REBASE_HALF_LIVES: i64 = 1;
 
 /// What a worker read from one shard since its last report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,33 +211,46 @@ impl Registry {
                 }
             }
         }
-        let fresh = Rate {
-            at_ms: now,
-            ..Rate::default()
-        };
         for report in counted {
-            let window = report.window_ms as i64;
             let shard = report.shard_id.as_str();
-            let rate = tx.shard_rate(name, shard).await?.unwrap_or(fresh);
-            let rate = rate.observe(report.records, report.bytes, window, now, hl);
-            tx.put_shard_rate(name, shard, rate).await?;
-            if !report.accounts.is_empty() {
-                fold_accounts(tx, name, &report, now, hl).await?;
+            let fresh = ShardRate {
+                rate: Rate {
+                    at_ms: now,
+                    ..Rate::default()
+                },
+                accounts_at: now,
+            };
+            let mut stored = tx.shard_rate(name, shard).await?.unwrap_or(fresh);
+            let window = report.window_ms as i64;
+            stored.rate = stored
+                .rate
+                .observe(report.records, report.bytes, window, now, hl);
+            if now - stored.accounts_at > REBASE_HALF_LIVES * hl {
+                let factor = decay(now - stored.accounts_at, hl);
+                tx.rescale_account_load(name, shard, factor, now).await?;
+                stored.accounts_at = now;
             }
-            tx.prune_account_load(name, shard, now).await?;
+            tx.put_shard_rate(name, shard, stored).await?;
+            // What is worth 1 now, as of the rows' instant.
+            let grown = 1.0 / decay(now - stored.accounts_at, hl);
+            if !report.accounts.is_empty() {
+                fold_accounts(tx, name, &report, grown, hl).await?;
+            }
+            tx.prune_account_load(name, shard, FADED * grown).await?;
         }
         tx.mark_reported(name, stream.version, now).await?;
         Ok(ignored)
     }
 }
 
-/// Folds a report's accounts into their rates on its shard: one read and one write of
-/// the accounts' rows. An account named twice counts once, with both parts.
+/// Adds a report's accounts to their rates on its shard, each share grown by `grown` to
+/// the instant the shard's account rows are stored as of: one write, no read. An account
+/// named twice counts once, with both parts.
 async fn fold_accounts(
     tx: &mut Tx,
     stream: &str,
     report: &LoadReport,
-    now: i64,
+    grown: f64,
     hl: i64,
 ) -> Result<(), StoreError> {
     let mut parts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
@@ -240,30 +259,20 @@ async fn fold_accounts(
         *r = r.saturating_add(a.records);
         *b = b.saturating_add(a.bytes);
     }
-    let shard = report.shard_id.as_str();
-    let names: Vec<&str> = parts.keys().copied().collect();
-    let before: HashMap<String, Rate> = tx
-        .account_rates(stream, shard, &names)
-        .await?
-        .into_iter()
-        .collect();
-    let fresh = Rate {
-        at_ms: now,
-        ..Rate::default()
-    };
+    let window = report.window_ms as i64;
     let rows: Vec<AccountRate> = parts
-        .iter()
-        .map(|(&account, &(r, b))| {
-            let old = before.get(account).copied().unwrap_or(fresh);
-            let rate = old.observe(r, b, report.window_ms as i64, now, hl);
+        .into_iter()
+        .map(|(account, (r, b))| {
+            // The share this window adds now (see `Rate::observe`), grown.
+            let share = Rate::default().observe(r, b, window, 0, hl);
             AccountRate {
                 account: account.to_owned(),
-                rate,
-                fades_at: rate.fades_at(FADED, hl),
+                records_per_s: share.records_per_s * grown,
+                bytes_per_s: share.bytes_per_s * grown,
             }
         })
         .collect();
-    tx.put_account_rates(stream, shard, &rows).await
+    tx.add_account_rates(stream, &report.shard_id, &rows).await
 }
 
 impl Tx {

@@ -1,6 +1,12 @@
 //! The rows behind observed load: each shard's and each (account, shard)'s smoothed rate,
 //! and which streams have had reports.
 //!
+//! A shard's account rows are all stored as of one instant, its `accounts_at`: a report
+//! adds each account's share already grown to that instant (2^((now - accounts_at) /
+//! half-life) times what it is worth now), so folding needs no read of the old rates and
+//! no per-row decay. Every half-life or so the rows are brought to a newer instant in one
+//! statement, which keeps the numbers far from overflowing.
+//!
 //! A report's accounts are written as one batch: Postgres sends them as arrays (one
 //! statement, one round trip), SQLite a few hundred rows per statement (each statement is
 //! a hand-off to sqlx's connection thread; one per row cost more than the rest of the
@@ -18,16 +24,22 @@ pub struct RateRow {
     pub rate: Rate,
 }
 
-/// Rows per SQLite upsert: 7 parameters each, well under its limit of 32,766.
+/// Rows per SQLite upsert: 5 parameters each, well under its limit of 32,766.
 const SQLITE_CHUNK: usize = 500;
 
-/// An account's new rate on a shard, and when it fades below the tiny rate that lets its
-/// row go (see [`Rate::fades_at`]).
+/// What a report adds to an account's rates on a shard, as of the shard's `accounts_at`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AccountRate {
     pub account: String,
+    pub records_per_s: f64,
+    pub bytes_per_s: f64,
+}
+
+/// A shard's own rate, and the instant its accounts' rows are stored as of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShardRate {
     pub rate: Rate,
-    pub fades_at: i64,
+    pub accounts_at: i64,
 }
 
 /// Runs `$body` on the transaction's connection `$c`, whichever backend holds it (or
@@ -55,8 +67,9 @@ macro_rules! on_tx {
 
 const SHARD_RATES: &str =
     "SELECT shard_id, records_per_s, bytes_per_s, at_ms FROM shard_load WHERE stream = $1";
-const ACCOUNT_RATES: &str = "SELECT shard_id, account, records_per_s, bytes_per_s, at_ms \
-    FROM account_load WHERE stream = $1";
+const ACCOUNT_RATES: &str = "SELECT a.shard_id, a.account, a.records_per_s, a.bytes_per_s, \
+    s.accounts_at FROM account_load a JOIN shard_load s \
+    ON s.stream = a.stream AND s.shard_id = a.shard_id WHERE a.stream = $1";
 
 fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> RateRow {
     RateRow {
@@ -135,151 +148,139 @@ impl Tx {
         })
     }
 
-    /// Deletes the account rows of `shard_id` that faded by `now`: one range of the key.
+    /// Deletes the account rows of `shard_id` whose stored rates (as of its `accounts_at`)
+    /// are both below `floor`: one range of the key.
     pub async fn prune_account_load(
         &mut self,
         stream: &str,
         shard_id: &str,
-        now: i64,
+        floor: f64,
     ) -> Result<u64> {
         on_tx!(self, c => sqlx::query(
-                "DELETE FROM account_load WHERE stream = $1 AND shard_id = $2 AND fades_at <= $3",
+                "DELETE FROM account_load WHERE stream = $1 AND shard_id = $2 \
+                 AND records_per_s < $3 AND bytes_per_s < $3",
             )
             .bind(stream)
             .bind(shard_id)
-            .bind(now)
+            .bind(floor)
             .execute(&mut *c)
             .await?
             .rows_affected())
     }
 
+    /// Multiplies `shard_id`'s account rates by `factor`, as of the new `accounts_at`.
+    pub async fn rescale_account_load(
+        &mut self,
+        stream: &str,
+        shard_id: &str,
+        factor: f64,
+        accounts_at: i64,
+    ) -> Result<()> {
+        on_tx!(self, c => {
+            sqlx::query(
+                "UPDATE account_load SET records_per_s = records_per_s * $3, \
+                 bytes_per_s = bytes_per_s * $3 WHERE stream = $1 AND shard_id = $2",
+            )
+            .bind(stream)
+            .bind(shard_id)
+            .bind(factor)
+            .execute(&mut *c)
+            .await?;
+            sqlx::query("UPDATE shard_load SET accounts_at = $3 WHERE stream = $1 AND shard_id = $2")
+                .bind(stream)
+                .bind(shard_id)
+                .bind(accounts_at)
+                .execute(&mut *c)
+                .await?;
+        })
+    }
+
     /// `shard_id`'s stored rate, if it has one.
-    pub async fn shard_rate(&mut self, stream: &str, shard_id: &str) -> Result<Option<Rate>> {
-        let row: Option<(f64, f64, i64)> = on_tx!(self, c => sqlx::query_as(
-                "SELECT records_per_s, bytes_per_s, at_ms FROM shard_load \
+    pub async fn shard_rate(&mut self, stream: &str, shard_id: &str) -> Result<Option<ShardRate>> {
+        let row: Option<(f64, f64, i64, i64)> = on_tx!(self, c => sqlx::query_as(
+                "SELECT records_per_s, bytes_per_s, at_ms, accounts_at FROM shard_load \
                  WHERE stream = $1 AND shard_id = $2",
             )
             .bind(stream)
             .bind(shard_id)
             .fetch_optional(&mut *c)
             .await?)?;
-        Ok(row.map(|(r, b, at)| Rate {
-            records_per_s: r,
-            bytes_per_s: b,
-            at_ms: at,
+        Ok(row.map(|(r, b, at, accounts_at)| ShardRate {
+            rate: Rate {
+                records_per_s: r,
+                bytes_per_s: b,
+                at_ms: at,
+            },
+            accounts_at,
         }))
     }
 
-    pub async fn put_shard_rate(&mut self, stream: &str, shard_id: &str, rate: Rate) -> Result<()> {
+    pub async fn put_shard_rate(
+        &mut self,
+        stream: &str,
+        shard_id: &str,
+        shard: ShardRate,
+    ) -> Result<()> {
         on_tx!(self, c => {
             sqlx::query(
-                "INSERT INTO shard_load (stream, shard_id, records_per_s, bytes_per_s, at_ms) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (stream, shard_id) DO UPDATE SET \
+                "INSERT INTO shard_load (stream, shard_id, records_per_s, bytes_per_s, at_ms, accounts_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream, shard_id) DO UPDATE SET \
                  records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
-                 at_ms = excluded.at_ms",
+                 at_ms = excluded.at_ms, accounts_at = excluded.accounts_at",
             )
             .bind(stream)
             .bind(shard_id)
-            .bind(rate.records_per_s)
-            .bind(rate.bytes_per_s)
-            .bind(rate.at_ms)
+            .bind(shard.rate.records_per_s)
+            .bind(shard.rate.bytes_per_s)
+            .bind(shard.rate.at_ms)
+            .bind(shard.accounts_at)
             .execute(&mut *c)
             .await?;
         })
     }
 
-    /// The stored rates of those of `accounts` that have one on `shard_id`.
-    pub async fn account_rates(
-        &mut self,
-        stream: &str,
-        shard_id: &str,
-        accounts: &[&str],
-    ) -> Result<Vec<(String, Rate)>> {
-        let names = serde_json::to_string(accounts).expect("strings encode");
-        let rows: Vec<(String, f64, f64, i64)> = on_tx!(self, c =>
-            sqlite: sqlx::query_as(
-                "SELECT account, records_per_s, bytes_per_s, at_ms FROM account_load \
-                 WHERE stream = $1 AND shard_id = $2 \
-                 AND account IN (SELECT value FROM json_each($3))",
-            )
-            .bind(stream)
-            .bind(shard_id)
-            .bind(&names)
-            .fetch_all(&mut *c)
-            .await?,
-            postgres: sqlx::query_as(
-                "SELECT account, records_per_s, bytes_per_s, at_ms FROM account_load \
-                 WHERE stream = $1 AND shard_id = $2 AND account = ANY($3)",
-            )
-            .bind(stream)
-            .bind(shard_id)
-            .bind(accounts)
-            .fetch_all(&mut *c)
-            .await?
-        )?;
-        Ok(rows
-            .into_iter()
-            .map(|(a, r, b, at)| {
-                let rate = Rate {
-                    records_per_s: r,
-                    bytes_per_s: b,
-                    at_ms: at,
-                };
-                (a, rate)
-            })
-            .collect())
-    }
-
-    /// Writes accounts' new rates on `shard_id`, as one batch.
-    pub async fn put_account_rates(
+    /// Adds a report's shares to its accounts' rates on `shard_id` (as of the shard's
+    /// `accounts_at`), as one batch.
+    pub async fn add_account_rates(
         &mut self,
         stream: &str,
         shard_id: &str,
         rows: &[AccountRate],
     ) -> Result<()> {
-        const UPDATE: &str = " ON CONFLICT (stream, shard_id, account) DO UPDATE \
-            SET records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
-            at_ms = excluded.at_ms, fades_at = excluded.fades_at";
+        const ADD: &str = " ON CONFLICT (stream, shard_id, account) DO UPDATE \
+            SET records_per_s = account_load.records_per_s + excluded.records_per_s, \
+            bytes_per_s = account_load.bytes_per_s + excluded.bytes_per_s";
         on_tx!(self, c =>
             sqlite: for chunk in rows.chunks(SQLITE_CHUNK) {
                 sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                    "INSERT INTO account_load \
-                     (stream, shard_id, account, records_per_s, bytes_per_s, at_ms, fades_at) ",
+                    "INSERT INTO account_load (stream, shard_id, account, records_per_s, bytes_per_s) ",
                 )
                 .push_values(chunk, |mut row, r| {
                     row.push_bind(stream)
                         .push_bind(shard_id)
                         .push_bind(r.account.as_str())
-                        .push_bind(r.rate.records_per_s)
-                        .push_bind(r.rate.bytes_per_s)
-                        .push_bind(r.rate.at_ms)
-                        .push_bind(r.fades_at);
+                        .push_bind(r.records_per_s)
+                        .push_bind(r.bytes_per_s);
                 })
-                .push(UPDATE)
+                .push(ADD)
                 .build()
                 .execute(&mut *c)
                 .await?;
             },
             postgres: {
                 let accounts: Vec<&str> = rows.iter().map(|r| r.account.as_str()).collect();
-                let records: Vec<f64> = rows.iter().map(|r| r.rate.records_per_s).collect();
-                let bytes: Vec<f64> = rows.iter().map(|r| r.rate.bytes_per_s).collect();
-                let at: Vec<i64> = rows.iter().map(|r| r.rate.at_ms).collect();
-                let fades: Vec<i64> = rows.iter().map(|r| r.fades_at).collect();
+                let records: Vec<f64> = rows.iter().map(|r| r.records_per_s).collect();
+                let bytes: Vec<f64> = rows.iter().map(|r| r.bytes_per_s).collect();
                 sqlx::query(&format!(
-                    "INSERT INTO account_load \
-                     (stream, shard_id, account, records_per_s, bytes_per_s, at_ms, fades_at) \
-                     SELECT $1, $2, a, r, b, t, f \
-                     FROM UNNEST($3::text[], $4::float8[], $5::float8[], $6::int8[], $7::int8[]) \
-                     AS u(a, r, b, t, f){UPDATE}"
+                    "INSERT INTO account_load (stream, shard_id, account, records_per_s, bytes_per_s) \
+                     SELECT $1, $2, a, r, b FROM UNNEST($3::text[], $4::float8[], $5::float8[]) \
+                     AS u(a, r, b){ADD}"
                 ))
                 .bind(stream)
                 .bind(shard_id)
                 .bind(&accounts)
                 .bind(&records)
                 .bind(&bytes)
-                .bind(&at)
-                .bind(&fades)
                 .execute(&mut *c)
                 .await?;
             }
