@@ -14,7 +14,7 @@ use super::error::{ApiError, Problem};
 use super::extract::whole_number;
 use crate::AppState;
 use crate::keyspace::load::decay;
-use crate::keyspace::{AccountId, MAX_FANOUT, Rate, is_kinesis_name};
+use crate::keyspace::{AccountId, Rate, is_kinesis_name, suggested_fanout};
 use crate::registry::{
     AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS,
 };
@@ -326,11 +326,11 @@ async fn load(
     let accounts = ranked
         .into_iter()
         .map(|(load, account, rate)| {
-            let suggested = (load / share).ceil().min(f64::from(MAX_FANOUT));
+            let suggested = suggested_fanout(load, share);
             AccountLoadBody {
                 fanout: state.registry.lookup(&account).map(|a| a.fanout()),
                 max_fanout: None,
-                suggested_fanout: (suggested > 1.0).then_some(suggested as u32),
+                suggested_fanout: (suggested > 1).then_some(suggested),
                 records_per_s: rate.records_per_s,
                 bytes_per_s: rate.bytes_per_s,
                 load,
