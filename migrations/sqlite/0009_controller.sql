@@ -48,3 +48,6 @@ CREATE TABLE controller_rounds (
     round  INTEGER NOT NULL DEFAULT 0 CHECK (round >= 0),
     at_ms  INTEGER NOT NULL DEFAULT 0
 );
+
+-- The cooldown reads the controller's recent moves without a scan of the log.
+CREATE INDEX events_load_moves ON events (at) WHERE reason = 'load';

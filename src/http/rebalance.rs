@@ -14,7 +14,8 @@ use super::error::{ApiError, Problem};
 use super::extract::whole_number;
 use super::shards::MapParams;
 use crate::AppState;
-use crate::keyspace::{HashKey, Plan, Skew};
+use crate::keyspace::{HashKey, LoadSkew, Plan, Skew};
+use crate::registry::{MapSpec, Planned};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -73,14 +74,86 @@ pub struct RebalancePlan {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub replanned: Option<bool>,
+    /// `load` for a plan by observed load (`by=load`); absent for a plan by keys and
+    /// weights. A by-load plan moves keys off the busiest shards by utilisation: `before`
+    /// and `after` still count keys, `load_before` and `load_after` measure utilisation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub by: Option<PlanBy>,
+    /// For a by-load plan: the shards' utilisation before its moves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub load_before: Option<LoadSkewBody>,
+    /// For a by-load plan: the shards' utilisation once its moves switch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub load_after: Option<LoadSkewBody>,
+}
+
+/// What a plan evens out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanBy {
+    /// Keys and their weights per shard.
+    Count,
+    /// Observed utilisation per shard.
+    Load,
+}
+
+/// How even the shards' observed utilisation is.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct LoadSkewBody {
+    pub shards: usize,
+    /// The busiest shard's utilisation (1.0 is Kinesis' write limit).
+    pub max: f64,
+    /// The mean utilisation per shard.
+    pub mean: f64,
+    /// `max` over `mean`; 1.0 is perfect, 0 when nothing was observed.
+    pub max_over_mean: f64,
+}
+
+impl From<LoadSkew> for LoadSkewBody {
+    fn from(s: LoadSkew) -> Self {
+        LoadSkewBody {
+            shards: s.shards,
+            max: s.max,
+            mean: s.mean,
+            max_over_mean: s.max_over_mean,
+        }
+    }
 }
 
 impl RebalancePlan {
+    pub(super) fn planned(plan_id: String, planned: Planned) -> Self {
+        match planned {
+            Planned::Count(plan) => RebalancePlan::new(plan_id, plan),
+            Planned::Load(plan, counted) => {
+                let as_plan = Plan {
+                    cap: counted.cap,
+                    moves: plan.moves,
+                    mends: 0,
+                    before: counted.before,
+                    after: counted.after,
+                    complete: counted.complete,
+                };
+                RebalancePlan {
+                    by: Some(PlanBy::Load),
+                    load_before: Some(plan.before.into()),
+                    load_after: Some(plan.after.into()),
+                    ..RebalancePlan::new(plan_id, as_plan)
+                }
+            }
+        }
+    }
+
     pub(super) fn new(plan_id: String, plan: Plan) -> Self {
         RebalancePlan {
             plan_id,
             switch_at: None,
             replanned: None,
+            by: None,
+            load_before: None,
+            load_after: None,
             cap: plan.cap,
             complete: plan.complete,
             mends: plan.mends,
@@ -128,29 +201,65 @@ pub struct ApplyRequest {
 
 super::extract::objects_only!(ApplyRequest);
 
-/// Plan a rebalance over a uniform or a registered stream's map; changes nothing.
+/// What a preview evens out.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ByParams {
+    /// `count` (the default): keys and their weights per shard; `load`: the observed
+    /// utilisation per shard (a registered `stream` only).
+    #[param(value_type = Option<PlanBy>)]
+    pub by: Option<String>,
+}
+
+/// Plan a rebalance over a uniform or a registered stream's map, by keys and weights or by
+/// observed load; changes nothing.
 #[utoipa::path(
     get, path = "/rebalance/preview", tag = "rebalance",
-    params(MapParams),
+    params(MapParams, ByParams),
     responses(
         (status = 200, description = "The plan", body = RebalancePlan),
         (status = 400, description = "Not exactly one of shards and stream, or a bad shard count", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`by` other than count or load, or by=load over a uniform map", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn preview(
     State(state): State<AppState>,
     Query(q): Query<MapParams>,
+    Query(by): Query<ByParams>,
 ) -> Result<Response, ApiError> {
     let spec = q.spec()?;
     let registry = Arc::clone(&state.registry);
-    state
-        .heavy
-        .json(move || {
-            let (plan_id, plan) = registry.preview(&spec)?;
-            Ok(RebalancePlan::new(plan_id, plan))
-        })
-        .await
+    match by.by.as_deref().unwrap_or("count") {
+        "count" => {
+            state
+                .heavy
+                .json(move || {
+                    let (plan_id, plan) = registry.preview(&spec)?;
+                    Ok(RebalancePlan::new(plan_id, plan))
+                })
+                .await
+        }
+        "load" => {
+            let MapSpec::Stream(name) = spec else {
+                return Err(ApiError::unprocessable(
+                    "by=load plans over a registered stream's observed load: give stream, not shards"
+                        .to_owned(),
+                ));
+            };
+            let load = registry.stream_load(&name).await?;
+            state
+                .heavy
+                .json(move || {
+                    let (plan_id, plan) = registry.preview_by_load(&name, &load)?;
+                    Ok(RebalancePlan::planned(plan_id, plan))
+                })
+                .await
+        }
+        other => Err(ApiError::unprocessable(format!(
+            "by must be count or load, got {other:?}"
+        ))),
+    }
 }
 
 /// Apply a previewed plan, in one transaction, staging its moves: each moved account keeps
@@ -186,7 +295,7 @@ async fn apply(
         .apply(body.plan_id, switch_after_s as i64 * 1000, body.replan)
         .await?;
     let switch_at = applied.switch_at;
-    let mut answer = RebalancePlan::new(applied.plan_id, applied.plan);
+    let mut answer = RebalancePlan::planned(applied.plan_id, applied.plan);
     answer.replanned = Some(applied.replanned);
     if !answer.moves.is_empty() {
         let switch_at = super::timestamp_ms(switch_at);

@@ -253,6 +253,16 @@ impl Accounts {
         }
     }
 
+    /// Every account that set a cap on its fanout, with its fanout, weight and cap.
+    pub fn capped(&self) -> Vec<(AccountId, u32, u64, u32)> {
+        (self.caps.iter())
+            .filter_map(|(id, &cap)| {
+                let e = self.entries.get(id.as_str())?;
+                Some((id.clone(), e.fanout, u64::from(e.weight), cap))
+            })
+            .collect()
+    }
+
     /// Moves key `index` to `to`.
     pub fn move_key(&mut self, id: &AccountId, index: u32, to: HashKey) {
         let Some(held) = self.get(id.as_str()) else {

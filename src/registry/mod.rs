@@ -14,6 +14,7 @@ use crate::store::{
 };
 
 mod accounts;
+mod controller;
 mod follow;
 mod group;
 mod leases;
@@ -24,6 +25,7 @@ mod rebalance;
 mod streams;
 
 use accounts::{Accounts, Held};
+pub use controller::{ControllerConfig, Round};
 pub use follow::POLL;
 pub use leases::{
     Checkpointed, DEFAULT_JOIN_BATCH_MS, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease,
@@ -34,7 +36,7 @@ pub use load::{
     MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
 };
 use metrics::Committed;
-pub use rebalance::{Applied, MapSpec};
+pub use rebalance::{Applied, Counted, MapSpec, Planned};
 pub use streams::{Stream, StreamChange};
 
 /// Why a registry operation failed.
@@ -143,6 +145,8 @@ pub struct Registry {
     metrics: metrics::Metrics,
     /// See [`leases::DEFAULT_JOIN_BATCH_MS`].
     lease_join_batch: std::sync::atomic::AtomicI64,
+    /// `--load-tolerance`, as f64 bits: the band by-load plans stop inside.
+    load_tolerance: std::sync::atomic::AtomicU64,
     /// The last MD5 comparison made, while no account changes.
     md5_cache: std::sync::Mutex<Option<md5_loads::Md5Loads>>,
     /// The newest migration the database was seen to have run; above
@@ -283,6 +287,7 @@ impl Registry {
             group: std::sync::OnceLock::new(),
             metrics: Default::default(),
             lease_join_batch: leases::DEFAULT_JOIN_BATCH_MS.into(),
+            load_tolerance: ControllerConfig::default().load_tolerance.to_bits().into(),
             md5_cache: Default::default(),
             schema: 0.into(),
             follow_failing: Default::default(),

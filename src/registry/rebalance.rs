@@ -5,12 +5,17 @@
 //! The read-only views here (previews, loads) block their thread: the HTTP layer runs them
 //! on blocking threads, and they hold the writer lock only to copy out what they read.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use md5::{Digest, Md5};
 
-use super::{Committed, Error, Held, Registry, Writer, detached, now_ms};
-use crate::keyspace::{self, AccountId, Allocator, HashKey, Holding, Load, Plan, ShardMap};
+use super::controller::key_loads;
+use super::{Committed, Error, Held, Registry, StreamLoad, Writer, detached, now_ms};
+use crate::keyspace::{
+    self, AccountId, Allocator, HashKey, Holding, KeyLoad, Load, LoadPlan, LoadPlanLimits,
+    LoadSkew, Plan, ShardMap, plan_by_load,
+};
 use crate::store::{Change, Event, MoveReason};
 
 /// Which shard map a request means: a uniform map of N shards, or a registered stream's.
@@ -134,30 +139,51 @@ impl Registry {
                 return Err(Error::StalePlan(id));
             }
             let switch_at = at + switch_after_ms;
-            let mut plan = this.plan(&mut w, &map, at)?;
-            let fresh = plan_id(w.last_event, &parsed.spec, &plan);
-            let replanned = fresh != id;
+            let (plan, fresh) = match &parsed.spec {
+                MapSpec::Stream(name) if parsed.by_load => {
+                    let load = tx.stream_load(name, at, &this.load_config()).await?;
+                    this.end_switches(&mut w, at)?;
+                    let accounts = this.accounts_copy();
+                    let limits = this.admin_load_limits(&accounts);
+                    let keys = key_loads(&map, &load, &accounts);
+                    let frozen = pending(&accounts);
+                    let mut plan = plan_by_load(&mut w.alloc, &map, &keys, &frozen, limits);
+                    let fresh = load_plan_id(w.last_event, name, &plan.moves);
+                    if plan.moves.len() > parsed.moves {
+                        truncate_load(&mut plan, parsed.moves, &map, &keys);
+                    }
+                    let id = load_plan_id(w.last_event, name, &plan.moves);
+                    let counted = Counted::of(&w.alloc, &map, &plan, limits.tolerance);
+                    (Planned::Load(plan, counted), (fresh, id))
+                }
+                _ => {
+                    let mut plan = this.plan(&mut w, &map, at)?;
+                    let fresh = plan_id(w.last_event, &parsed.spec, &plan);
+                    if plan.moves.len() > parsed.moves {
+                        let loads = map
+                            .iter()
+                            .map(|s| w.alloc.load_in(s.start, s.end))
+                            .collect();
+                        truncate(&mut plan, parsed.moves, loads);
+                    }
+                    let id = plan_id(w.last_event, &parsed.spec, &plan);
+                    (Planned::Count(plan), (fresh, id))
+                }
+            };
+            let replanned = fresh.0 != id;
             if replanned && !replan {
                 return Err(Error::StalePlan(id));
             }
-            if plan.moves.len() > parsed.moves {
-                let loads = map
-                    .iter()
-                    .map(|s| w.alloc.load_in(s.start, s.end))
-                    .collect();
-                truncate(&mut plan, parsed.moves, loads);
-            }
-            let plan_id = plan_id(w.last_event, &parsed.spec, &plan);
             let applied = Applied {
-                plan_id,
+                plan_id: fresh.1,
                 plan,
                 switch_at,
                 replanned,
             };
-            if applied.plan.moves.is_empty() {
+            if applied.plan.moves().is_empty() {
                 return Ok(applied);
             }
-            let moves = &applied.plan.moves;
+            let moves = applied.plan.moves();
             let ids = tx
                 .apply_moves(moves, at, switch_at, MoveReason::Admin)
                 .await?;
@@ -182,6 +208,50 @@ impl Registry {
             Ok(applied)
         })
         .await
+    }
+
+    /// Plans by observed `load` over stream `name`'s map, changing nothing: as
+    /// [`Registry::preview`], with the keys' loads as `key_loads` weighs them. Blocks.
+    pub fn preview_by_load(
+        &self,
+        name: &str,
+        load: &StreamLoad,
+    ) -> Result<(String, Planned), Error> {
+        let spec = MapSpec::Stream(name.to_owned());
+        let (map, mut alloc, mut accounts, last_event) = {
+            let w = self.writer.blocking_lock();
+            let map = self.resolve(&spec)?;
+            (map, w.alloc.clone(), self.accounts_copy(), w.last_event)
+        };
+        let now = now_ms();
+        for (_, held) in &mut accounts {
+            for switch in held.switching.extract_if(.., |s| s.switch_at <= now) {
+                alloc.unreserve(switch.from)?;
+            }
+        }
+        let limits = self.admin_load_limits(&accounts);
+        let keys = key_loads(&map, load, &accounts);
+        let plan = plan_by_load(&mut alloc, &map, &keys, &pending(&accounts), limits);
+        let counted = Counted::of(&alloc, &map, &plan, limits.tolerance);
+        let id = load_plan_id(last_event, name, &plan.moves);
+        Ok((id, Planned::Load(plan, counted)))
+    }
+
+    /// Every account with its keys: one O(accounts) copy under their read lock.
+    pub(super) fn accounts_copy(&self) -> Vec<(AccountId, Held)> {
+        let accounts = self.accounts.read().expect("accounts lock poisoned");
+        accounts
+            .iter()
+            .map(|(id, held)| (id.clone(), held))
+            .collect()
+    }
+
+    /// An admin's by-load plan: the controller's band, as many moves as it takes.
+    fn admin_load_limits(&self, accounts: &[(AccountId, Held)]) -> LoadPlanLimits {
+        LoadPlanLimits {
+            tolerance: self.load_tolerance(),
+            max_moves: accounts.iter().map(|(_, h)| h.keys.len()).sum(),
+        }
     }
 
     /// Plans over `map` for the accounts as they are at `now` (Unix milliseconds), leaving
@@ -220,9 +290,84 @@ fn plan_for<'a>(
 #[derive(Debug)]
 pub struct Applied {
     pub plan_id: String,
-    pub plan: Plan,
+    pub plan: Planned,
     pub switch_at: i64,
     pub replanned: bool,
+}
+
+/// A plan by count and weight, or by observed load (with what its moves do to the
+/// shards' key counts).
+#[derive(Debug, Clone)]
+pub enum Planned {
+    Count(Plan),
+    Load(LoadPlan, Counted),
+}
+
+/// Keys per shard before and after a by-load plan's moves.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    pub cap: u64,
+    /// Whether the plan ends with the busiest shard inside the band.
+    pub complete: bool,
+    pub before: keyspace::Skew,
+    pub after: keyspace::Skew,
+}
+
+impl Counted {
+    /// What `moves` do to the keys per shard of `map` that `alloc` holds.
+    fn of(alloc: &Allocator, map: &ShardMap, plan: &LoadPlan, tolerance: f64) -> Counted {
+        let moves = &plan.moves;
+        let mut loads: Vec<Load> = map.iter().map(|s| alloc.load_in(s.start, s.end)).collect();
+        let before = keyspace::Skew::of(&loads);
+        for m in moves {
+            loads[m.from_shard] = loads[m.from_shard] - Load::one(m.weight);
+            loads[m.to_shard] = loads[m.to_shard] + Load::one(m.weight);
+        }
+        Counted {
+            cap: before.accounts.div_ceil(before.shards.max(1)),
+            complete: plan.after.within(tolerance),
+            before,
+            after: keyspace::Skew::of(&loads),
+        }
+    }
+}
+
+impl Planned {
+    pub fn moves(&self) -> &[keyspace::Move] {
+        match self {
+            Planned::Count(plan) => &plan.moves,
+            Planned::Load(plan, _) => &plan.moves,
+        }
+    }
+}
+
+/// The accounts with a move still to switch: they are planned where they go, and do not
+/// move again.
+pub(super) fn pending(accounts: &[(AccountId, Held)]) -> HashSet<&str> {
+    (accounts.iter())
+        .filter(|(_, held)| !held.switching.is_empty())
+        .map(|(id, _)| id.as_str())
+        .collect()
+}
+
+/// Keeps the first `n` moves of a by-load `plan`, its `after` measured from `keys`.
+fn truncate_load(plan: &mut LoadPlan, n: usize, map: &ShardMap, keys: &[KeyLoad<'_>]) {
+    plan.moves.truncate(n);
+    let mut loads = vec![0.0; map.len()];
+    let mut load_of = HashMap::new();
+    for k in keys {
+        loads[map.index_of(k.key)] += k.load.max(0.0);
+        load_of.insert((k.account, k.index), k.load.max(0.0));
+    }
+    for m in &plan.moves {
+        let load = load_of
+            .get(&(m.account.as_str(), m.index))
+            .copied()
+            .unwrap_or(0.0);
+        loads[m.from_shard] -= load;
+        loads[m.to_shard] += load;
+    }
+    plan.after = LoadSkew::of(&loads);
 }
 
 /// Keeps the first `n` moves of `plan`, its `after` measured from the shards' `loads`
@@ -241,16 +386,25 @@ fn truncate(plan: &mut Plan, n: usize, mut loads: Vec<Load>) {
 /// `EVENT.MAP.MOVES.DIGEST`: the state a plan was computed on, the map, how many moves it
 /// makes (the most an apply that plans again may make), and the moves' digest.
 pub(super) fn plan_id(last_event: i64, spec: &MapSpec, plan: &Plan) -> String {
+    moves_id(last_event, &spec.to_id_part(), &plan.moves)
+}
+
+/// The id of a by-load plan over stream `name`: `EVENT.load:NAME.MOVES.DIGEST`.
+fn load_plan_id(last_event: i64, name: &str, moves: &[keyspace::Move]) -> String {
+    moves_id(last_event, &format!("load:{name}"), moves)
+}
+
+fn moves_id(last_event: i64, map: &str, moves: &[keyspace::Move]) -> String {
     let mut md5 = Md5::new();
-    for m in &plan.moves {
+    for m in moves {
         md5.update(m.account.as_bytes());
         md5.update(m.from.to_be_bytes());
         md5.update(m.to.to_be_bytes());
     }
     let digest: [u8; 16] = md5.finalize().into();
     let short = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
-    let moves = plan.moves.len();
-    format!("{last_event}.{}.{moves}.{short:016x}", spec.to_id_part())
+    let count = moves.len();
+    format!("{last_event}.{map}.{count}.{short:016x}")
 }
 
 /// A plan id's parts.
@@ -258,6 +412,8 @@ pub(super) fn plan_id(last_event: i64, spec: &MapSpec, plan: &Plan) -> String {
 struct PlanId {
     event: i64,
     spec: MapSpec,
+    /// Planned by observed load rather than by count and weight.
+    by_load: bool,
     moves: usize,
 }
 
@@ -269,9 +425,14 @@ impl PlanId {
         let digest_ok = digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit());
         let moves_ok = !moves.is_empty() && moves.bytes().all(|b| b.is_ascii_digit());
         (digest_ok && moves_ok).then_some(())?;
+        let (spec, by_load) = match map.strip_prefix("load:") {
+            Some(name) => (MapSpec::Stream(name.to_owned()), true),
+            None => (MapSpec::from_id_part(map)?, false),
+        };
         Some(PlanId {
             event: event.parse().ok()?,
-            spec: MapSpec::from_id_part(map)?,
+            spec,
+            by_load,
             moves: moves.parse().ok()?,
         })
     }
@@ -296,6 +457,7 @@ mod tests {
             let parsed = PlanId {
                 event: 42,
                 spec,
+                by_load: false,
                 moves: 0,
             };
             assert_eq!(PlanId::parse(&id), Some(parsed));

@@ -782,6 +782,19 @@ impl Tx {
         in_tx!(self, set_max_fanout(account, max_fanout, at))
     }
 
+    /// Claims the load controller's next round on `stream` at `now` (the database's clock,
+    /// Unix milliseconds) if the last was claimed at least `interval_ms` before: true when
+    /// this transaction took it (one replica per round; a second waits for the first's
+    /// commit and then finds the round taken).
+    pub async fn claim_round(&mut self, stream: &str, now: i64, interval_ms: i64) -> Result<bool> {
+        in_tx!(self, claim_round(stream, now, interval_ms))
+    }
+
+    /// The accounts the load controller moved at or after `since` (Unix milliseconds).
+    pub async fn moved_by_load_since(&mut self, since: i64) -> Result<Vec<String>> {
+        in_tx!(self, moved_by_load_since(since))
+    }
+
     /// Every account that set a cap on its fanout, with the cap.
     pub async fn max_fanouts(&mut self) -> Result<Vec<(AccountId, u32)>> {
         in_tx!(self, max_fanouts())

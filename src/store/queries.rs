@@ -173,6 +173,29 @@ macro_rules! queries {
             .await?)
         }
 
+        pub async fn claim_round(conn: &mut Conn, stream: &str, now: i64, interval_ms: i64) -> Result<bool> {
+            sqlx::query("INSERT INTO controller_rounds (stream, round, at_ms) VALUES ($1, 0, 0) ON CONFLICT (stream) DO NOTHING")
+                .bind(stream)
+                .execute(&mut *conn)
+                .await?;
+            let done = sqlx::query(
+                "UPDATE controller_rounds SET round = round + 1, at_ms = $2 WHERE stream = $1 AND at_ms <= $3",
+            )
+            .bind(stream)
+            .bind(now)
+            .bind(now - interval_ms)
+            .execute(&mut *conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        pub async fn moved_by_load_since(conn: &mut Conn, since: i64) -> Result<Vec<String>> {
+            Ok(sqlx::query_scalar("SELECT DISTINCT account FROM events WHERE reason = 'load' AND at >= $1")
+                .bind(since)
+                .fetch_all(&mut *conn)
+                .await?)
+        }
+
         pub async fn max_fanouts(conn: &mut Conn) -> Result<Vec<(crate::keyspace::AccountId, u32)>> {
             let rows: Vec<(String, i64)> =
                 sqlx::query_as("SELECT account, max_fanout FROM assignments WHERE max_fanout IS NOT NULL")

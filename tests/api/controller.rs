@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::helpers::{TestApp, assert_problem, spawn_app};
+use crate::replicas::Api;
 
 /// Allocations and releases the churn aims at per second, over all its tasks.
 const CHURN_PER_S: u64 = 1_500;
@@ -306,4 +307,363 @@ async fn another_replica_shows_max_fanout_from_the_log() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Accounts on the primary stream `s` of four shards, ten a shard.
+const ACCOUNTS: usize = 40;
+
+/// An app that balances `s` by load every second, after `adjust`.
+async fn controlled(adjust: impl FnOnce(&mut keyspread::config::ServeConfig)) -> TestApp {
+    let app = crate::helpers::spawn_app_with(|c| {
+        c.primary_stream = Some("s".into());
+        c.lease_join_batch_ms = 0;
+        c.controller.auto_rebalance = true;
+        c.controller.auto_rebalance_interval_s = 1;
+        c.controller.switch_after_ms = Some(0);
+        adjust(c);
+    })
+    .await;
+    let put = app
+        .call(
+            reqwest::Method::PUT,
+            "/streams/s",
+            Some(json!({"shard_count": 4})),
+        )
+        .await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    for i in 0..ACCOUNTS {
+        app.allocate(&format!("a{i}")).await;
+    }
+    app
+}
+
+/// Reports, as worker `w` holding every shard of `s`, that shard i carried `rates[i]`
+/// records a second over the last hour, spread evenly over the accounts on it.
+async fn report(app: &TestApp, rates: [u64; 4]) {
+    report_to(&Api::new(app.client.clone(), vec![app.url("")]), rates).await;
+}
+
+/// [`report`] through the first replica of `api`.
+async fn report_to(api: &Api, rates: [u64; 4]) {
+    report_with(api, rates, &[]).await;
+}
+
+/// [`report_to`], plus `extra` accounts with their rates on the shard of their key 0.
+async fn report_with(api: &Api, mut rates: [u64; 4], extra: &[(&str, u64)]) {
+    let put = reqwest::Method::PUT;
+    let ttl = Some(json!({"ttl_s": 600}));
+    let (status, joined) = api.call(0, put.clone(), "/streams/s/workers/w", ttl).await;
+    assert_eq!(status, 200, "{joined}");
+    let mut on: Vec<Vec<String>> = vec![Vec::new(); 4];
+    for i in 0..ACCOUNTS {
+        let (_, at) = api
+            .get(0, &format!("/shard-of?account=a{i}&stream=s"))
+            .await;
+        on[at["shard_index"].as_u64().unwrap() as usize].push(format!("a{i}"));
+    }
+    let mut extra_on: Vec<Vec<(String, u64)>> = vec![Vec::new(); 4];
+    for (account, rate) in extra {
+        let (_, at) = api
+            .get(0, &format!("/shard-of?account={account}&stream=s"))
+            .await;
+        let shard = at["shard_index"].as_u64().unwrap() as usize;
+        extra_on[shard].push((account.to_string(), *rate));
+        rates[shard] += rate;
+    }
+    let hour = 3_600u64;
+    let load: Vec<_> = joined["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|lease| {
+            let shard = lease["shard_id"].as_str().unwrap();
+            let i: usize = shard.trim_start_matches("shardId-").parse().unwrap();
+            let extra_rate: u64 = extra_on[i].iter().map(|(_, r)| r).sum();
+            let per_account = (rates[i] - extra_rate) * hour / on[i].len().max(1) as u64;
+            let accounts: Vec<_> =
+                on[i]
+                    .iter()
+                    .map(|a| json!({"account": a, "records": per_account, "bytes": per_account}))
+                    .chain(extra_on[i].iter().map(
+                        |(a, r)| json!({"account": a, "records": r * hour, "bytes": r * hour}),
+                    ))
+                    .collect();
+            json!({
+                "shard_id": shard, "epoch": lease["epoch"], "window_ms": hour * 1000,
+                "records": rates[i] * hour, "bytes": rates[i] * hour, "accounts": accounts,
+            })
+        })
+        .collect();
+    assert_eq!(load.len(), 4, "{joined}");
+    let body = Some(json!({"ttl_s": 600, "load": load}));
+    let (status, beat) = api.call(0, put, "/streams/s/workers/w", body).await;
+    assert_eq!(status, 200, "{beat}");
+    assert_eq!(beat["ignored_load"], json!([]), "{beat}");
+}
+
+/// The move events the controller logged, as (at, account).
+async fn load_moves(app: &TestApp) -> Vec<(String, String)> {
+    let events = app.get("/events?limit=1000").await.body;
+    events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "move" && e["reason"] == "load")
+        .map(|e| {
+            (
+                e["at"].as_str().unwrap().to_owned(),
+                e["account"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A counter of `/metrics`.
+async fn counter(app: &TestApp, name: &str) -> u64 {
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .expect(name);
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Waits until the controller has run `n` more rounds here.
+async fn rounds(app: &TestApp, n: u64) {
+    let start = counter(app, "keyspread_controller_rounds_total").await;
+    let deadline = Instant::now() + Duration::from_secs(n * 3 + 5);
+    while counter(app, "keyspread_controller_rounds_total").await < start + n {
+        assert!(
+            Instant::now() < deadline,
+            "the controller ran no {n} rounds"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_shard_gets_moves_by_load_within_the_cap_and_the_cooldown() {
+    let app = controlled(|c| c.controller.max_moves_per_round = Some(2)).await;
+    report(&app, [600, 100, 100, 100]).await;
+    rounds(&app, 3).await;
+    let moves = load_moves(&app).await;
+    assert!(!moves.is_empty(), "a hot shard gets moves");
+    let mut per_round: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (at, _) in &moves {
+        *per_round.entry(at).or_default() += 1;
+    }
+    assert!(
+        per_round.values().all(|&n| n <= 2),
+        "at most the cap a round: {per_round:?}"
+    );
+    let accounts: std::collections::HashSet<_> = moves.iter().map(|(_, a)| a).collect();
+    assert_eq!(
+        accounts.len(),
+        moves.len(),
+        "no account moved twice within the cooldown: {moves:?}"
+    );
+    assert!(counter(&app, "keyspread_controller_moves_total").await >= moves.len() as u64);
+    // Every move left the hot shard.
+    let events = app.get("/events?limit=1000").await.body;
+    for e in events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "load")
+    {
+        let key = e["key_before"].as_str().unwrap().parse::<u128>().unwrap();
+        assert!(key < 1u128 << 126, "moved off shard 0: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inside_the_band_or_below_the_floor_nothing_moves() {
+    let even = controlled(|_| {}).await;
+    report(&even, [500, 520, 480, 510]).await;
+    let quiet = controlled(|_| {}).await;
+    report(&quiet, [40, 1, 1, 1]).await;
+    rounds(&even, 3).await;
+    rounds(&quiet, 3).await;
+    assert_eq!(load_moves(&even).await, vec![], "inside the band");
+    assert_eq!(load_moves(&quiet).await, vec![], "below the floor");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_is_off_by_default() {
+    let app = controlled(|c| c.controller = Default::default()).await;
+    report(&app, [600, 100, 100, 100]).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(counter(&app, "keyspread_controller_rounds_total").await, 0);
+    assert_eq!(load_moves(&app).await, vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_three_replicas_one_acts_per_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let (database, _postgres) = crate::helpers::fresh_database(dir.path()).await;
+    let env: &[(&str, &str)] = &[
+        ("KEYSPREAD_PRIMARY_STREAM", "s"),
+        ("KEYSPREAD_AUTO_REBALANCE", "true"),
+        ("KEYSPREAD_AUTO_REBALANCE_INTERVAL_S", "1"),
+        ("KEYSPREAD_MAX_MOVES_PER_ROUND", "1"),
+        ("KEYSPREAD_LEASE_JOIN_BATCH_MS", "0"),
+    ];
+    let (_servers, api) = crate::replicas::start_with(&database, dir.path(), &[env; 3]).await;
+    let (status, body) = api
+        .call(
+            0,
+            reqwest::Method::PUT,
+            "/streams/s",
+            Some(json!({"shard_count": 4})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    for i in 0..ACCOUNTS {
+        let path = format!("/keys/a{i}");
+        let (status, body) = api.call(i % 3, reqwest::Method::POST, &path, None).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    report_to(&api, [600, 100, 100, 100]).await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, events) = api.get(1, "/events?limit=1000").await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut rounds: std::collections::BTreeMap<String, usize> = Default::default();
+    for e in events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "load")
+    {
+        *rounds
+            .entry(e["at"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    eprintln!("3 replicas, {elapsed:.1} s: load moves per acting round {rounds:?}");
+    assert!(rounds.len() >= 2, "the controller acted: {rounds:?}");
+    assert!(
+        rounds.values().all(|&n| n == 1),
+        "one move a round: {rounds:?}"
+    );
+    // Each replica ticks every second: without the claim, three rounds a second would act.
+    // With it, acting rounds are a round apart (the claim allows a tenth's early tick).
+    let mut times: Vec<f64> = rounds.keys().map(|at| seconds_of_day(at)).collect();
+    times.sort_by(f64::total_cmp);
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 0.85,
+            "two acting rounds within one: {rounds:?}"
+        );
+    }
+    assert!(rounds.len() as f64 <= elapsed / 0.9 + 2.0, "{rounds:?}");
+}
+
+/// Seconds since midnight of an RFC 3339 time such as `2026-11-26T12:36:23.99Z`.
+fn seconds_of_day(at: &str) -> f64 {
+    let time = at.split_once('T').unwrap().1.trim_end_matches('Z');
+    let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opted_in_accounts_fan_out_when_hot_and_back_when_cold() {
+    let app = controlled(|_| {}).await;
+    // A cap of 0: none set.
+    for (account, fanout, cap) in [("hot", 1, 4), ("cold", 3, 4), ("shy", 1, 0)] {
+        let body = json!({"fanout": fanout, "weight": fanout});
+        app.post(&format!("/keys/{account}"), Some(body)).await;
+        if cap > 0 {
+            let cap = Some(json!({"max_fanout": cap}));
+            let set = app
+                .call(reqwest::Method::PATCH, &format!("/keys/{account}"), cap)
+                .await;
+            assert_eq!(set.status, 200, "{}", set.body);
+        }
+    }
+    // hot carries 1.2 shards' worth (a hot share of 0.5 suggests 3 keys); shy as much
+    // without having opted in; cold nothing.
+    let api = Api::new(app.client.clone(), vec![app.url("")]);
+    report_with(&api, [100, 100, 100, 100], &[("hot", 1200), ("shy", 1200)]).await;
+    rounds(&app, 2).await;
+    let fanout = |a: &'static str| {
+        let app = &app;
+        async move { app.get(&format!("/keys/{a}")).await.body["fanout"].clone() }
+    };
+    assert_eq!(fanout("hot").await, 3, "raised to what its load suggests");
+    assert_eq!(fanout("cold").await, 1, "lowered once cold");
+    assert_eq!(fanout("shy").await, 1, "never without max_fanout");
+    assert!(counter(&app, "keyspread_controller_fanouts_total").await >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_by_load_moves_keys_off_the_busiest_shard_and_applies() {
+    let app = controlled(|c| c.controller = Default::default()).await;
+    report(&app, [600, 100, 100, 100]).await;
+    let preview = app.get("/rebalance/preview?stream=s&by=load").await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    let plan = &preview.body;
+    assert_eq!(plan["by"], "load", "{plan}");
+    let moves = plan["moves"].as_array().unwrap().clone();
+    assert!(!moves.is_empty(), "{plan}");
+    assert!(
+        moves
+            .iter()
+            .all(|m| m["from_shard"] == 0 && m["to_shard"] != 0),
+        "{plan}"
+    );
+    let (before, after) = (&plan["load_before"], &plan["load_after"]);
+    assert!(
+        (before["max"].as_f64().unwrap() - 0.6).abs() < 0.01,
+        "{plan}"
+    );
+    assert!(after["max"].as_f64() < before["max"].as_f64(), "{plan}");
+    // The same state previews the same plan; a by-count preview is another plan.
+    let again = app.get("/rebalance/preview?stream=s&by=load").await.body;
+    assert_eq!(again["plan_id"], plan["plan_id"]);
+    let by_count = app.get("/rebalance/preview?stream=s").await.body;
+    assert!(by_count.get("by").is_none(), "{by_count}");
+
+    let body = json!({"plan_id": plan["plan_id"], "switch_after_s": 0});
+    let applied = app.post("/rebalance", Some(body)).await;
+    assert_eq!(applied.status, 200, "{}", applied.body);
+    assert_eq!(applied.body["replanned"], false, "{}", applied.body);
+    assert_eq!(applied.body["moves"].as_array().unwrap().len(), moves.len());
+    // Loads decay between preview and apply; their proportions do not.
+    let ratio = |p: &serde_json::Value| p["load_after"]["max_over_mean"].as_f64().unwrap();
+    assert!(
+        (ratio(&applied.body) - ratio(plan)).abs() < 1e-6,
+        "{}",
+        applied.body
+    );
+    for m in &moves {
+        let account = m["account"].as_str().unwrap();
+        assert_eq!(
+            app.get(&format!("/keys/{account}")).await.body["hash_key"],
+            m["to"]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_by_anything_else_is_refused() {
+    let app = controlled(|c| c.controller = Default::default()).await;
+    let by_weight = app.get("/rebalance/preview?stream=s&by=weight").await;
+    assert_problem(&by_weight, 422, "by must be count or load");
+    assert_problem(
+        &app.get("/rebalance/preview?shards=4&by=load").await,
+        422,
+        "give stream",
+    );
+    assert_eq!(
+        app.get("/rebalance/preview?stream=s&by=count").await.status,
+        200
+    );
 }
