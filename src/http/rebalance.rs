@@ -75,8 +75,10 @@ pub struct RebalancePlan {
     #[schema(nullable = false)]
     pub replanned: Option<bool>,
     /// `load` for a plan by observed load (`by=load`); absent for a plan by keys and
-    /// weights. A by-load plan moves keys off the busiest shards by utilisation: `before`
-    /// and `after` still count keys, `load_before` and `load_after` measure utilisation.
+    /// weights. A by-load plan moves keys off the busiest shards by utilisation: the
+    /// `max_over_mean` of its `before` and `after` is the busiest shard's utilisation over
+    /// the mean (their other fields still count keys), and `load_before` and `load_after`
+    /// give the utilisation in full.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub by: Option<PlanBy>,
@@ -132,8 +134,14 @@ impl RebalancePlan {
                     cap: counted.cap,
                     moves: plan.moves,
                     mends: 0,
-                    before: counted.before,
-                    after: counted.after,
+                    before: Skew {
+                        max_over_mean: plan.before.max_over_mean,
+                        ..counted.before
+                    },
+                    after: Skew {
+                        max_over_mean: plan.after.max_over_mean,
+                        ..counted.after
+                    },
                     complete: counted.complete,
                 };
                 RebalancePlan {

@@ -625,6 +625,10 @@ async fn a_preview_by_load_moves_keys_off_the_busiest_shard_and_applies() {
         "{plan}"
     );
     assert!(after["max"].as_f64() < before["max"].as_f64(), "{plan}");
+    // The Skews every plan answers measure utilisation in a by-load plan.
+    for (skew, load) in [("before", before), ("after", after)] {
+        assert_eq!(plan[skew]["max_over_mean"], load["max_over_mean"], "{plan}");
+    }
     // The same state previews the same plan; a by-count preview is another plan.
     let again = app.get("/rebalance/preview?stream=s&by=load").await.body;
     assert_eq!(again["plan_id"], plan["plan_id"]);
