@@ -181,6 +181,9 @@ pub struct ShardLeaseBody {
     pub state: ShardLeaseState,
     /// The weights of the keys in its hash key range, at least 1.
     pub weight: u64,
+    /// Its observed utilisation of the shard's write limit now, as `GET /load` answers it
+    /// (0 when never reported). Once the stream has reports, leases are balanced by it.
+    pub utilisation: f64,
     pub checkpoint: Option<String>,
     /// Its `ParentShardId` and `AdjacentParentShardId`, as list-shards named them.
     pub parents: Vec<String>,
@@ -196,6 +199,8 @@ pub struct GroupWorkerBody {
     pub shards: Vec<String>,
     /// Their weight.
     pub weight: u64,
+    /// Their summed utilisation.
+    pub utilisation: f64,
     #[schema(format = DateTime)]
     pub expires_at: String,
 }
@@ -222,6 +227,7 @@ impl From<LeaseView> for LeasesBody {
                     epoch: s.epoch,
                     state: s.state.into(),
                     weight: s.weight,
+                    utilisation: s.utilisation,
                     checkpoint: s.checkpoint,
                     parents: s.shard.parents,
                     closed: s.shard.closed,
@@ -234,6 +240,7 @@ impl From<LeaseView> for LeasesBody {
                     worker: w.worker,
                     shards: w.shards,
                     weight: w.weight,
+                    utilisation: w.utilisation,
                     expires_at: super::timestamp_ms(w.expires_at),
                 })
                 .collect(),

@@ -254,7 +254,7 @@ impl Cursor {
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
     )
 )]
-async fn load(
+pub(crate) async fn load(
     State(state): State<AppState>,
     Query(params): Query<LoadParams>,
 ) -> Result<Json<LoadPage>, ApiError> {

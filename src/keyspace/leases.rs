@@ -9,6 +9,13 @@
 //! than the mean less the heaviest shard, and no worker is idle while another holds two
 //! shards or more (a worker that joins gets work); when every shard weighs the same, lease
 //! counts differ by at most 1.
+//!
+//! Once a stream's readers report what they read, shards weigh their observed utilisation
+//! instead, with a hysteresis band ([`assign_by_load`]).
+
+mod by_load;
+
+pub use by_load::{assign_by_load, band, inside_band};
 
 /// The owner of each shard: `owners[s]` is the worker reading shard `s`, `None` only when
 /// there is no worker.

@@ -5,8 +5,13 @@
 //! the revocations it was told of, and reads its leases. The whole group is assigned again
 //! (O(shards + workers)) only when something changed: a worker joined, left or expired, a
 //! shard was read to its end, the stream's map was registered again, or, at most every
-//! [`WEIGHT_RECHECK_MS`], the weights moved. Each stream's lease changes take turns on a
-//! lock of their own (see [`Store::begin_leases`](crate::store::Store::begin_leases)).
+//! [`WEIGHT_RECHECK_MS`], the weights moved or (once its readers report load) loads may
+//! have drifted. Each stream's lease changes take turns on a lock of their own (see
+//! [`Store::begin_leases`](crate::store::Store::begin_leases)).
+//!
+//! A stream whose readers report what they read is balanced by its shards' observed
+//! utilisation, with a hysteresis band (see [`assign_by_load`]); one without reports, by its
+//! keys' weights.
 //!
 //! Every decision is made over the stream's map and by the clock the database holds,
 //! both read inside the lease transaction: a replica that has not read the newest map
@@ -18,13 +23,17 @@ use std::sync::Arc;
 use super::load::{IgnoredLoad, LoadReport};
 use super::{Error, Registry, Stream, detached};
 use crate::keyspace::lease_state::{Holder, HolderState, LeaseShard, SHARD_END, leasable};
-use crate::keyspace::leases::assign;
+use crate::keyspace::leases::{assign, assign_by_load};
 use crate::store::Tx;
 use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
 
 /// Longest a group goes without its weights checked against the balance rule while keys
 /// are being allocated, released or moved. Weights drift slowly; checking costs O(shards).
 pub const WEIGHT_RECHECK_MS: i64 = 5_000;
+
+/// How far above the mean a worker's utilisation may go before leases move for load (as
+/// the controller's `--load-tolerance` defaults to): loads wobble, leases should not.
+pub const LEASE_LOAD_TOLERANCE: f64 = 0.10;
 
 /// What a heartbeat answers: the worker's leases.
 #[derive(Debug, Clone)]
@@ -73,6 +82,8 @@ pub struct ShardLease {
     pub epoch: u64,
     pub state: LeaseState,
     pub weight: u64,
+    /// Its observed utilisation now (0 when its readers never reported it).
+    pub utilisation: f64,
     pub checkpoint: Option<String>,
 }
 
@@ -83,6 +94,8 @@ pub struct WorkerLeases {
     /// The shards it reads (held or revoking), in the stream's order.
     pub shards: Vec<String>,
     pub weight: u64,
+    /// Its shards' summed utilisation.
+    pub utilisation: f64,
     /// Unix milliseconds.
     pub expires_at: i64,
 }
@@ -316,11 +329,17 @@ impl Registry {
     }
 
     /// The whole assignment of `stream`, as the database holds it now: one read of its
-    /// lease rows and workers, and the weights of its shards.
+    /// lease rows and workers, the weights of its shards and their observed load.
     pub async fn lease_view(self: &Arc<Self>, stream: &str) -> Result<LeaseView, Error> {
         let stream = self.leased_stream(stream)?;
         let (rows, workers, now) = self.store.lease_view(&stream.name).await?;
         let weights = self.lease_weights(&stream).await;
+        let load = self.stream_load(&stream.name).await?;
+        let utilisation: HashMap<&str, f64> = load
+            .shards
+            .iter()
+            .map(|s| (s.shard_id.as_str(), s.utilisation))
+            .collect();
         let live: HashSet<&str> = workers
             .iter()
             .filter(|w| w.expires_at > now)
@@ -331,7 +350,7 @@ impl Registry {
         let done = |id: &str| rows.get(id).is_some_and(|r| is_done(r));
         let can = leasable(&stream.lease_shards, done);
         let mut shards = Vec::with_capacity(stream.lease_shards.len());
-        let mut held: HashMap<String, (Vec<String>, u64)> = HashMap::new();
+        let mut held: HashMap<String, (Vec<String>, u64, f64)> = HashMap::new();
         for ((shard, can), weight) in stream.lease_shards.iter().zip(can).zip(&weights) {
             let row = rows.get(shard.id.as_str());
             let holder = row.map(|r| r.holder.clone()).unwrap_or_default();
@@ -348,10 +367,12 @@ impl Registry {
             } else {
                 LeaseState::Held
             };
+            let used = utilisation.get(shard.id.as_str()).copied().unwrap_or(0.0);
             if let Some(owner) = &owner {
-                let (ids, load) = held.entry(owner.clone()).or_default();
+                let (ids, load, worker_used) = held.entry(owner.clone()).or_default();
                 ids.push(shard.id.clone());
                 *load += weight;
+                *worker_used += used;
             }
             shards.push(ShardLease {
                 shard: shard.clone(),
@@ -360,6 +381,7 @@ impl Registry {
                 epoch: holder.epoch,
                 state,
                 weight: *weight,
+                utilisation: used,
                 checkpoint: row.and_then(|r| r.checkpoint.clone()),
             });
         }
@@ -367,11 +389,13 @@ impl Registry {
             .iter()
             .filter(|w| w.expires_at > now)
             .map(|w| {
-                let (shards, weight) = held.remove(w.worker.as_str()).unwrap_or_default();
+                let (shards, weight, utilisation) =
+                    held.remove(w.worker.as_str()).unwrap_or_default();
                 WorkerLeases {
                     worker: w.worker.clone(),
                     shards,
                     weight,
+                    utilisation,
                     expires_at: w.expires_at,
                 }
             })
@@ -431,8 +455,8 @@ impl Registry {
 
     /// Whether `stream`'s leases must be assigned again: its map changed, a worker expired,
     /// a worker joined (`joined`: this one) and the last assignment is the join batch's
-    /// time old, or the weights moved and were last checked [`WEIGHT_RECHECK_MS`] ago or
-    /// more. One row and one index probe. A join that must wait is noted on the group, for
+    /// time old, or the weights moved (or, once the stream has reports, its load may have)
+    /// and were last checked [`WEIGHT_RECHECK_MS`] ago or more. A few row and index probes. A join that must wait is noted on the group, for
     /// the next heartbeat of any worker.
     async fn leases_due(
         &self,
@@ -463,8 +487,12 @@ impl Registry {
                 tx.put_lease_group(&stream.name, &pending).await?;
             }
         }
+        if now - group.assigned_at < WEIGHT_RECHECK_MS {
+            return Ok(false);
+        }
+        // Weights move with events; observed load drifts with every report and the clock.
         Ok(group.weights_event < self.applied_event()
-            && now - group.assigned_at >= WEIGHT_RECHECK_MS)
+            || tx.load_map_version(&stream.name).await?.is_some())
     }
 
     /// Assigns `stream`'s leases again (O(shards + workers)): expired workers leave, shards
@@ -518,8 +546,9 @@ impl Registry {
                 live_index(&holder.next).or_else(|| live_index(&holder.owner))
             })
             .collect();
-        let open_weights: Vec<u64> = open.iter().map(|&i| weights[i]).collect();
-        let target = assign(&open_weights, live.len(), &current);
+        let target = self
+            .target_owners(tx, stream, weights, &open, live.len(), &current, now)
+            .await?;
         let mut targets: Vec<Option<usize>> = vec![None; can.len()];
         for (k, &i) in open.iter().enumerate() {
             targets[i] = target[k];
@@ -554,6 +583,49 @@ impl Registry {
         self.metrics.lease_assignments.add(1);
         self.metrics.lease_assign_time.observe(started.elapsed());
         Ok(())
+    }
+
+    /// Where the leases of the shards `open` (indices into `stream`'s lease shards) should
+    /// be: by observed utilisation, read in this transaction at the database's `now`, once
+    /// the stream has reports; else by the keys' `weights`.
+    #[allow(clippy::too_many_arguments)]
+    async fn target_owners(
+        &self,
+        tx: &mut Tx,
+        stream: &Stream,
+        weights: &[u64],
+        open: &[usize],
+        workers: usize,
+        current: &[Option<usize>],
+        now: i64,
+    ) -> Result<Vec<Option<usize>>, Error> {
+        // One probe: a stream without reports costs no read of its load.
+        if tx.load_map_version(&stream.name).await?.is_none() {
+            let open_weights: Vec<u64> = open.iter().map(|&i| weights[i]).collect();
+            return Ok(assign(&open_weights, workers, current));
+        }
+        let load = tx
+            .stream_load(&stream.name, now, &self.load_config())
+            .await?;
+        let used: HashMap<&str, f64> = load
+            .shards
+            .iter()
+            .map(|s| (s.shard_id.as_str(), s.utilisation))
+            .collect();
+        // A shard never reported (a closed one, or a new child) carries no load yet.
+        let loads: Vec<f64> = open
+            .iter()
+            .map(|&i| {
+                let id = stream.lease_shards[i].id.as_str();
+                used.get(id).copied().unwrap_or(0.0)
+            })
+            .collect();
+        Ok(assign_by_load(
+            &loads,
+            workers,
+            current,
+            LEASE_LOAD_TOLERANCE,
+        ))
     }
 
     /// What each of `stream`'s shards weighs: the weights of the keys in its range, at

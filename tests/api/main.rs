@@ -26,6 +26,7 @@ mod kinesalite;
 mod kinesis;
 mod leases;
 mod leases_kinesis;
+mod leases_load;
 mod leases_replicas;
 mod leases_stale;
 mod lifecycle;

@@ -95,13 +95,59 @@ async fn fill(app: &TestApp) {
     panic!("the two workers never settled on their leases");
 }
 
+/// Half-life of observed load on the page's server: a day, so that rates barely decay
+/// between the page and the `GET /load` it is checked against.
+const HALF_LIFE_S: u64 = 86_400;
+
+/// The workers report what they read from their shards: shard `i` at `(i + 1) × 10 %` of
+/// its limit (the first two hotter), `big-co` at 90 % of a shard and the hostile name at
+/// 60 % (both above the hot share of 50 %), and one cold account at 20 %.
+async fn report_load(app: &TestApp) {
+    // One report of an hour's window: the share of the observed rate it folds in.
+    let window_s = 3600.0;
+    let folded = 1.0 - (-window_s / HALF_LIFE_S as f64).exp2();
+    let records = |utilisation: f64| (utilisation * 1000.0 * window_s / folded).round() as u64;
+    let leases = ok(app, Method::GET, "/streams/orders/leases", None).await;
+    let accounts = [
+        vec![("big-co", 0.9)],
+        vec![(HOSTILE, 0.6), ("acct-001", 0.2)],
+    ];
+    for (i, shard) in leases["shards"].as_array().unwrap().iter().enumerate() {
+        let named = accounts.get(i).cloned().unwrap_or_default();
+        let utilisation = 0.1 * (i + 1) as f64 + named.iter().map(|(_, u)| u).sum::<f64>();
+        let named: Vec<Value> = (named.iter())
+            .map(|(a, u)| json!({"account": a, "records": records(*u), "bytes": 0}))
+            .collect();
+        let entry = json!({"shard_id": shard["shard_id"], "epoch": shard["epoch"],
+                           "window_ms": 3_600_000, "records": records(utilisation), "bytes": 0,
+                           "accounts": named});
+        let path = format!(
+            "/streams/orders/workers/{}",
+            shard["owner"].as_str().unwrap()
+        );
+        let beat = ok(
+            app,
+            Method::PUT,
+            &path,
+            Some(json!({"ttl_s": 600, "load": [entry]})),
+        )
+        .await;
+        assert_eq!(beat["ignored_load"], json!([]), "{beat}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_what_the_api_answers() {
     let Some(browser) = Browser::find("ui::the_page_shows_what_the_api_answers") else {
         return;
     };
-    let app = spawn_app_with(|c| c.lease_join_batch_ms = 0).await;
+    let app = spawn_app_with(|c| {
+        c.lease_join_batch_ms = 0;
+        c.load_half_life_s = HALF_LIFE_S;
+    })
+    .await;
     fill(&app).await;
+    report_load(&app).await;
     let html = browser.dom(&app.url("/ui")).await;
     let page = tags(&html);
     assert_eq!(one(&page, "id", "shown").get("data-stream"), "orders");
@@ -135,6 +181,7 @@ async fn the_page_shows_what_the_api_answers() {
     checks::accounts(&app, &html, &page).await;
     checks::moves(&app, &page).await;
     checks::workers(&app, &page).await;
+    checks::load(&app, &page).await;
     assert!(
         page.iter().all(|t| t.attr("id") != Some("pwned")),
         "markup got in"

@@ -1,12 +1,14 @@
 //! A bar per shard for its keys and its weight against the mean, keyspread's beside what
 //! MD5 of the account names would give; a larger map in rows of adjacent shards, with its
-//! heaviest shards listed one by one.
+//! heaviest shards listed one by one. On a stream, each shard's observed utilisation
+//! beside them.
 
 use std::fmt::Write as _;
 
 use super::View;
 use super::band::{group_size, short_id};
 use super::html::{Esc, Num, Ratio};
+use super::load::Used;
 use crate::http::shards::ShardLoad;
 
 /// Most rows the table has: adjacent shards of a larger map share one.
@@ -41,6 +43,7 @@ pub(super) fn write(out: &mut String, view: &View) {
     let group = group_size(shards.len(), MAX_ROWS);
     let keys = Scale::of(shards, |s| s.accounts, |s| s.md5_accounts);
     let weight = Scale::of(shards, |s| s.weight, |s| s.md5_weight);
+    let used = Used::of(view);
     let _ = write!(
         out,
         "<section id=\"shards\"><h2>Shards: keys and weight against the mean</h2>\
@@ -49,6 +52,14 @@ pub(super) fn write(out: &mut String, view: &View) {
          partition keys); the black line marks the mean.",
         keys.mean, weight.mean
     );
+    if let Some(used) = &used {
+        let _ = write!(
+            out,
+            " Utilisation: what consumer workers report reading, of the shard's write limit \
+             (mean {:.1} %), coloured by its ratio to the mean.",
+            100.0 * used.mean
+        );
+    }
     if group > 1 {
         let _ = write!(
             out,
@@ -61,41 +72,52 @@ pub(super) fn write(out: &mut String, view: &View) {
          <span><i style=\"background:var(--md5)\"></i>MD5 of the names</span>\
          <span><i style=\"background:var(--ink);width:2px\"></i>mean</span></div>",
     );
-    table_head(out, if group > 1 { "Shards" } else { "Shard" });
+    let used = used.as_ref();
+    table_head(out, if group > 1 { "Shards" } else { "Shard" }, used);
     if group == 1 {
         shards
             .iter()
-            .for_each(|s| shard_row(out, s, &keys, &weight));
+            .for_each(|s| shard_row(out, s, &keys, &weight, used));
     } else {
         shards
             .chunks(group)
-            .for_each(|part| group_row(out, part, &keys, &weight));
+            .for_each(|part| group_row(out, part, &keys, &weight, used));
         let _ = write!(
             out,
             "</tbody></table><h3>The {HEAVIEST_SHARDS} heaviest shards</h3>"
         );
-        table_head(out, "Shard");
+        table_head(out, "Shard", used);
         let mut heaviest: Vec<&ShardLoad> = shards.iter().collect();
         heaviest.sort_by_key(|s| (std::cmp::Reverse(s.weight), s.shard_index));
         for s in heaviest.into_iter().take(HEAVIEST_SHARDS) {
-            shard_row(out, s, &keys, &weight);
+            shard_row(out, s, &keys, &weight, used);
         }
     }
     out.push_str("</tbody></table></section>");
 }
 
-fn table_head(out: &mut String, first: &str) {
+fn table_head(out: &mut String, first: &str, used: Option<&Used>) {
     let _ = write!(
         out,
-        "<table><thead><tr><th style=\"width:12%\">{first}</th><th>Keys</th><th>Weight</th>\
-         </tr></thead><tbody>"
+        "<table><thead><tr><th style=\"width:12%\">{first}</th><th>Keys</th><th>Weight</th>{}\
+         </tr></thead><tbody>",
+        if used.is_some() {
+            "<th>Utilisation (observed)</th>"
+        } else {
+            ""
+        }
     );
 }
 
-fn shard_row(out: &mut String, s: &ShardLoad, keys: &Scale, weight: &Scale) {
+fn shard_row(out: &mut String, s: &ShardLoad, keys: &Scale, weight: &Scale, used: Option<&Used>) {
+    let utilisation = used.map(|u| u.of_shard(&s.shard_id));
+    let _ = write!(out, "<tr data-shard-id=\"{}\"", Esc(&s.shard_id));
+    if let Some(u) = utilisation {
+        let _ = write!(out, " data-utilisation=\"{u}\"");
+    }
     let _ = write!(
         out,
-        "<tr data-shard=\"{}\" data-keys=\"{}\" data-weight=\"{}\" data-md5-keys=\"{}\" \
+        " data-shard=\"{}\" data-keys=\"{}\" data-weight=\"{}\" data-md5-keys=\"{}\" \
          data-md5-weight=\"{}\"><td title=\"{}\"><b>{}</b></td>",
         s.shard_index,
         s.accounts,
@@ -108,13 +130,34 @@ fn shard_row(out: &mut String, s: &ShardLoad, keys: &Scale, weight: &Scale) {
     let one = |v: u64| (v, v);
     cell(out, keys, one(s.accounts), one(s.md5_accounts));
     cell(out, weight, one(s.weight), one(s.md5_weight));
+    if let (Some(used), Some(u)) = (used, utilisation) {
+        used.cell(out, (u, u));
+    }
     out.push_str("</tr>");
 }
 
-fn group_row(out: &mut String, part: &[ShardLoad], keys: &Scale, weight: &Scale) {
+fn group_row(
+    out: &mut String,
+    part: &[ShardLoad],
+    keys: &Scale,
+    weight: &Scale,
+    used: Option<&Used>,
+) {
     let (Some(first), Some(last)) = (part.first(), part.last()) else {
         return;
     };
+    let utilisation = used.map(|used| {
+        let values = part.iter().map(|s| used.of_shard(&s.shard_id));
+        let lo = values.clone().fold(f64::INFINITY, f64::min);
+        (lo, values.fold(0.0, f64::max))
+    });
+    out.push_str("<tr");
+    if let Some((lo, hi)) = utilisation {
+        let _ = write!(
+            out,
+            " data-min-utilisation=\"{lo}\" data-max-utilisation=\"{hi}\""
+        );
+    }
     let range = |f: fn(&ShardLoad) -> u64| {
         let values = part.iter().map(f);
         (values.clone().min().unwrap_or(0), values.max().unwrap_or(0))
@@ -123,7 +166,7 @@ fn group_row(out: &mut String, part: &[ShardLoad], keys: &Scale, weight: &Scale)
     let (mk, mw) = (range(|s| s.md5_accounts), range(|s| s.md5_weight));
     let _ = write!(
         out,
-        "<tr data-first=\"{}\" data-last=\"{}\" data-min-keys=\"{}\" data-max-keys=\"{}\" \
+        " data-first=\"{}\" data-last=\"{}\" data-min-keys=\"{}\" data-max-keys=\"{}\" \
          data-min-weight=\"{}\" data-max-weight=\"{}\" data-md5-min-keys=\"{}\" \
          data-md5-max-keys=\"{}\" data-md5-min-weight=\"{}\" data-md5-max-weight=\"{}\">\
          <td><b>{}–{}</b></td>",
@@ -142,6 +185,9 @@ fn group_row(out: &mut String, part: &[ShardLoad], keys: &Scale, weight: &Scale)
     );
     cell(out, keys, k, mk);
     cell(out, weight, w, mw);
+    if let (Some(used), Some(range)) = (used, utilisation) {
+        used.cell(out, range);
+    }
     out.push_str("</tr>");
 }
 

@@ -6,6 +6,7 @@ mod band;
 mod bars;
 mod cards;
 mod html;
+mod load;
 mod render;
 mod style;
 mod tables;
@@ -88,12 +89,17 @@ struct View {
     moves: MovesPage,
     /// `GET /streams/{name}/leases`, for a stream.
     leases: Option<LeasesBody>,
+    /// `GET /load?stream={name}`, its first page of accounts, for a stream.
+    load: Option<crate::http::load::LoadPage>,
+    /// `--hot-account-share`: an account above this load is hot.
+    hot_share: f64,
 }
 
 /// The operator's page, in HTML.
 ///
 /// The keyspace and its shards coloured by load; keys and weight per shard beside what MD5
-/// of the account names would give; the heaviest accounts; pending moves; and workers with
+/// of the account names would give, and on a stream its observed utilisation; the heaviest
+/// accounts; the hot accounts with their suggested fanout; pending moves; and workers with
 /// their leases. Every figure is the JSON routes' own.
 #[utoipa::path(
     get, path = "/ui", tag = "page",
@@ -163,13 +169,15 @@ async fn view(state: &AppState, params: PageParams) -> Result<String, ApiError> 
         (shards, stream) => MapParams { shards, stream }.spec()?,
     };
     let map = state.registry.resolve(&spec)?;
-    let (stream, leases) = match &spec {
+    let (stream, leases, load) = match &spec {
         MapSpec::Stream(name) => (
             state.registry.stream(name),
             Some(super::leases::assignment(state, name).await?),
+            Some(load::of_stream(state, name).await?),
         ),
-        MapSpec::Uniform(_) => (None, None),
+        MapSpec::Uniform(_) => (None, None, None),
     };
+    let hot_share = state.registry.load_config().hot_account_share;
     let moves = super::rebalance::moves_page(state, 0, MOVES_SHOWN).await?;
     let streams = state.registry.streams(None, STREAMS_LINKED);
     let refresh = params.refresh;
@@ -195,6 +203,8 @@ async fn view(state: &AppState, params: PageParams) -> Result<String, ApiError> 
                     .collect(),
                 moves,
                 leases,
+                load,
+                hot_share,
             };
             Ok(render::page(&view))
         })

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::html::{Esc, Num, document, query_value};
-use super::{View, accounts, band, bars, cards, tables};
+use super::{View, accounts, band, bars, cards, load, tables};
 use crate::http::error::ApiError;
 use crate::http::timestamp_ms;
 
@@ -22,6 +22,7 @@ pub(super) fn page(view: &View) -> String {
         band::write(out, view);
         bars::write(out, view);
         accounts::write(out, view);
+        load::hot_accounts(out, view);
         tables::moves(out, view);
         tables::workers(out, view);
         footer(out, view);

@@ -105,7 +105,8 @@ pub(super) fn workers(out: &mut String, view: &View) {
     let _ = write!(
         out,
         ". A worker's weight is its shards'; the line marks the mean over the {} live workers \
-         ({:.1}).</p>",
+         ({:.1}). Its utilisation is its shards' observed load: once workers report it, leases \
+         are balanced by it instead.</p>",
         leases.workers.len(),
         mean
     );
@@ -115,7 +116,7 @@ pub(super) fn workers(out: &mut String, view: &View) {
     }
     out.push_str(
         "<table><thead><tr><th>Worker</th><th class=\"n\">Shards</th><th style=\"width:30%\">\
-         Weight</th><th>Expires at (UTC)</th><th>Leases (shard, dashed: revoking)</th></tr>\
+         Weight</th><th class=\"n\">Utilisation</th><th>Expires at (UTC)</th><th>Leases (shard, dashed: revoking)</th></tr>\
          </thead><tbody>",
     );
     let heaviest = leases.workers.iter().map(|w| w.weight).max().unwrap_or(0);
@@ -123,10 +124,11 @@ pub(super) fn workers(out: &mut String, view: &View) {
     for w in leases.workers.iter().take(WORKERS_SHOWN) {
         let _ = write!(
             out,
-            "<tr data-worker=\"{0}\" data-shards=\"{1}\" data-weight=\"{2}\" data-expires-at=\"{3}\">\
-             <td class=\"acct\">{0}</td><td class=\"n\">{1}</td><td><div class=\"pair\">\
-             <div class=\"bar\"><i class=\"ks\" style=\"width:{4:.1}%\"></i><b class=\"mean\" \
-             style=\"left:{5:.1}%\"></b></div><span>{6} · {7}</span></div></td><td>{3}</td><td>",
+            "<tr data-worker=\"{0}\" data-shards=\"{1}\" data-weight=\"{2}\" data-expires-at=\"{3}\" \
+             data-worker-utilisation=\"{8}\"><td class=\"acct\">{0}</td><td class=\"n\">{1}</td>\
+             <td><div class=\"pair\"><div class=\"bar\"><i class=\"ks\" style=\"width:{4:.1}%\">\
+             </i><b class=\"mean\" style=\"left:{5:.1}%\"></b></div><span>{6} · {7}</span></div>\
+             </td><td class=\"n\">{9:.1} %</td><td>{3}</td><td>",
             Esc(&w.worker),
             w.shards.len(),
             w.weight,
@@ -135,6 +137,8 @@ pub(super) fn workers(out: &mut String, view: &View) {
             100.0 * mean / full,
             Num(w.weight),
             Ratio(w.weight as f64, mean),
+            w.utilisation,
+            100.0 * w.utilisation,
         );
         for id in w.shards.iter().take(LEASES_SHOWN) {
             let revoking = state.get(id.as_str()) == Some(&ShardLeaseState::Revoking);

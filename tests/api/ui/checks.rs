@@ -1,5 +1,5 @@
 //! The page's figures against the JSON routes': skew, the heaviest accounts with their
-//! keys, pending moves, workers and lease states.
+//! keys, pending moves, workers and lease states, observed load and hot accounts.
 
 use reqwest::Method;
 use serde_json::Value;
@@ -134,6 +134,13 @@ pub async fn workers(app: &TestApp, page: &[Tag]) {
         );
         assert_eq!(row.num("data-weight"), w["weight"]);
         assert_eq!(row.get("data-expires-at"), w["expires_at"]);
+        let used: f64 = row.get("data-worker-utilisation").parse().unwrap();
+        let answered = w["utilisation"].as_f64().unwrap();
+        assert!(
+            (used - answered).abs() <= 1e-3 * answered,
+            "{used} {answered}"
+        );
+        assert!(answered > 0.0, "{leases}");
     }
     let states = one(page, "id", "lease-states");
     for state in ["held", "revoking", "free", "waiting", "done"] {
@@ -147,5 +154,46 @@ pub async fn workers(app: &TestApp, page: &[Tag]) {
             n.count(),
             "{state}"
         );
+    }
+}
+
+/// Each shard's observed utilisation and the hot accounts, as `GET /load` answers them
+/// (rates decay between the two answers: by a day's half-life, a millionth a second).
+pub async fn load(app: &TestApp, page: &[Tag]) {
+    let close = |shown: &str, answered: &Value| {
+        let shown: f64 = shown.parse().unwrap();
+        let answered = answered.as_f64().unwrap();
+        assert!(
+            (shown - answered).abs() <= 1e-3 * answered.abs().max(1e-9),
+            "page {shown}, GET /load {answered}"
+        );
+    };
+    let load = ok(app, Method::GET, "/load?stream=orders&limit=10", None).await;
+    let shards = load["shards"].as_array().unwrap();
+    let rows: Vec<&Tag> = page.iter().filter(|t| t.has("data-utilisation")).collect();
+    assert_eq!(rows.len(), shards.len(), "a utilisation per shard");
+    for (row, shard) in rows.iter().zip(shards) {
+        assert_eq!(row.get("data-shard-id"), shard["shard_id"]);
+        close(row.get("data-utilisation"), &shard["utilisation"]);
+    }
+    let busiest = shards.iter().map(|s| s["utilisation"].as_f64().unwrap());
+    assert!(busiest.fold(0.0, f64::max) > 0.9, "{load}");
+
+    let hot: Vec<&Value> = (load["accounts"].as_array().unwrap().iter())
+        .filter(|a| !a["suggested_fanout"].is_null())
+        .collect();
+    let names: Vec<&str> = hot.iter().map(|a| a["account"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["big-co", HOSTILE],
+        "the hot ones, heaviest first: {load}"
+    );
+    let rows: Vec<&Tag> = page.iter().filter(|t| t.has("data-hot-account")).collect();
+    assert_eq!(rows.len(), hot.len());
+    for (row, a) in rows.iter().zip(hot) {
+        assert_eq!(row.get("data-hot-account"), a["account"]);
+        close(row.get("data-load"), &a["load"]);
+        assert_eq!(row.num("data-suggested-fanout"), a["suggested_fanout"]);
+        assert_eq!(row.num("data-current-fanout"), a["fanout"]);
     }
 }

@@ -1,0 +1,271 @@
+//! Leases weighed by observed load: shards weigh their utilisation (an `f64`), and the
+//! assignment keeps a hysteresis band so that load that wobbles moves nothing.
+//!
+//! The band: no worker holds more than `max((1 + tolerance) × mean, mean + heaviest
+//! shard)`, and no worker is idle while another holds two shards or more (a worker that
+//! joins gets work). While an assignment keeps both, it comes back unchanged; else an
+//! overloaded worker gives up its heaviest shards, the fewest that bring it inside, and
+//! they (with the shards nobody holds) go to the least loaded workers. Shards that carry
+//! no load therefore never move for load's sake: at zero load every worker is inside.
+
+use super::Owners;
+
+/// Relative slack on the band's edge, so that a load summed in another order (a float
+/// rounding) does not cross it: far below any load a report can tell apart.
+const EDGE: f64 = 1e-9;
+
+/// The most a worker may hold: `max((1 + tolerance) × mean, mean + heaviest)`, with the
+/// rounding slack [`EDGE`].
+pub fn band(loads: &[f64], workers: usize, tolerance: f64) -> f64 {
+    if workers == 0 {
+        return f64::INFINITY;
+    }
+    let total: f64 = loads.iter().copied().map(clean).sum();
+    let heaviest = loads.iter().copied().map(clean).fold(0.0, f64::max);
+    let mean = total / workers as f64;
+    let edge = ((1.0 + clean(tolerance)) * mean).max(mean + heaviest);
+    edge + EDGE * edge.max(1.0)
+}
+
+/// Whether `owners` keeps the band for `loads` over `workers` workers, every shard owned.
+pub fn inside_band(
+    loads: &[f64],
+    workers: usize,
+    owners: &[Option<usize>],
+    tolerance: f64,
+) -> bool {
+    if workers == 0 {
+        return owners.iter().all(Option::is_none);
+    }
+    if owners.iter().any(|o| o.is_none_or(|w| w >= workers)) {
+        return false;
+    }
+    let (held, counts) = held_by(loads, workers, owners);
+    let top = band(loads, workers, tolerance);
+    let idle_beside_two = counts.contains(&0) && counts.iter().any(|&c| c >= 2);
+    !idle_beside_two && held.iter().all(|&h| h <= top)
+}
+
+/// The assignment of `loads.len()` shards to `workers` live workers by load, keeping as much
+/// of `current` (each shard's live owner, if any) as the band allows: an assignment already
+/// inside the band, every shard owned, comes back unchanged; otherwise it moves the fewest
+/// leases that bring every worker inside.
+pub fn assign_by_load(
+    loads: &[f64],
+    workers: usize,
+    current: &[Option<usize>],
+    tolerance: f64,
+) -> Owners {
+    assert_eq!(loads.len(), current.len(), "one current owner per shard");
+    if workers == 0 {
+        return vec![None; loads.len()];
+    }
+    let loads: Vec<f64> = loads.iter().copied().map(clean).collect();
+    let mut owners: Owners = current.iter().map(|o| o.filter(|&w| w < workers)).collect();
+    let top = band(&loads, workers, tolerance);
+    let heavier = |a: &usize, b: &usize| loads[*b].total_cmp(&loads[*a]).then(a.cmp(b));
+    // An overloaded worker sheds its heaviest shards: k removals lower a load most when
+    // they are the k heaviest, so it sheds the fewest that bring it inside.
+    let (mut held, mut counts) = held_by(&loads, workers, &owners);
+    for w in 0..workers {
+        if held[w] <= top {
+            continue;
+        }
+        let mut own: Vec<usize> = (0..loads.len()).filter(|&s| owners[s] == Some(w)).collect();
+        own.sort_by(heavier);
+        for s in own {
+            if held[w] <= top {
+                break;
+            }
+            owners[s] = None;
+            held[w] -= loads[s];
+            counts[w] -= 1;
+        }
+    }
+    // Heaviest first, each to the least loaded worker (idle ones first at equal load): it
+    // holds at most the mean, so it ends at most at mean + heaviest.
+    let mut free: Vec<usize> = (0..loads.len()).filter(|&s| owners[s].is_none()).collect();
+    free.sort_by(heavier);
+    for s in free {
+        let w = least_loaded(&held, &counts);
+        owners[s] = Some(w);
+        held[w] += loads[s];
+        counts[w] += 1;
+    }
+    // A worker still idle takes the heaviest shard of the most loaded worker holding two or
+    // more: one lease each, and no worker's load rises but the idle one's.
+    while let Some(idle) = (0..workers).find(|&w| counts[w] == 0) {
+        let Some(donor) = (0..workers)
+            .filter(|&w| counts[w] >= 2)
+            .max_by(|&a, &b| held[a].total_cmp(&held[b]).then(b.cmp(&a)))
+        else {
+            break;
+        };
+        let s = (0..loads.len())
+            .filter(|&s| owners[s] == Some(donor))
+            .min_by(heavier)
+            .expect("the donor holds shards");
+        owners[s] = Some(idle);
+        (held[donor], held[idle]) = (held[donor] - loads[s], loads[s]);
+        (counts[donor], counts[idle]) = (counts[donor] - 1, 1);
+    }
+    owners
+}
+
+/// Each worker's summed load and lease count, summed in shard order.
+fn held_by(loads: &[f64], workers: usize, owners: &[Option<usize>]) -> (Vec<f64>, Vec<usize>) {
+    let mut held = vec![0.0; workers];
+    let mut counts = vec![0usize; workers];
+    for (s, owner) in owners.iter().enumerate() {
+        if let Some(w) = owner.filter(|&w| w < workers) {
+            held[w] += clean(loads[s]);
+            counts[w] += 1;
+        }
+    }
+    (held, counts)
+}
+
+fn least_loaded(held: &[f64], counts: &[usize]) -> usize {
+    (0..held.len())
+        .min_by(|&a, &b| {
+            held[a]
+                .total_cmp(&held[b])
+                .then(counts[a].cmp(&counts[b]))
+                .then(a.cmp(&b))
+        })
+        .expect("at least one worker")
+}
+
+/// A load as the band counts it: never negative, never NaN, never infinite.
+fn clean(load: f64) -> f64 {
+    if load.is_finite() { load.max(0.0) } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::moves;
+    use super::*;
+    use proptest::prelude::*;
+
+    const TOL: f64 = 0.10;
+
+    /// Every assignment of `shards` shards to `workers` workers.
+    fn all_assignments(shards: usize, workers: usize) -> Vec<Owners> {
+        let mut out = vec![Vec::new()];
+        for _ in 0..shards {
+            out = out
+                .into_iter()
+                .flat_map(|prefix: Owners| {
+                    (0..workers).map(move |w| {
+                        let mut next = prefix.clone();
+                        next.push(Some(w));
+                        next
+                    })
+                })
+                .collect();
+        }
+        out
+    }
+
+    /// Loads as reports give them: many shards idle or nearly, some hot.
+    fn load() -> impl Strategy<Value = f64> {
+        prop_oneof![Just(0.0), 0.0..0.02f64, 0.0..1.0f64, 1.0..3.0f64,]
+    }
+
+    fn group(
+        max_shards: usize,
+        max_workers: usize,
+    ) -> impl Strategy<Value = (Vec<f64>, usize, Vec<Option<usize>>)> {
+        (0..=max_shards, 1..=max_workers).prop_flat_map(|(shards, workers)| {
+            (
+                prop::collection::vec(load(), shards),
+                Just(workers),
+                // Owners among the live workers, a departed one (== workers), or none.
+                prop::collection::vec(prop::option::of(0..=workers), shards),
+            )
+        })
+    }
+
+    fn live(current: &[Option<usize>], workers: usize) -> Owners {
+        current.iter().map(|o| o.filter(|&w| w < workers)).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Inside the band nothing moves; after an assignment every worker is inside it.
+        #[test]
+        fn inside_the_band_nothing_moves_and_every_assignment_ends_inside(
+            (loads, workers, current) in group(24, 8)
+        ) {
+            let owners = assign_by_load(&loads, workers, &current, TOL);
+            prop_assert!(inside_band(&loads, workers, &owners, TOL), "{loads:?} {current:?} -> {owners:?}");
+            let live = live(&current, workers);
+            if inside_band(&loads, workers, &live, TOL) {
+                prop_assert_eq!(&owners, &live, "inside the band nothing moves");
+            }
+        }
+
+        /// Assigning the same loads again moves nothing: no lease goes back and forth, at
+        /// zero load least of all.
+        #[test]
+        fn assigning_again_moves_nothing((loads, workers, current) in group(24, 8)) {
+            let owners = assign_by_load(&loads, workers, &current, TOL);
+            let again = assign_by_load(&loads, workers, &owners, TOL);
+            prop_assert_eq!(moves(&owners, &again), 0);
+            prop_assert_eq!(again, owners);
+        }
+
+        /// No assignment inside the band moves fewer leases (brute force over all of them).
+        #[test]
+        fn the_moves_are_the_fewest_that_bring_every_worker_inside(
+            (loads, workers, current) in group(6, 3)
+        ) {
+            let live = live(&current, workers);
+            let owners = assign_by_load(&loads, workers, &current, TOL);
+            let least = all_assignments(loads.len(), workers)
+                .into_iter()
+                .filter(|o| inside_band(&loads, workers, o, TOL))
+                .map(|o| moves(&live, &o))
+                .min()
+                .expect("some assignment is inside the band");
+            prop_assert_eq!(moves(&live, &owners), least, "{:?} {:?} -> {:?}", loads, live, owners);
+        }
+    }
+
+    /// Loads that wobble between reports: a heartbeat moves nothing while every worker
+    /// stays inside the band, though one is above the mean plus its heaviest shard.
+    #[test]
+    fn a_wobble_inside_the_band_moves_nothing() {
+        // Eighty shards of 0.05 over four workers, twenty each; worker 0's then read 8 %
+        // more: 1.08 against a mean of 1.02 (mean + heaviest 1.074, band 1.122).
+        let current: Owners = (0..80).map(|s| Some(s / 20)).collect();
+        let mut loads = [0.05; 80];
+        loads[..20].iter_mut().for_each(|l| *l = 0.054);
+        assert_eq!(assign_by_load(&loads, 4, &current, TOL), current);
+        // Worker 0 at 20 % more: 1.2 against a band of 1.155; one lease brings it inside.
+        loads[..20].iter_mut().for_each(|l| *l = 0.06);
+        let owners = assign_by_load(&loads, 4, &current, TOL);
+        assert_eq!(moves(&current, &owners), 1, "{owners:?}");
+    }
+
+    #[test]
+    fn a_hot_worker_gives_up_its_hottest_shard_only() {
+        // Worker 0 holds a hot shard (1.0) and a warm one (0.8); the rest idle along at 0.05.
+        let loads = [1.0, 0.8, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05];
+        let current: Owners = [0, 0, 1, 1, 2, 2, 3, 3].map(Some).to_vec();
+        let owners = assign_by_load(&loads, 4, &current, TOL);
+        assert_eq!(moves(&current, &owners), 1, "{owners:?}");
+        assert_ne!(owners[0], Some(0), "the hottest shard moved");
+        assert!(inside_band(&loads, 4, &owners, TOL));
+    }
+
+    #[test]
+    fn at_zero_load_a_joining_worker_gets_a_lease_and_nothing_else_moves() {
+        let loads = [0.0; 6];
+        let before = assign_by_load(&loads, 2, &[None; 6], TOL);
+        let after = assign_by_load(&loads, 3, &before, TOL);
+        assert_eq!(moves(&before, &after), 1, "{before:?} -> {after:?}");
+        assert_eq!(assign_by_load(&loads, 3, &after, TOL), after);
+    }
+}
