@@ -31,10 +31,6 @@ use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
 /// are being allocated, released or moved. Weights drift slowly; checking costs O(shards).
 pub const WEIGHT_RECHECK_MS: i64 = 5_000;
 
-/// How far above the mean a worker's utilisation may go before leases move for load (as
-/// the controller's `--load-tolerance` defaults to): loads wobble, leases should not.
-pub const LEASE_LOAD_TOLERANCE: f64 = 0.10;
-
 /// What a heartbeat answers: the worker's leases.
 #[derive(Debug, Clone)]
 pub struct Heartbeat {
@@ -620,11 +616,12 @@ impl Registry {
                 used.get(id).copied().unwrap_or(0.0)
             })
             .collect();
+        // The controller's band (`--load-tolerance`): loads wobble, leases should not.
         Ok(assign_by_load(
             &loads,
             workers,
             current,
-            LEASE_LOAD_TOLERANCE,
+            self.load_tolerance(),
         ))
     }
 
