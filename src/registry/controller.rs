@@ -100,45 +100,47 @@ fn shard_skew(load: &StreamLoad) -> LoadSkew {
     LoadSkew::of(&loads)
 }
 
-/// Each key of `accounts` on `map` with the load it carries: a named account's entry for
-/// the shard its key is measured on (shared by its keys there), the shard's unexplained
-/// remainder shared by weight among the unnamed keys there. A key a pending move is
-/// switching is measured where producers still send it and counted where it goes.
+/// Each key of `accounts` on `map` with the load it carries. A named account's load is the
+/// sum of its entries over every shard, shared evenly by its keys (its sub-keys spread
+/// evenly over them): the load goes with the account, so a key that has just switched
+/// carries its load to its new shard at once, while the smoothed entries there are still
+/// catching up and those on its old shard still fading (the two always sum to the
+/// account's rate). A shard's unexplained remainder (its utilisation less every entry
+/// named there) is shared by weight among the keys measured there of accounts no report
+/// names. A key a pending move is switching is measured where producers still send it and
+/// counted where it goes.
 pub(super) fn key_loads<'a>(
     map: &ShardMap,
     load: &StreamLoad,
     accounts: &'a [(AccountId, Held)],
 ) -> Vec<KeyLoad<'a>> {
     let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
-    let mut util = vec![0.0; map.len()];
+    let mut remainder = vec![0.0; map.len()];
     for s in &load.shards {
         if let Some(&i) = index.get(&s.shard_id) {
-            util[i] = s.utilisation.max(0.0);
+            remainder[i] = s.utilisation.max(0.0);
         }
     }
-    let mut named: HashMap<(&str, usize), f64> = HashMap::new();
-    let mut remainder = util.clone();
+    let mut named: HashMap<&str, f64> = HashMap::new();
     for a in &load.accounts {
+        *named.entry(a.account.as_str()).or_default() += a.load.max(0.0);
         if let Some(&i) = index.get(&a.shard_id) {
-            *named.entry((a.account.as_str(), i)).or_default() += a.load.max(0.0);
             remainder[i] -= a.load.max(0.0);
         }
     }
-    // Where each key is measured, and how many keys of an account are measured per shard.
+    // Where each unnamed key is measured, and the unnamed weight measured per shard.
     let mut keys: Vec<(KeyLoad<'a>, usize)> = Vec::new();
-    let mut per_account: HashMap<(&str, usize), u32> = HashMap::new();
     let mut unnamed_weight = vec![0u64; map.len()];
     for (id, held) in accounts {
         let fanout = held.keys.len() as u32;
+        let total = named.get(id.as_str()).copied();
         for (i, &key) in held.keys.as_slice().iter().enumerate() {
             let sent = (held.switching.iter())
                 .find(|s| s.index == i as u32)
                 .map_or(key, |s| s.from);
             let measured = map.index_of(sent);
             let weight = keyspace::key_weight(held.weight, fanout, i as u32);
-            if named.contains_key(&(id.as_str(), measured)) {
-                *per_account.entry((id.as_str(), measured)).or_default() += 1;
-            } else {
+            if total.is_none() {
                 unnamed_weight[measured] += weight;
             }
             let k = KeyLoad {
@@ -147,20 +149,17 @@ pub(super) fn key_loads<'a>(
                 fanout,
                 key,
                 weight,
-                load: 0.0,
+                load: total.map_or(0.0, |t| t / f64::from(fanout)),
             };
             keys.push((k, measured));
         }
     }
     keys.into_iter()
         .map(|(mut k, measured)| {
-            k.load = match named.get(&(k.account, measured)) {
-                Some(entry) => entry / f64::from(per_account[&(k.account, measured)]),
-                None if unnamed_weight[measured] > 0 => {
-                    remainder[measured].max(0.0) * k.weight as f64 / unnamed_weight[measured] as f64
-                }
-                None => 0.0,
-            };
+            if !named.contains_key(k.account) && unnamed_weight[measured] > 0 {
+                k.load = remainder[measured].max(0.0) * k.weight as f64
+                    / unnamed_weight[measured] as f64;
+            }
             k
         })
         .collect()
@@ -486,6 +485,12 @@ mod tests {
                     }],
                 ),
             ),
+            // Switched from shard 1 to shard 0 a moment ago: its entry on shard 1 still
+            // fades, the one on shard 0 grows.
+            (
+                AccountId::parse("switched".to_owned()).unwrap(),
+                held(&[s0 + 5], 1, vec![]),
+            ),
         ];
         let shard = |id: &str, utilisation| ShardLoad {
             shard_id: id.into(),
@@ -500,12 +505,14 @@ mod tests {
         };
         let load = StreamLoad {
             shards: vec![
-                shard("shardId-000000000000", 1.0),
-                shard("shardId-000000000001", 0.5),
+                shard("shardId-000000000000", 1.1),
+                shard("shardId-000000000001", 0.8),
             ],
             accounts: vec![
                 entry("named", "shardId-000000000000", 0.6),
                 entry("moving", "shardId-000000000001", 0.5),
+                entry("switched", "shardId-000000000001", 0.3),
+                entry("switched", "shardId-000000000000", 0.1),
             ],
             reported: true,
         };
@@ -526,6 +533,12 @@ mod tests {
         assert!(
             (moving - 0.5).abs() < 1e-9,
             "measured where it is sent: {moving}"
+        );
+        let (key, switched) = of("switched", 0);
+        assert_eq!(key, HashKey(s0 + 5));
+        assert!(
+            (switched - 0.4).abs() < 1e-9,
+            "its fading entry on the old shard goes with it: {switched}"
         );
     }
 }
