@@ -55,8 +55,10 @@ from keyspread_client.models import CheckpointRequest, OwnLeaseState, WorkerBody
 # Records per GetRecords call: a batch is what a revocation may leave unprocessed.
 BATCH = 100
 
-# At most this many accounts per shard in a load report (keyspread's limit).
+# At most this many accounts per shard in a load report, over at most this long
+# (keyspread's limits).
 TOP_ACCOUNTS = 1000
+MAX_WINDOW_S = 3600
 
 
 class Tally:
@@ -109,7 +111,12 @@ class LeaseWorker:
         self.next_beat = sent + self.ttl / 3
         body = {"ttl_s": self.ttl}
         if self.report_load:
-            body["load"] = [self.tallies[s].report(lease, sent) for s, lease in self.leases.items()]
+            # After an hour of failed heartbeats the counts are too old to report: start over.
+            body["load"] = [self.tallies[s].report(lease, sent) for s, lease in self.leases.items()
+                            if sent - self.tallies[s].since <= MAX_WINDOW_S]
+            for shard_id, tally in self.tallies.items():
+                if sent - tally.since > MAX_WINDOW_S:
+                    self.tallies[shard_id] = Tally(sent)
         path = "/streams/{}/workers/{}".format(*(urllib.parse.quote(p, safe="") for p in (self.stream, self.worker)))
         try:
             response = self.client.get_httpx_client().put(path, json=body)
