@@ -9,10 +9,12 @@ use crate::keyspace::{self, Allocator, Keyspace, Load, ShardMap, Skew};
 
 mod fanout;
 mod leases;
+mod load;
 mod rows;
 
 pub use fanout::{FanoutFigures, fanout_figures, simulate_fanout};
 pub use leases::{SchemeFigures, lease_figures, simulate_leases};
+pub use load::{LoadRound, LoadSimulation, load_rounds, simulate_load};
 pub use rows::{Row, Rows};
 
 /// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a

@@ -57,21 +57,31 @@ pub struct Plan {
 impl Plan {
     /// Performs the moves on `alloc`, in order.
     pub fn apply(&self, alloc: &mut Allocator) -> Result<(), Error> {
-        for m in &self.moves {
-            alloc.remove(m.from)?;
-            alloc.insert(m.to, m.weight)?;
-        }
-        Ok(())
+        apply_moves(&self.moves, alloc)
     }
 
     /// Reverts [`Plan::apply`].
     fn undo(&self, alloc: &mut Allocator) {
-        for m in self.moves.iter().rev() {
-            alloc.remove(m.to).expect("planned key is held");
-            alloc
-                .insert(m.from, m.weight)
-                .expect("original key is free");
-        }
+        undo_moves(&self.moves, alloc);
+    }
+}
+
+/// Performs `moves` on `alloc`, in order.
+pub(super) fn apply_moves(moves: &[Move], alloc: &mut Allocator) -> Result<(), Error> {
+    for m in moves {
+        alloc.remove(m.from)?;
+        alloc.insert(m.to, m.weight)?;
+    }
+    Ok(())
+}
+
+/// Reverts [`apply_moves`].
+pub(super) fn undo_moves(moves: &[Move], alloc: &mut Allocator) {
+    for m in moves.iter().rev() {
+        alloc.remove(m.to).expect("planned key is held");
+        alloc
+            .insert(m.from, m.weight)
+            .expect("original key is free");
     }
 }
 

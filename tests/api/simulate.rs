@@ -77,3 +77,85 @@ fn leases_compares_the_ring_a_kcl_style_taker_and_keyspread() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("--workers"));
 }
+
+#[test]
+fn load_compares_md5_the_placement_alone_and_the_loop() {
+    let out = simulate(&[
+        "load",
+        "--accounts",
+        "5000",
+        "--shards",
+        "64",
+        "--zipf",
+        "1.1",
+        "--rounds",
+        "20",
+        "--shift-every",
+        "10",
+    ]);
+    // The summary: | scheme | max ÷ mean median | worst | keys moved per round median | worst |
+    let row = |scheme: &str| -> Vec<f64> {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("| {scheme} |")))
+            .unwrap_or_else(|| panic!("no row {scheme} in\n{out}"));
+        (line.split('|').skip(2))
+            .filter_map(|cell| cell.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
+    let (md5, alone, closed) = (
+        row("MD5 of the names"),
+        row("keyspread without the loop"),
+        row("keyspread with the loop"),
+    );
+    assert_eq!((md5.len(), alone.len(), closed.len()), (4, 4, 4), "{out}");
+    // After convergence the loop keeps the busiest shard within 10 % of the mean; one
+    // account carries more than a shard's mean by itself, so neither other scheme can.
+    assert!(closed[1] <= 1.10, "{out}");
+    assert!(md5[1] > 2.0 && alone[1] > 2.0, "{out}");
+    // Raising the hot accounts' fanout alone leaves their new keys where the count puts them.
+    let fanned = row("keyspread, fanout raised but no moves");
+    assert!(fanned[1] > 1.5 && fanned[3] == 0.0, "{out}");
+    // Only the loop moves keys: per round at most 1 % of those it planned over.
+    assert_eq!((md5[3], alone[3]), (0.0, 0.0), "{out}");
+    assert!(closed[3] >= 1.0, "{out}");
+    let rounds: Vec<Vec<f64>> = out
+        .lines()
+        .filter(|l| l.starts_with("| ") && l[2..].starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| {
+            (l.split('|').skip(1))
+                .filter_map(|c| c.trim().parse().ok())
+                .collect()
+        })
+        .collect();
+    assert_eq!(rounds.len(), 20, "{out}");
+    for r in &rounds {
+        let (moved, keys) = (r[5], r[8]);
+        assert!(moved <= (keys / 100.0).floor().max(1.0), "{r:?} in\n{out}");
+    }
+    assert!(
+        rounds.iter().map(|r| r[5]).fold(0.0, f64::max) == closed[3],
+        "{out}"
+    );
+}
+
+#[test]
+fn load_refuses_inputs_out_of_bounds_saying_which() {
+    for (args, says) in [
+        (&["--zipf", "-1"][..], "--zipf"),
+        (&["--zipf", "nan"], "--zipf"),
+        (&["--shift-every", "0"], "--shift-every"),
+        (&["--accounts", "0"], "--accounts"),
+        (&["--shards", "10001"], "--shards"),
+        (&["--rounds", "100001"], "--rounds"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_keyspread"))
+            .args(["simulate", "load"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
