@@ -77,6 +77,7 @@ impl AppState {
         let store = Store::connect(&config.database_url).await?;
         let registry = Registry::open(store, keyspace, config.primary_stream.clone()).await?;
         registry.set_lease_join_batch_ms(config.lease_join_batch_ms as i64);
+        registry.set_load_config(config.load_config());
         // Other processes and replicas may write too: follow the event log.
         registry.follow();
         Ok(AppState {

@@ -17,6 +17,7 @@ mod accounts;
 mod follow;
 mod group;
 mod leases;
+mod load;
 mod md5_loads;
 mod metrics;
 mod rebalance;
@@ -27,6 +28,10 @@ pub use follow::POLL;
 pub use leases::{
     Checkpointed, DEFAULT_JOIN_BATCH_MS, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease,
     WEIGHT_RECHECK_MS, WorkerLeases,
+};
+pub use load::{
+    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadConfig, LoadReport,
+    MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
 };
 use metrics::Committed;
 pub use rebalance::MapSpec;
@@ -61,6 +66,8 @@ pub enum Error {
         worker: String,
         epoch: u64,
     },
+    #[error("{0}")]
+    InvalidReport(String),
     #[error("{0:?} is not a plan id issued by this service")]
     BadPlanId(String),
     #[error("the database refused the change because another writer changed the same rows")]
@@ -138,6 +145,8 @@ pub struct Registry {
     schema: std::sync::atomic::AtomicI64,
     /// Since when the follower has failed to apply the log, while it does.
     follow_failing: std::sync::Mutex<Option<Instant>>,
+    /// How observed load is smoothed and weighed.
+    load_config: RwLock<load::LoadConfig>,
 }
 
 /// Files every stored key row by account: key 0 makes the entry, the keys of accounts
@@ -257,6 +266,7 @@ impl Registry {
             md5_cache: Default::default(),
             schema: 0.into(),
             follow_failing: Default::default(),
+            load_config: Default::default(),
         });
         registry.note_schema(schema);
         let w = registry.writer.lock().await;

@@ -7,6 +7,7 @@
 //! in-memory tree is only a cache of what is committed here.
 
 pub mod leases;
+pub mod load;
 mod postgres;
 mod queries;
 mod raw_sqlite;

@@ -28,6 +28,7 @@ mod leases_kinesis;
 mod leases_replicas;
 mod leases_stale;
 mod lifecycle;
+mod load;
 mod load_kinesis;
 mod makefile;
 mod names;

@@ -216,6 +216,7 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
     let worker = format!("{prefix}worker-1");
     let ttl = HeartbeatRequest {
         ttl_s: NonZeroU64::new(30),
+        ..Default::default()
     };
     let beat = client
         .heartbeat(&name.parse()?, &worker.parse()?, &ttl)
