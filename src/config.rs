@@ -138,6 +138,10 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_TRUSTED_PROXIES", value_delimiter = ',',
           value_parser = crate::http::parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
+
+    /// The load controller (`--auto-rebalance` and its flags).
+    #[command(flatten)]
+    pub controller: crate::registry::ControllerConfig,
 }
 
 impl ServeConfig {
@@ -164,6 +168,7 @@ impl ServeConfig {
             limit_token_holders: false,
             allowed_hosts: Vec::new(),
             trusted_proxies: Vec::new(),
+            controller: Default::default(),
         }
     }
 

@@ -48,6 +48,7 @@ pub use linger::Lingering;
 pub use local::{HostName, LocalNames};
 pub use lookup_cache::LookupCache;
 pub use metrics::HttpMetrics;
+pub use rebalance::MAX_SWITCH_AFTER_S;
 pub use shards::ShardOf;
 pub use streams::{PutStream, StreamMap};
 

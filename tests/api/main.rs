@@ -8,6 +8,7 @@ mod skip;
 mod abuse;
 mod bounds;
 mod connections;
+mod controller;
 mod crash;
 mod cross_site;
 mod documents;

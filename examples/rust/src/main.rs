@@ -166,6 +166,7 @@ async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
     let staged = ApplyRequest {
         plan_id: plan.plan_id.parse()?,
         switch_after_s: Some(30),
+        replan: None,
     };
     let applied = client.apply(&staged).await?.into_inner();
     let Some(switch_at) = applied.switch_at else {
