@@ -16,16 +16,22 @@ its old owner has let go. This worker keeps to its side of that:
   that its children may be leased;
 - while no heartbeat has been answered for ttl (counted from the send time of the last
   answered one), it reads nothing;
-- on SIGTERM or SIGINT it stops and leaves (`DELETE`), so its leases move at once.
+- on SIGTERM or SIGINT it stops and leaves (`DELETE`), so its leases move at once;
+- with `--report-load`, each heartbeat reports what it read from each shard it holds since
+  the last one (records, bytes, the window, and its top accounts by records, the account
+  being the record's PartitionKey): keyspread smooths these into the load it balances
+  producers' keys and consumers' leases by.
 
 One thread does it all, a heartbeat between batches, so nothing is handed on after an
 answer that took the shard away. The generated client (`keyspread_client`, see
-python_client.md) talks to keyspread; boto3 to Kinesis.
+python_client.md) talks to keyspread; boto3 to Kinesis. A program that keeps accounts in
+order across keyspread's moves hands each batch to the order-aware consumer's logic
+(`consumer=`, see order_aware_consumer.py) instead of printing it.
 
 Usage:
 
     lease_worker.py --keyspread http://127.0.0.1:8080 --stream orders --worker host-a:1 \\
-        [--ttl 30] [--endpoint-url http://127.0.0.1:4567] [--token T]
+        [--ttl 30] [--endpoint-url http://127.0.0.1:4567] [--token T] [--report-load]
 
 prints one JSON line per record it hands on (worker, shard, epoch, sequence number,
 partition key, data, time), and one per lease event (`"event": "held"`, `"revoking"`,
@@ -33,20 +39,51 @@ partition key, data, time), and one per lease event (`"event": "held"`, `"revoki
 """
 
 import argparse
+import collections
 import json
 import os
 import signal
 import sys
 import time
+import urllib.parse
 
 from keyspread_client import AuthenticatedClient, Client
 from keyspread_client.api.leases import checkpoint as checkpoint_api
-from keyspread_client.api.leases import heartbeat as heartbeat_api
 from keyspread_client.api.leases import leave as leave_api
-from keyspread_client.models import CheckpointRequest, HeartbeatRequest, OwnLeaseState, WorkerBody
+from keyspread_client.models import CheckpointRequest, OwnLeaseState, WorkerBody
 
 # Records per GetRecords call: a batch is what a revocation may leave unprocessed.
 BATCH = 100
+
+# At most this many accounts per shard in a load report, over at most this long
+# (keyspread's limits).
+TOP_ACCOUNTS = 1000
+MAX_WINDOW_S = 3600
+
+
+class Tally:
+    """What was read from one shard since the last answered report, from `since` on."""
+
+    def __init__(self, since):
+        self.since = since
+        self.records = self.bytes = 0
+        self.accounts = collections.defaultdict(lambda: [0, 0])  # account -> [records, bytes]
+
+    def add(self, record):
+        size = len(record["Data"]) + len(record["PartitionKey"].encode())
+        self.records += 1
+        self.bytes += size
+        counts = self.accounts[record["PartitionKey"]]
+        counts[0] += 1
+        counts[1] += size
+
+    def report(self, lease, now):
+        """The heartbeat's `load` entry for this shard, the window ending at `now`."""
+        top = sorted(self.accounts.items(), key=lambda item: -item[1][0])[:TOP_ACCOUNTS]
+        return {"shard_id": lease.shard_id, "epoch": lease.epoch,
+                "window_ms": max(1, round((now - self.since) * 1000)),
+                "records": self.records, "bytes": self.bytes,
+                "accounts": [{"account": a, "records": r, "bytes": b} for a, (r, b) in top]}
 
 
 class Lease:
@@ -56,12 +93,15 @@ class Lease:
 
 
 class LeaseWorker:
-    def __init__(self, kinesis, client, stream, worker, ttl_s=30, emit=None, clock=time.monotonic):
+    def __init__(self, kinesis, client, stream, worker, ttl_s=30, emit=None, clock=time.monotonic,
+                 report_load=False, consumer=None, pause_s=0.05):
         self.kinesis, self.client = kinesis, client
         self.stream, self.worker, self.ttl = stream, worker, ttl_s
         self.emit = emit or (lambda line: print(json.dumps(line), flush=True))
         self.clock = clock
+        self.report_load, self.consumer, self.pause = report_load, consumer, pause_s
         self.leases = {}  # shard id -> Lease, the ones held
+        self.tallies = {}  # shard id -> Tally, for the held ones
         self.valid_until = 0.0
         self.next_beat = 0.0
         self.stopping = False
@@ -69,21 +109,33 @@ class LeaseWorker:
     def heartbeat(self):
         sent = self.clock()
         self.next_beat = sent + self.ttl / 3
+        body = {"ttl_s": self.ttl}
+        if self.report_load:
+            # After an hour of failed heartbeats the counts are too old to report: start over.
+            body["load"] = [self.tallies[s].report(lease, sent) for s, lease in self.leases.items()
+                            if sent - self.tallies[s].since <= MAX_WINDOW_S]
+            for shard_id, tally in self.tallies.items():
+                if sent - tally.since > MAX_WINDOW_S:
+                    self.tallies[shard_id] = Tally(sent)
+        path = "/streams/{}/workers/{}".format(*(urllib.parse.quote(p, safe="") for p in (self.stream, self.worker)))
         try:
-            response = heartbeat_api.sync_detailed(
-                self.stream, self.worker, client=self.client, body=HeartbeatRequest(ttl_s=self.ttl)
-            )
+            response = self.client.get_httpx_client().put(path, json=body)
         except Exception as err:  # the network: keep reading only while the leases last
             print(f"heartbeat failed: {err}", file=sys.stderr, flush=True)
             return
-        if not isinstance(response.parsed, WorkerBody):
-            body = response.content.decode(errors="replace")
+        if response.status_code != 200:
             if response.status_code == 404:
-                sys.exit(f"keyspread: {body}\nregister the stream first: PUT /streams/{self.stream}")
-            print(f"heartbeat answered {int(response.status_code)}: {body}", file=sys.stderr, flush=True)
+                sys.exit(f"keyspread: {response.text}\nregister the stream first: PUT /streams/{self.stream}")
+            print(f"heartbeat answered {response.status_code}: {response.text}", file=sys.stderr, flush=True)
             return
+        answer = response.json()
+        if answer.get("ignored_load"):
+            print(f"load not counted: {json.dumps(answer['ignored_load'])}", file=sys.stderr, flush=True)
+        # Reported (counted or not): the next window starts at this heartbeat.
+        for entry in body.get("load", ()):
+            self.tallies[entry["shard_id"]] = Tally(sent)
         self.valid_until = sent + self.ttl
-        answered = {lease.shard_id: lease for lease in response.parsed.leases}
+        answered = {lease.shard_id: lease for lease in WorkerBody.from_dict(answer).leases}
         for shard_id in list(self.leases):
             lease = answered.get(shard_id)
             if lease is None or lease.state != OwnLeaseState.HELD or lease.epoch != self.leases[shard_id].epoch:
@@ -92,11 +144,13 @@ class LeaseWorker:
         for shard_id, lease in answered.items():
             if lease.state == OwnLeaseState.HELD and shard_id not in self.leases:
                 self.leases[shard_id] = Lease(shard_id, lease.epoch, lease.checkpoint)
+                self.tallies[shard_id] = Tally(self.clock())
                 self.emit({"event": "held", "worker": self.worker, "shard": shard_id,
                            "epoch": lease.epoch, "checkpoint": lease.checkpoint, "t": time.time()})
 
     def drop(self, shard_id, event):
         lease = self.leases.pop(shard_id)
+        self.tallies.pop(shard_id, None)
         self.emit({"event": event, "worker": self.worker, "shard": shard_id, "epoch": lease.epoch,
                    "t": time.time()})
 
@@ -121,13 +175,20 @@ class LeaseWorker:
                      if lease.checkpoint else {"ShardIteratorType": "TRIM_HORIZON"})
             lease.iterator = self.kinesis.get_shard_iterator(
                 StreamName=self.stream, ShardId=lease.shard_id, **where)["ShardIterator"]
+        asked = time.time()
         answer = self.kinesis.get_records(ShardIterator=lease.iterator, Limit=BATCH)
         if self.clock() >= self.valid_until or lease.shard_id not in self.leases:
             return  # the lease may have passed while the call was out: hand nothing on
+        tally = self.tallies[lease.shard_id]
         for record in answer["Records"]:
-            self.emit({"worker": self.worker, "shard": lease.shard_id, "epoch": lease.epoch,
-                       "seq": record["SequenceNumber"], "key": record["PartitionKey"],
-                       "data": record["Data"].decode(errors="replace"), "t": time.time()})
+            tally.add(record)
+        if self.consumer is not None:
+            self.consumer.take(lease.shard_id, answer, asked, worker=self.worker, epoch=lease.epoch)
+        else:
+            for record in answer["Records"]:
+                self.emit({"worker": self.worker, "shard": lease.shard_id, "epoch": lease.epoch,
+                           "seq": record["SequenceNumber"], "key": record["PartitionKey"],
+                           "data": record["Data"].decode(errors="replace"), "t": time.time()})
         if answer["Records"] and not self.save(lease, answer["Records"][-1]["SequenceNumber"]):
             return
         lease.iterator = answer.get("NextShardIterator")
@@ -153,7 +214,7 @@ class LeaseWorker:
                 lease = self.leases.get(shard_id)
                 if lease is not None:
                     self.read(lease)
-            time.sleep(0.05)
+            time.sleep(self.pause)
         self.leave()
 
     def leave(self):
@@ -183,10 +244,13 @@ def main():
     parser.add_argument("--token", default=os.environ.get("KEYSPREAD_TOKEN"),
                         help="keyspread's bearer token (default $KEYSPREAD_TOKEN)")
     parser.add_argument("--seconds", type=float, help="stop after this long (default: until SIGTERM)")
+    parser.add_argument("--report-load", action="store_true",
+                        help="report what was read from each shard with every heartbeat")
     args = parser.parse_args()
     client = (AuthenticatedClient(base_url=args.keyspread, token=args.token) if args.token
               else Client(base_url=args.keyspread))
-    worker = LeaseWorker(kinesis_client(args.endpoint_url), client, args.stream, args.worker, args.ttl)
+    worker = LeaseWorker(kinesis_client(args.endpoint_url), client, args.stream, args.worker, args.ttl,
+                         report_load=args.report_load)
 
     def stop(*_):
         worker.stopping = True

@@ -64,7 +64,7 @@ class Move:
 
 class OrderAwareConsumer:
     def __init__(self, kinesis, stream, client, skew_ms=1000, deliver=None, after_event=None,
-                 clock=time.time):
+                 clock=time.time, read=True):
         self.kinesis = kinesis
         self.stream = stream
         self.client = client
@@ -74,11 +74,12 @@ class OrderAwareConsumer:
         self.after_event = after_event
         listed = kinesis.list_shards(StreamName=stream)["Shards"]
         self.shards = Shards(listed)
+        # With `read` off, others read the shards and hand each batch to `take`.
         self.iterators = {
             shard: kinesis.get_shard_iterator(
                 StreamName=stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
             )["ShardIterator"]
-            for shard in self.shards.ids()
+            for shard in (self.shards.ids() if read else ())
         }
         # How far each shard has been read: the newest arrival time handed on or held, and
         # when it was last read to its tip (Unix seconds).
@@ -157,21 +158,26 @@ class OrderAwareConsumer:
             started = self.clock()
             answer = self.kinesis.get_records(ShardIterator=iterator, Limit=10000)
             self.iterators[shard] = answer.get("NextShardIterator")
-            records = answer["Records"]
-            for r in records:
-                arrival = r["ApproximateArrivalTimestamp"].timestamp()
-                self.read_to[shard] = max(self.read_to[shard], arrival)
-                account = r["PartitionKey"]
-                record = {"shard": shard, "account": account, "arrival": arrival,
-                          "sequence": r["SequenceNumber"], "data": r["Data"].decode()}
-                if self.held.get((account, shard)) or self.blocking(account, shard, arrival):
-                    self.held[(account, shard)].append(record)
-                    self.held_back += 1
-                else:
-                    self.hand_on(record)
-            if not records and answer.get("MillisBehindLatest", 0) == 0:
-                self.tip_at[shard] = started
-            self.release()
+            self.take(shard, answer, started)
+
+    def take(self, shard, answer, started, **extra):
+        """Hands on (or holds back) the records of one GetRecords `answer` from `shard`,
+        asked for at `started`; `extra` fields are added to each record handed on."""
+        records = answer["Records"]
+        for r in records:
+            arrival = r["ApproximateArrivalTimestamp"].timestamp()
+            self.read_to[shard] = max(self.read_to[shard], arrival)
+            account = r["PartitionKey"]
+            record = {"shard": shard, "account": account, "arrival": arrival,
+                      "sequence": r["SequenceNumber"], "data": r["Data"].decode(), **extra}
+            if self.held.get((account, shard)) or self.blocking(account, shard, arrival):
+                self.held[(account, shard)].append(record)
+                self.held_back += 1
+            else:
+                self.hand_on(record)
+        if not records and answer.get("MillisBehindLatest", 0) == 0:
+            self.tip_at[shard] = started
+        self.release()
 
     def release(self):
         """Hands on held records whose moves' old shards are read far enough."""

@@ -31,6 +31,7 @@ mod leases_replicas;
 mod leases_stale;
 mod lifecycle;
 mod load;
+mod load_kinesis;
 mod makefile;
 mod names;
 mod observability;
