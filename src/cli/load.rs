@@ -4,7 +4,7 @@
 //! plan each round under a move cap and a cooldown); and, to tell the two halves of the
 //! loop apart, the fanout changes alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use crate::keyspace::{
@@ -61,9 +61,9 @@ pub struct LoadRound {
 struct Account {
     keys: Vec<HashKey>,
     cold_rounds: u32,
-    /// The round of its last move, and how many keys it held then: those keys stay for the
-    /// cooldown; keys a fanout raise added since may move.
-    moved_at: Option<(u32, usize)>,
+    /// `(index, round)` of each key that moved: a moved key stays for the cooldown; the
+    /// account's other keys, and those a fanout raise adds, may move.
+    moved_at: Vec<(u32, u32)>,
 }
 
 /// keyspread's keys for every account: placed one each by the allocator to start with.
@@ -81,7 +81,7 @@ impl Keys {
                 Ok(Account {
                     keys: vec![alloc.allocate(1)?],
                     cold_rounds: 0,
-                    moved_at: None,
+                    moved_at: Vec::new(),
                 })
             })
             .collect::<Result<_, keyspace::Error>>()?;
@@ -198,9 +198,9 @@ fn refan(
                 }
                 released += have - want;
                 account.cold_rounds = 0;
-                if let Some((_, held)) = &mut account.moved_at {
-                    *held = (*held).min(want);
-                }
+                account
+                    .moved_at
+                    .retain(|&(index, _)| (index as usize) < want);
             }
         } else {
             account.cold_rounds = 0;
@@ -239,12 +239,14 @@ fn rebalance(
 ) -> Result<usize, keyspace::Error> {
     let Keys { alloc, accounts } = scheme;
     let mut keys = Vec::new();
-    // Per account, the keys that stay: those it held when it last moved, for the cooldown.
-    let mut frozen: HashMap<&str, u32> = HashMap::new();
+    // The keys that stay: each moved within the cooldown.
+    let mut frozen: HashSet<(&str, u32)> = HashSet::new();
     for (a, account) in accounts.iter().enumerate() {
         let fanout = account.keys.len() as u32;
-        if let Some((_, held)) = account.moved_at.filter(|(at, _)| round < at + COOLDOWN) {
-            frozen.insert(&names[a], held as u32);
+        for &(index, at) in &account.moved_at {
+            if round < at + COOLDOWN {
+                frozen.insert((&names[a], index));
+            }
         }
         for (index, key) in account.keys.iter().enumerate() {
             keys.push(KeyLoad {
@@ -261,7 +263,7 @@ fn rebalance(
         tolerance: TOLERANCE,
         max_moves: (keys.len() / 100).max(1),
     };
-    let stays = |k: &KeyLoad| frozen.get(k.account).is_some_and(|&held| k.index < held);
+    let stays = |k: &KeyLoad| frozen.contains(&(k.account, k.index));
     let plan = plan_by_load_keys(alloc, map, &keys, &stays, limits);
     plan.apply(alloc)?;
     let by_name: HashMap<&str, usize> = (names.iter().enumerate())
@@ -270,7 +272,9 @@ fn rebalance(
     for m in &plan.moves {
         let a = by_name[m.account.as_str()];
         accounts[a].keys[m.index as usize] = m.to;
-        accounts[a].moved_at = Some((round, accounts[a].keys.len()));
+        let moved_at = &mut accounts[a].moved_at;
+        moved_at.retain(|&(index, _)| index != m.index);
+        moved_at.push((m.index, round));
     }
     Ok(plan.moves.len())
 }

@@ -161,11 +161,15 @@ fn load_under_smoothed_reports_beats_fanout_alone_in_every_settled_round() {
         row("keyspread with the loop"),
         row("keyspread, fanout raised but no moves"),
     );
-    // Hot accounts' new keys go where the smoothed loads are least, so the shards the plans
-    // emptied of small keys do not collect them: the loop stays within 1.7 × the mean
-    // after convergence and below fanout alone in every round from the third after a
-    // rotation on, moving at most 1 % of the keys per round.
-    assert!(closed[1] <= 1.7 && closed[1] < fanned[1], "{out}");
+    // Hot accounts' new keys go where the smoothed loads are least, a moved key stays but
+    // its account's other keys may move, and two heavy keys on one shard part: after
+    // convergence the loop's median is within 1.2 × the mean and its worst (the lag of
+    // the smoothing, three rounds after a rotation) within 1.6, below fanout alone in every
+    // such round, moving at most 1 % of the keys per round.
+    assert!(
+        closed[0] <= 1.2 && closed[1] <= 1.6 && closed[1] < fanned[1],
+        "{out}"
+    );
     assert_eq!(rounds.len(), 20, "{out}");
     for r in rounds.iter().filter(|r| r[0] as u32 % 10 >= 3) {
         assert!(r[4] < r[3], "round {r:?} in\n{out}");
