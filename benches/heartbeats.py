@@ -2,13 +2,16 @@
 """Heartbeats a server takes at its most, and its CPU time per heartbeat (stdlib only).
 
     python3 benches/heartbeats.py [--binary PATH] [--shards 10000] [--workers 1000] [--secs 15]
+                                  [--accounts 0]
 
 Starts the server on a fresh SQLite file (127.0.0.1, a port it picks), registers a uniform
 stream of `--shards` shards, joins `--workers` workers (ttl 600 s) and waits until every
 lease is held, then 8 clients heartbeat round the workers as fast as they are answered for
 `--secs` seconds. Prints heartbeats/s and the server's user + system CPU (`/proc/PID/stat`)
 per heartbeat: a heartbeat costs O(its own leases), so that figure stays flat as the stream
-grows. The server is killed on exit.
+grows. With `--accounts N`, each steady heartbeat also carries a load report of N accounts
+(the same N names each time, as a worker's top accounts of a shard) on the first shard the
+worker holds; the answers must count it (empty `ignored_load`). The server is killed on exit.
 """
 import argparse, http.client, json, os, re, subprocess, tempfile, threading, time
 
@@ -19,6 +22,7 @@ parser.add_argument("--binary", default=os.path.join(TARGET_DIR, "release", "key
 parser.add_argument("--shards", type=int, default=10000)
 parser.add_argument("--workers", type=int, default=1000)
 parser.add_argument("--secs", type=int, default=15)
+parser.add_argument("--accounts", type=int, default=0)
 args = parser.parse_args()
 binary, shards, workers, secs = args.binary, args.shards, args.workers, min(args.secs, 600)
 d = tempfile.mkdtemp()
@@ -48,6 +52,15 @@ try:
         except Exception: time.sleep(0.1)
     print("put", call("PUT", "/streams/s", {"shard_count": shards})[0])
     def beat(w): return call("PUT", f"/streams/s/workers/w{w}", {"ttl_s": 600})
+    held = {}  # worker -> (shard, epoch) of the first lease it holds
+    def report(w):
+        if w not in held: return beat(w)
+        shard, epoch = held[w]
+        accounts = [{"account": f"acct-{shard}-{i}", "records": 1000 - i % 1000, "bytes": 100 * (1000 - i % 1000)}
+                    for i in range(args.accounts)]
+        load = [{"shard_id": shard, "epoch": epoch, "window_ms": 5000, "records": 600_000,
+                 "bytes": 60_000_000, "accounts": accounts}]
+        return call("PUT", f"/streams/s/workers/w{w}", {"ttl_s": 600, "load": load})
     threads = 8
     def joiner(k):
         for w in range(k, workers, threads):
@@ -60,21 +73,31 @@ try:
     while time.time() < deadline:  # settle: every hand-over done
         for w in range(workers): beat(w)
         s, b = call("GET", "/streams/s/leases")
-        if all(x["state"] == "held" for x in json.loads(b)["shards"]): break
+        group = json.loads(b)
+        busy = sum(1 for x in group["workers"] if x["shards"])  # joins wait to be assigned together
+        if all(x["state"] == "held" for x in group["shards"]) and busy == min(workers, shards): break
+    if args.accounts:
+        for w in range(workers):
+            own = [l for l in json.loads(beat(w)[1])["leases"] if l["state"] == "held"]
+            if own: held[w] = (own[0]["shard_id"], own[0]["epoch"])
+        print(f"{len(held)} of {workers} workers report {args.accounts} accounts at each heartbeat")
     def cpu():
         f = open(f"/proc/{p.pid}/stat").read().split(")")[1].split()
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    counts = [0] * threads; stop = time.time() + secs; leases = [0] * threads
+    counts = [0] * threads; stop = time.time() + secs; leases = [0] * threads; ignored = [0] * threads
     def runner(k):
         w = k
         while time.time() < stop:
-            s, b = beat(w); assert s == 200, b
-            counts[k] += 1; leases[k] += len(json.loads(b)["leases"]); w = (w + threads) % workers
+            s, b = report(w) if args.accounts else beat(w); assert s == 200, b
+            answer = json.loads(b)
+            counts[k] += 1; leases[k] += len(answer["leases"]); ignored[k] += len(answer["ignored_load"])
+            w = (w + threads) % workers
     c0, t0 = cpu(), time.time()
     ts = [threading.Thread(target=runner, args=(k,)) for k in range(threads)]
     [t.start() for t in ts]; [t.join(timeout=secs + 30) for t in ts]
     c1, t1 = cpu(), time.time(); n = sum(counts)
-    print(f"shards {shards} workers {workers}: {n} heartbeats in {t1-t0:.1f}s = {n/(t1-t0):.0f}/s, "
+    assert sum(ignored) == 0, f"{sum(ignored)} load entries ignored"
+    print(f"shards {shards} workers {workers} accounts per heartbeat {args.accounts}: {n} heartbeats in {t1-t0:.1f}s = {n/(t1-t0):.0f}/s, "
           f"{sum(leases)/n:.1f} leases each, server CPU {(c1-c0)/(t1-t0)*100:.0f}% of a core, {(c1-c0)/n*1000:.2f} ms CPU per heartbeat")
 finally:
     p.kill(); p.wait()

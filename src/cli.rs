@@ -203,7 +203,15 @@ pub async fn import<R: std::io::Read>(
     }
     for (account, fanout) in grow_later {
         registry
-            .update(account, None, Some(fanout))
+            .update(
+                account,
+                crate::registry::Update {
+                    weight: None,
+                    fanout: Some(fanout),
+                    max_fanout: None,
+                    reason: crate::store::MoveReason::Admin,
+                },
+            )
             .await
             .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
     }

@@ -69,6 +69,33 @@ pub struct ServeConfig {
     )]
     pub lease_join_batch_ms: u64,
 
+    /// Seconds over which observed load (what consumer workers report reading) halves
+    /// without new reports: the smoothing of every shard's and account's rate.
+    #[arg(
+        long,
+        env = "KEYSPREAD_LOAD_HALF_LIFE_S",
+        default_value_t = 120,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub load_half_life_s: u64,
+
+    /// Records per second a shard takes (Kinesis: 1,000): a shard's utilisation is the
+    /// larger of its records/s and bytes/s over these limits.
+    #[arg(long, env = "KEYSPREAD_SHARD_RECORDS_PER_S", default_value_t = 1000.0,
+          value_parser = positive_rate)]
+    pub shard_records_per_s: f64,
+
+    /// Bytes per second a shard takes (Kinesis: 1 MiB).
+    #[arg(long, env = "KEYSPREAD_SHARD_BYTES_PER_S", default_value_t = 1_048_576.0,
+          value_parser = positive_rate)]
+    pub shard_bytes_per_s: f64,
+
+    /// Share of a shard's limit one key of an account should carry at most, in (0, 1]: an
+    /// account of load L is suggested a fanout of ⌈L ÷ share⌉.
+    #[arg(long, env = "KEYSPREAD_HOT_ACCOUNT_SHARE", default_value_t = 0.5,
+          value_parser = account_share)]
+    pub hot_account_share: f64,
+
     /// Seconds a request may take before it is answered 408.
     #[arg(long, env = "KEYSPREAD_REQUEST_TIMEOUT_SECS", default_value_t = 10)]
     pub request_timeout_secs: u64,
@@ -111,6 +138,10 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_TRUSTED_PROXIES", value_delimiter = ',',
           value_parser = crate::http::parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
+
+    /// The load controller (`--auto-rebalance` and its flags).
+    #[command(flatten)]
+    pub controller: crate::registry::ControllerConfig,
 }
 
 impl ServeConfig {
@@ -125,6 +156,10 @@ impl ServeConfig {
             primary_stream: None,
             lookup_cache_control: axum::http::HeaderValue::from_static("max-age=60"),
             lease_join_batch_ms: crate::registry::DEFAULT_JOIN_BATCH_MS as u64,
+            load_half_life_s: 120,
+            shard_records_per_s: 1000.0,
+            shard_bytes_per_s: 1_048_576.0,
+            hot_account_share: 0.5,
             request_timeout_secs: 10,
             header_timeout_secs: 10,
             max_connections: 10_000,
@@ -133,6 +168,19 @@ impl ServeConfig {
             limit_token_holders: false,
             allowed_hosts: Vec::new(),
             trusted_proxies: Vec::new(),
+            controller: Default::default(),
+        }
+    }
+
+    /// How observed load is smoothed and weighed.
+    pub fn load_config(&self) -> crate::registry::LoadConfig {
+        crate::registry::LoadConfig {
+            half_life_ms: self.load_half_life_s as i64 * 1000,
+            limits: crate::keyspace::Limits {
+                records_per_s: self.shard_records_per_s,
+                bytes_per_s: self.shard_bytes_per_s,
+            },
+            hot_account_share: self.hot_account_share,
         }
     }
 
@@ -326,11 +374,66 @@ fn lookup_cache_control(text: &str) -> Result<axum::http::HeaderValue, String> {
     Ok(header)
 }
 
+/// A per-shard limit: a finite number above 0.
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("must be a number above 0, got {text:?}")),
+    }
+}
+
+/// A share of a shard's limit: above 0, at most 1.
+fn account_share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("must be above 0 and at most 1, got {text:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        serve: ServeConfig,
+    }
+
+    #[test]
+    fn load_flags_default_to_kinesis_limits_and_refuse_what_cannot_be() {
+        use clap::Parser as _;
+        let parse = |args: &[&str]| {
+            Flags::try_parse_from(std::iter::once("keyspread").chain(args.iter().copied()))
+                .map(|f| f.serve.load_config())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(&[]).unwrap(), crate::registry::LoadConfig::default());
+        let set = parse(&[
+            "--load-half-life-s=30",
+            "--shard-records-per-s=50",
+            "--shard-bytes-per-s=4096.5",
+            "--hot-account-share=1",
+        ])
+        .unwrap();
+        assert_eq!(set.half_life_ms, 30_000);
+        assert_eq!(set.limits.records_per_s, 50.0);
+        assert_eq!(set.limits.bytes_per_s, 4096.5);
+        assert_eq!(set.hot_account_share, 1.0);
+        for (flag, needle) in [
+            ("--load-half-life-s=0", "1..=86400"),
+            ("--load-half-life-s=86401", "1..=86400"),
+            ("--shard-records-per-s=0", "must be a number above 0"),
+            ("--shard-bytes-per-s=inf", "must be a number above 0"),
+            ("--hot-account-share=0", "must be above 0 and at most 1"),
+            ("--hot-account-share=1.5", "must be above 0 and at most 1"),
+        ] {
+            let err = parse(&[flag]).unwrap_err();
+            assert!(err.contains(needle), "{flag}: {err}");
+        }
+    }
 
     #[test]
     fn tokens_are_never_printed() {

@@ -77,8 +77,19 @@ impl AppState {
         let store = Store::connect(&config.database_url).await?;
         let registry = Registry::open(store, keyspace, config.primary_stream.clone()).await?;
         registry.set_lease_join_batch_ms(config.lease_join_batch_ms as i64);
+        registry.set_load_config(config.load_config());
         // Other processes and replicas may write too: follow the event log.
         registry.follow();
+        let lookup_cache = http::LookupCache::parse(config.lookup_cache_control.clone())
+            .map_err(StartError::LookupCacheControl)?;
+        registry.set_load_tolerance(config.controller.load_tolerance);
+        if config.controller.auto_rebalance {
+            let mut controller = config.controller.clone();
+            let lifetime_s = lookup_cache.lifetime().min(http::MAX_SWITCH_AFTER_S);
+            let lifetime_ms = lifetime_s as i64 * 1000;
+            controller.switch_after_ms.get_or_insert(lifetime_ms);
+            registry.control(controller);
+        }
         Ok(AppState {
             registry,
             access: Arc::new(Access {
@@ -93,8 +104,7 @@ impl AppState {
                 trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
             }),
             request_timeout: config.request_timeout(),
-            lookup_cache: http::LookupCache::parse(config.lookup_cache_control.clone())
-                .map_err(StartError::LookupCacheControl)?,
+            lookup_cache,
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),
             connections: ConnectionLimits {
                 header_timeout: config.header_timeout(),

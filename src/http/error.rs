@@ -171,7 +171,9 @@ impl From<registry::Error> for ApiError {
             }
             E::Keyspace(e) => e.into(),
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
-            E::BadPlanId(_) => ApiError::unprocessable(err.to_string()),
+            E::BadPlanId(_) | E::FanoutCap(_) | E::InvalidReport(_) => {
+                ApiError::unprocessable(err.to_string())
+            }
             E::Conflict => ApiError::new(StatusCode::CONFLICT, "conflict", err.to_string()),
             E::Unavailable => ApiError::unavailable(
                 "the database cannot take changes right now (unreachable, or held up by \

@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 use super::error::{ApiError, Problem};
 use crate::AppState;
 use crate::keyspace::{AccountId, HashKey};
-use crate::store::{Change, LoggedEvent};
+use crate::store::{Change, LoggedEvent, MoveReason};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
@@ -42,6 +42,18 @@ pub enum EventKind {
     Reweight,
     StreamPut,
     StreamDelete,
+    /// An account's cap on a fanout raised by load was set or cleared.
+    MaxFanout,
+}
+
+/// Why a move was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveReasonBody {
+    /// An admin's rebalance or fanout change.
+    Admin,
+    /// The load controller.
+    Load,
 }
 
 /// One committed change.
@@ -81,13 +93,30 @@ pub struct EventBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     pub switch_at: Option<String>,
+    /// For `move`: why it was made (absent for moves logged before reasons were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub reason: Option<MoveReasonBody>,
+    /// For `max_fanout`: the account's new cap, null once cleared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1024)]
+    pub max_fanout: Option<Option<u32>>,
 }
 
 impl From<LoggedEvent> for EventBody {
     fn from(logged: LoggedEvent) -> Self {
-        let switch_at = match &logged.event.change {
-            Change::Move { switch_at, .. } => Some(super::timestamp_ms(*switch_at)),
-            _ => None,
+        let (switch_at, reason, max_fanout) = match &logged.event.change {
+            Change::Move {
+                switch_at, reason, ..
+            } => {
+                let reason = reason.map(|r| match r {
+                    MoveReason::Admin => MoveReasonBody::Admin,
+                    MoveReason::Load => MoveReasonBody::Load,
+                });
+                (Some(super::timestamp_ms(*switch_at)), reason, None)
+            }
+            Change::MaxFanout { max_fanout, .. } => (None, None, Some(*max_fanout)),
+            _ => (None, None, None),
         };
         let (kind, account, stream) = match logged.event.change {
             Change::Allocate { account, index, .. } => {
@@ -100,6 +129,7 @@ impl From<LoggedEvent> for EventBody {
             Change::Reweight { account, index, .. } => {
                 (EventKind::Reweight, Some((account, index)), None)
             }
+            Change::MaxFanout { account, .. } => (EventKind::MaxFanout, Some((account, 0)), None),
             Change::StreamPut { stream } => (EventKind::StreamPut, None, Some(stream)),
             Change::StreamDelete { stream } => (EventKind::StreamDelete, None, Some(stream)),
         };
@@ -116,6 +146,8 @@ impl From<LoggedEvent> for EventBody {
             weight: logged.weight,
             shard_count: logged.shard_count,
             switch_at,
+            reason,
+            max_fanout,
         }
     }
 }

@@ -13,8 +13,8 @@ use super::error::{ApiError, Problem, in_time};
 use super::extract::{IfNoneMatch, OptionalJson, whole_number};
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
-use crate::registry::{Allocated, NewAccount};
-use crate::store;
+use crate::registry::{Allocated, NewAccount, Update};
+use crate::store::{self, MoveReason};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -55,6 +55,11 @@ pub struct Assignment {
     /// When the account first got a key (RFC 3339).
     #[schema(format = DateTime)]
     pub created_at: String,
+    /// Only when the account opted in (`PATCH`): the most keys the load controller may
+    /// raise its fanout to while it is hot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, minimum = 1, maximum = 1024)]
+    pub max_fanout: Option<u32>,
     /// Only while a rebalance is moving one of the account's keys: the keys that take over
     /// at `switch_at`. Send `hash_keys` until then, these from then on (by your clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,6 +90,7 @@ impl Assignment {
             account: a.account.into_string(),
             weight: a.weight,
             created_at: super::timestamp(a.created_at),
+            max_fanout: a.max_fanout,
             next: keys.next.map(|next| NextKeys {
                 hash_key: next.keys.as_slice()[0],
                 hash_keys: next.keys.as_slice().to_vec(),
@@ -112,6 +118,8 @@ struct AssignmentRef<'a> {
     weight: u64,
     created_at: super::Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
+    max_fanout: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     next: Option<NextRef<'a>>,
 }
 
@@ -133,6 +141,7 @@ impl<'a> AssignmentRef<'a> {
             fanout: a.fanout(),
             weight: a.weight,
             created_at: super::Timestamp(a.created_at),
+            max_fanout: a.max_fanout,
             next: keys.next.as_ref().map(|next| NextRef {
                 hash_key: next.keys.as_slice()[0],
                 hash_keys: next.keys.as_slice(),
@@ -157,7 +166,8 @@ pub struct AllocateRequest {
     pub fanout: Option<u64>,
 }
 
-/// A new weight for an account, a new fanout, or both (at least one).
+/// A new weight for an account, a new fanout, a new cap on its fanout, or several (at
+/// least one).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ReweightRequest {
@@ -165,10 +175,24 @@ pub struct ReweightRequest {
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub weight: Option<u64>,
     /// Growing keeps keys `0..k` and adds the rest; shrinking releases the keys with
-    /// index at or above the new fanout.
+    /// index at or above the new fanout. At most `max_fanout` when one is set.
     #[schema(minimum = 1, maximum = 1024)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub fanout: Option<u64>,
+    /// Opts in to the load controller's fanout: "my records may spread over up to this
+    /// many keys by sub-key". While the account is hot the controller raises its fanout
+    /// up to this, and lowers it again once it has cooled. 1..=1024, at least the fanout;
+    /// null clears it.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1024)]
+    #[serde(default, deserialize_with = "nullable_whole_number")]
+    pub max_fanout: Option<Option<u64>>,
+}
+
+/// A field that may be absent (`None`), null (`Some(None)`) or a count.
+fn nullable_whole_number<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<u64>>, D::Error> {
+    whole_number::optional(d).map(Some)
 }
 
 /// Most assignments one page of `GET /keys` holds.
@@ -462,7 +486,7 @@ fn weight_and_fanout(
         (status = 400, description = "Invalid account id, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid body, weight or fanout, neither given, or a weight below the fanout", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body, weight, fanout or max_fanout, none given, a weight below the fanout, or a fanout above max_fanout", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -472,15 +496,28 @@ async fn reweight(
     Json(body): Json<ReweightRequest>,
 ) -> Result<Json<Assignment>, ApiError> {
     let account = account_id(account)?;
-    if body.weight.is_none() && body.fanout.is_none() {
+    if body.weight.is_none() && body.fanout.is_none() && body.max_fanout.is_none() {
         return Err(ApiError::unprocessable(
-            "give a weight, a fanout, or both".to_owned(),
+            "give a weight, a fanout, or both, and/or a max_fanout".to_owned(),
         ));
     }
-    let weight = body.weight.map(keyspace::check_weight).transpose()?;
-    let fanout = body.fanout.map(keyspace::check_fanout).transpose()?;
+    let max_fanout = match body.max_fanout {
+        Some(Some(cap)) if !(1..=keyspace::MAX_FANOUT as u64).contains(&cap) => {
+            return Err(ApiError::unprocessable(format!(
+                "max_fanout must be between 1 and {}, got {cap}",
+                keyspace::MAX_FANOUT
+            )));
+        }
+        cap => cap.map(|cap| cap.map(|c| c as u32)),
+    };
+    let change = Update {
+        weight: body.weight.map(keyspace::check_weight).transpose()?,
+        fanout: body.fanout.map(keyspace::check_fanout).transpose()?,
+        max_fanout,
+        reason: MoveReason::Admin,
+    };
     Ok(Json(
-        in_time(&state, state.registry.update(account, weight, fanout))
+        in_time(&state, state.registry.update(account, change))
             .await?
             .into(),
     ))
@@ -561,7 +598,7 @@ mod tests {
             let Ok(account) = AccountId::parse(account) else {
                 return Ok(());
             };
-            let a = store::Assignment { account, hash_keys: store::HashKeys::One(HashKey(key)), weight, created_at, switching: Vec::new() };
+            let a = store::Assignment { account, hash_keys: store::HashKeys::One(HashKey(key)), weight, created_at, switching: Vec::new(), max_fanout: None };
             let keys = a.keys_at(0);
             prop_assert_eq!(
                 serde_json::to_string(&AssignmentRef::new(&a, &keys)).unwrap(),

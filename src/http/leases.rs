@@ -11,6 +11,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem, in_time};
 use super::extract::{OptionalJson, whole_number};
+use super::load::{IgnoredLoadBody, LoadEntry};
 use super::streams::StreamPath;
 use crate::AppState;
 use crate::keyspace::is_kinesis_name;
@@ -19,9 +20,13 @@ use crate::registry::{Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(heartbeat, leave))
         .routes(routes!(leases))
         .routes(routes!(checkpoint))
+}
+
+/// Joining, heartbeating and leaving: a heartbeat's load entries make for larger bodies.
+pub fn heartbeat_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(heartbeat, leave))
 }
 
 /// Longest `ttl_s` a worker may ask for: ten minutes.
@@ -64,6 +69,11 @@ pub struct HeartbeatRequest {
     #[schema(minimum = 1, maximum = 600)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub ttl_s: Option<u64>,
+    /// What the worker read from shards it holds since its last report. Entries count
+    /// only from the worker holding the shard at that epoch; the answer's `ignored_load`
+    /// lists the others.
+    #[serde(default)]
+    pub load: Vec<LoadEntry>,
 }
 
 super::extract::objects_only!(HeartbeatRequest);
@@ -115,6 +125,8 @@ pub struct WorkerBody {
     pub expires_at: String,
     /// By shard id.
     pub leases: Vec<LeaseBody>,
+    /// The request's load entries that were not counted, and why (empty when all were).
+    pub ignored_load: Vec<IgnoredLoadBody>,
 }
 
 impl From<Heartbeat> for WorkerBody {
@@ -124,6 +136,7 @@ impl From<Heartbeat> for WorkerBody {
             ttl_s: (h.ttl_ms / 1000) as u64,
             expires_at: super::timestamp_ms(h.expires_at),
             leases: h.leases.into_iter().map(LeaseBody::from).collect(),
+            ignored_load: h.ignored_load.into_iter().map(Into::into).collect(),
         }
     }
 }
@@ -310,7 +323,7 @@ fn stream_name(name: &str) -> Result<(), ApiError> {
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A new worker, and the group already has 10000", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "ttl_s outside 1..=600", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "ttl_s outside 1..=600, or a load entry that is invalid (the detail names it, such as `load[2].window_ms`): a count that is not a whole number from 0, window_ms outside 1..=3600000, more than 1,000 accounts, an invalid account id, or a shard the stream's map does not list", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -321,15 +334,19 @@ async fn heartbeat(
 ) -> Result<Json<WorkerBody>, ApiError> {
     stream_name(&name)?;
     let worker = worker_id(worker)?;
-    let ttl_s = body.unwrap_or_default().ttl_s.unwrap_or(DEFAULT_TTL_S);
+    let body = body.unwrap_or_default();
+    let ttl_s = body.ttl_s.unwrap_or(DEFAULT_TTL_S);
     if !(1..=MAX_TTL_S).contains(&ttl_s) {
         return Err(ApiError::unprocessable(format!(
             "ttl_s must be between 1 and {MAX_TTL_S} seconds, got {ttl_s}"
         )));
     }
+    let load = super::load::reports(body.load)?;
     let answer = in_time(
         &state,
-        state.registry.heartbeat(&name, worker, ttl_s as i64 * 1000),
+        state
+            .registry
+            .heartbeat(&name, worker, ttl_s as i64 * 1000, load),
     )
     .await?;
     Ok(Json(answer.into()))

@@ -11,6 +11,7 @@ mod keys;
 mod leases;
 mod limit;
 mod linger;
+mod load;
 mod local;
 mod lookup_cache;
 mod metrics;
@@ -47,6 +48,7 @@ pub use linger::Lingering;
 pub use local::{HostName, LocalNames};
 pub use lookup_cache::LookupCache;
 pub use metrics::HttpMetrics;
+pub use rebalance::MAX_SWITCH_AFTER_S;
 pub use shards::ShardOf;
 pub use streams::{PutStream, StreamMap};
 
@@ -63,6 +65,10 @@ pub const BATCH_BODY_LIMIT: usize = 4 * 1024 * 1024;
 /// room for as many closed shards again.
 pub const STREAM_BODY_LIMIT: usize = 16 * 1024 * 1024;
 
+/// Largest body a consumer worker's heartbeat may carry: load entries of 1,000 accounts
+/// (of up to 256 bytes) each, for a worker holding several shards.
+pub const HEARTBEAT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Every documented route, with the document built from them.
@@ -77,6 +83,8 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(streams::router().layer(small()))
         .merge(large(streams::put_router(), STREAM_BODY_LIMIT))
         .merge(leases::router().layer(small()))
+        .merge(large(leases::heartbeat_router(), HEARTBEAT_BODY_LIMIT))
+        .merge(load::router().layer(small()))
         .merge(health::router().layer(small()))
         .merge(metrics::router().layer(small()))
         .merge(events::router().layer(small()))

@@ -28,6 +28,7 @@ use crate::keyspace::HashKey;
         (name = "rebalance", description = "Evening out accounts over shards"),
         (name = "streams", description = "Real shard maps of Kinesis streams, and split plans"),
         (name = "leases", description = "Consumer leases: which worker reads which shard, balanced by weight"),
+        (name = "load", description = "Observed load: what consumer workers report reading, smoothed per shard and per account"),
         (name = "health", description = "Liveness and readiness"),
         (name = "observability", description = "Metrics and the event log"),
         (name = "page", description = "The operator page: HTML for people, made from the same calls as the JSON"),

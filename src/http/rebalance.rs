@@ -14,7 +14,8 @@ use super::error::{ApiError, Problem};
 use super::extract::whole_number;
 use super::shards::MapParams;
 use crate::AppState;
-use crate::keyspace::{HashKey, Plan, Skew};
+use crate::keyspace::{HashKey, LoadSkew, Plan, Skew};
+use crate::registry::{MapSpec, Planned};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -67,13 +68,92 @@ pub struct RebalancePlan {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     pub switch_at: Option<String>,
+    /// Once applied: true when the preview had gone stale and the apply planned again
+    /// under the writer lock (the answer is the plan applied, at most as many moves as the
+    /// preview had, under its own `plan_id`). Absent from previews.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub replanned: Option<bool>,
+    /// `load` for a plan by observed load (`by=load`); absent for a plan by keys and
+    /// weights. A by-load plan moves keys off the busiest shards by utilisation: `before`
+    /// and `after` still count keys, `load_before` and `load_after` measure utilisation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub by: Option<PlanBy>,
+    /// For a by-load plan: the shards' utilisation before its moves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub load_before: Option<LoadSkewBody>,
+    /// For a by-load plan: the shards' utilisation once its moves switch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub load_after: Option<LoadSkewBody>,
+}
+
+/// What a plan evens out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanBy {
+    /// Keys and their weights per shard.
+    Count,
+    /// Observed utilisation per shard.
+    Load,
+}
+
+/// How even the shards' observed utilisation is.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct LoadSkewBody {
+    pub shards: usize,
+    /// The busiest shard's utilisation (1.0 is Kinesis' write limit).
+    pub max: f64,
+    /// The mean utilisation per shard.
+    pub mean: f64,
+    /// `max` over `mean`; 1.0 is perfect, 0 when nothing was observed.
+    pub max_over_mean: f64,
+}
+
+impl From<LoadSkew> for LoadSkewBody {
+    fn from(s: LoadSkew) -> Self {
+        LoadSkewBody {
+            shards: s.shards,
+            max: s.max,
+            mean: s.mean,
+            max_over_mean: s.max_over_mean,
+        }
+    }
 }
 
 impl RebalancePlan {
+    pub(super) fn planned(plan_id: String, planned: Planned) -> Self {
+        match planned {
+            Planned::Count(plan) => RebalancePlan::new(plan_id, plan),
+            Planned::Load(plan, counted) => {
+                let as_plan = Plan {
+                    cap: counted.cap,
+                    moves: plan.moves,
+                    mends: 0,
+                    before: counted.before,
+                    after: counted.after,
+                    complete: counted.complete,
+                };
+                RebalancePlan {
+                    by: Some(PlanBy::Load),
+                    load_before: Some(plan.before.into()),
+                    load_after: Some(plan.after.into()),
+                    ..RebalancePlan::new(plan_id, as_plan)
+                }
+            }
+        }
+    }
+
     pub(super) fn new(plan_id: String, plan: Plan) -> Self {
         RebalancePlan {
             plan_id,
             switch_at: None,
+            replanned: None,
+            by: None,
+            load_before: None,
+            load_after: None,
             cap: plan.cap,
             complete: plan.complete,
             mends: plan.mends,
@@ -100,9 +180,9 @@ impl RebalancePlan {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ApplyRequest {
-    /// The `plan_id` of a preview: `EVENT.MAP.DIGEST`.
+    /// The `plan_id` of a preview: `EVENT.MAP.MOVES.DIGEST`.
     #[schema(
-        pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,4}|100000|stream:[a-zA-Z0-9_.-]{1,128})\.[0-9a-fA-F]{16}$"
+        pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,4}|100000|stream:[a-zA-Z0-9_.-]{1,128})\.[0-9]{1,9}\.[0-9a-fA-F]{16}$"
     )]
     pub plan_id: String,
     /// Seconds until producers switch to the new keys, 0..=86400: until then lookups
@@ -112,37 +192,79 @@ pub struct ApplyRequest {
     #[schema(minimum = 0, maximum = 86400)]
     #[serde(default, deserialize_with = "whole_number::optional")]
     pub switch_after_s: Option<u64>,
+    /// When anything changed since the preview: false (the default) refuses the plan as
+    /// stale (409); true plans again under the writer lock and applies at most as many
+    /// moves as the preview had, answering that plan with `replanned: true`.
+    #[serde(default)]
+    pub replan: bool,
 }
 
 super::extract::objects_only!(ApplyRequest);
 
-/// Plan a rebalance over a uniform or a registered stream's map; changes nothing.
+/// What a preview evens out.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ByParams {
+    /// `count` (the default): keys and their weights per shard; `load`: the observed
+    /// utilisation per shard (a registered `stream` only).
+    #[param(value_type = Option<PlanBy>)]
+    pub by: Option<String>,
+}
+
+/// Plan a rebalance over a uniform or a registered stream's map, by keys and weights or by
+/// observed load; changes nothing.
 #[utoipa::path(
     get, path = "/rebalance/preview", tag = "rebalance",
-    params(MapParams),
+    params(MapParams, ByParams),
     responses(
         (status = 200, description = "The plan", body = RebalancePlan),
         (status = 400, description = "Not exactly one of shards and stream, or a bad shard count", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`by` other than count or load, or by=load over a uniform map", body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn preview(
     State(state): State<AppState>,
     Query(q): Query<MapParams>,
+    Query(by): Query<ByParams>,
 ) -> Result<Response, ApiError> {
     let spec = q.spec()?;
     let registry = Arc::clone(&state.registry);
-    state
-        .heavy
-        .json(move || {
-            let (plan_id, plan) = registry.preview(&spec)?;
-            Ok(RebalancePlan::new(plan_id, plan))
-        })
-        .await
+    match by.by.as_deref().unwrap_or("count") {
+        "count" => {
+            state
+                .heavy
+                .json(move || {
+                    let (plan_id, plan) = registry.preview(&spec)?;
+                    Ok(RebalancePlan::new(plan_id, plan))
+                })
+                .await
+        }
+        "load" => {
+            let MapSpec::Stream(name) = spec else {
+                return Err(ApiError::unprocessable(
+                    "by=load plans over a registered stream's observed load: give stream, not shards"
+                        .to_owned(),
+                ));
+            };
+            let load = registry.stream_load(&name).await?;
+            state
+                .heavy
+                .json(move || {
+                    let (plan_id, plan) = registry.preview_by_load(&name, &load)?;
+                    Ok(RebalancePlan::planned(plan_id, plan))
+                })
+                .await
+        }
+        other => Err(ApiError::unprocessable(format!(
+            "by must be count or load, got {other:?}"
+        ))),
+    }
 }
 
 /// Apply a previewed plan, in one transaction, staging its moves: each moved account keeps
 /// its old key until `switch_at` (`switch_after_s` from now), then every producer switches.
+/// With `replan`, a preview gone stale is planned again under the writer lock.
 #[utoipa::path(
     post, path = "/rebalance", tag = "rebalance",
     request_body = ApplyRequest,
@@ -150,7 +272,7 @@ async fn preview(
         (status = 200, description = "The moves applied", body = RebalancePlan),
         (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The plan's stream is no longer registered", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Assignments or the map changed since the preview", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Assignments or the map changed since the preview (and `replan` was not asked for)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a plan id, or switch_after_s outside 0..=86400", body = Problem, content_type = "application/problem+json"),
     ),
@@ -168,11 +290,13 @@ async fn apply(
             "switch_after_s must be between 0 and {MAX_SWITCH_AFTER_S} seconds, got {switch_after_s}"
         )));
     }
-    let (plan, switch_at) = state
+    let applied = state
         .registry
-        .apply(body.plan_id.clone(), switch_after_s as i64 * 1000)
+        .apply(body.plan_id, switch_after_s as i64 * 1000, body.replan)
         .await?;
-    let mut answer = RebalancePlan::new(body.plan_id, plan);
+    let switch_at = applied.switch_at;
+    let mut answer = RebalancePlan::planned(applied.plan_id, applied.plan);
+    answer.replanned = Some(applied.replanned);
     if !answer.moves.is_empty() {
         let switch_at = super::timestamp_ms(switch_at);
         for m in &mut answer.moves {

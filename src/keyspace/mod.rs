@@ -9,6 +9,7 @@ mod key;
 pub mod lease_state;
 pub mod leases;
 mod list_shards;
+pub mod load;
 mod load_plan;
 mod rebalance;
 mod selector;
@@ -25,6 +26,7 @@ pub use key::{HashKey, Keyspace};
 pub use list_shards::{
     HashKeyRange, ListShards, ListedShard, SequenceNumberRange, is_kinesis_name,
 };
+pub use load::{Limits, Rate};
 pub use load_plan::{
     KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, plan_by_load, plan_by_load_keys, suggested_fanout,
 };

@@ -34,6 +34,8 @@ pub struct Held {
     pub created_at: i64,
     /// The account's keys that staged moves are switching (usually none).
     pub switching: Vec<Switch>,
+    /// The most keys the load controller may give it, if it opted in.
+    pub max_fanout: Option<u32>,
 }
 
 /// Every account's keys, by account.
@@ -44,6 +46,8 @@ pub struct Accounts {
     several: Map<Arc<[HashKey]>>,
     /// The keys staged moves are switching, by account: few, and empty most of the time.
     switching: Map<Vec<Switch>>,
+    /// The caps on a fanout raised by load, of the accounts that set one: few.
+    caps: Map<u32>,
     /// When each of those switches: (switch_at, account, index).
     due: BTreeSet<(i64, AccountId, u32)>,
     /// Bumped whenever an account may have come, gone, or changed weight or fanout.
@@ -59,6 +63,7 @@ impl Accounts {
             entries: Map::with_capacity_and_hasher(count, Default::default()),
             several: Map::default(),
             switching: Map::default(),
+            caps: Map::default(),
             due: BTreeSet::new(),
             changes: 0,
         }
@@ -85,11 +90,16 @@ impl Accounts {
             true => Vec::new(),
             false => self.switching.get(id).cloned().unwrap_or_default(),
         };
+        let max_fanout = match self.caps.is_empty() {
+            true => None,
+            false => self.caps.get(id).copied(),
+        };
         Held {
             keys,
             weight: u64::from(e.weight),
             created_at: e.created_at,
             switching,
+            max_fanout,
         }
     }
 
@@ -223,11 +233,34 @@ impl Accounts {
         if index == 0 {
             self.changes += 1;
             self.entries.remove(id.as_str());
+            self.caps.remove(id.as_str());
         } else {
             keys.pop();
             self.file(id.clone(), keys, held.weight - weight, held.created_at);
         }
         Ok(())
+    }
+
+    /// Sets (or with `None` clears) the cap on `id`'s fanout raised by load.
+    pub fn set_max_fanout(&mut self, id: &AccountId, max_fanout: Option<u32>) {
+        match max_fanout {
+            Some(cap) if self.entries.contains_key(id.as_str()) => {
+                self.caps.insert(id.clone(), cap);
+            }
+            _ => {
+                self.caps.remove(id.as_str());
+            }
+        }
+    }
+
+    /// Every account that set a cap on its fanout, with its fanout, weight and cap.
+    pub fn capped(&self) -> Vec<(AccountId, u32, u64, u32)> {
+        (self.caps.iter())
+            .filter_map(|(id, &cap)| {
+                let e = self.entries.get(id.as_str())?;
+                Some((id.clone(), e.fanout, u64::from(e.weight), cap))
+            })
+            .collect()
     }
 
     /// Moves key `index` to `to`.

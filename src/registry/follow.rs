@@ -307,6 +307,7 @@ fn apply_change(
             from,
             to,
             switch_at,
+            reason: _,
         } => {
             let weight = alloc.remove(from)?;
             alloc.insert(to, weight)?;
@@ -342,6 +343,10 @@ fn apply_change(
                 return Err(corrupt(format!("reweight of key {index} of {account}")));
             }
         }
+        Change::MaxFanout {
+            account,
+            max_fanout,
+        } => accounts.set_max_fanout(&account, max_fanout),
         Change::StreamPut { .. } | Change::StreamDelete { .. } => {}
     }
     Ok(())

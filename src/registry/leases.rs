@@ -15,6 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use super::load::{IgnoredLoad, LoadReport};
 use super::{Error, Registry, Stream, detached};
 use crate::keyspace::lease_state::{Holder, HolderState, LeaseShard, SHARD_END, leasable};
 use crate::keyspace::leases::assign;
@@ -33,6 +34,8 @@ pub struct Heartbeat {
     /// Unix milliseconds: the worker's leases are its until then unless it heartbeats.
     pub expires_at: i64,
     pub leases: Vec<OwnLease>,
+    /// The load entries not counted, and why.
+    pub ignored_load: Vec<IgnoredLoad>,
 }
 
 /// A lease as its owner sees it.
@@ -125,12 +128,14 @@ impl Registry {
     }
 
     /// Joins `worker` to `stream`'s consumer group, or keeps it in: it stays live for
-    /// `ttl_ms` from now. Answers its leases.
+    /// `ttl_ms` from now. Folds in the entries of `load` it may report (see
+    /// [`Registry::fold_load`]), in the same transaction. Answers its leases.
     pub async fn heartbeat(
         self: &Arc<Self>,
         stream: &str,
         worker: String,
         ttl_ms: i64,
+        load: Vec<LoadReport>,
     ) -> Result<Heartbeat, Error> {
         let stream = self.leased_stream(stream)?;
         let this = Arc::clone(self);
@@ -156,8 +161,17 @@ impl Registry {
             }
             // The revocations it was told of at an earlier heartbeat complete now: it has
             // stopped reading those shards (and forgets those the map no longer lists).
+            let owned = tx.owned_leases(name, &me.worker).await?;
+            // Refused, this rolls back the worker's join or heartbeat.
+            Self::check_load_shards(&stream, &owned, &load)?;
+            // Counted by the leases as they stood before this heartbeat changed them.
+            let ignored_load = if load.is_empty() {
+                Vec::new()
+            } else {
+                this.fold_load(&mut tx, &stream, &owned, load, now).await?
+            };
             let listed = |id: &str| stream.lease_shards.iter().any(|s| s.id == id);
-            for mut lease in tx.owned_leases(name, &me.worker).await? {
+            for mut lease in owned {
                 if lease.holder.told && !listed(&lease.shard_id) {
                     tx.delete_lease(name, &lease.shard_id).await?;
                 } else if lease.holder.told {
@@ -204,6 +218,7 @@ impl Registry {
                 worker: me.worker,
                 ttl_ms,
                 expires_at: me.expires_at,
+                ignored_load,
                 leases: {
                     // By shard id (Kinesis numbers shards upwards): O(own leases), where the
                     // stream's own order would cost a walk of all its shards.

@@ -24,6 +24,9 @@ pub struct Metrics {
     pub(super) lease_heartbeats: Counter,
     pub(super) lease_assignments: Counter,
     pub(super) lease_assign_time: Histogram,
+    pub(super) controller_rounds: Counter,
+    pub(super) controller_moves: Counter,
+    pub(super) controller_fanouts: Counter,
 }
 
 /// A change this process committed, for the counters.
@@ -138,6 +141,21 @@ impl Registry {
                 "keyspread_rebalance_moves_total",
                 "Accounts moved to another key by rebalances this process applied.",
                 &m.moves,
+            ),
+            (
+                "keyspread_controller_rounds_total",
+                "Load controller rounds this process ran (acting or not).",
+                &m.controller_rounds,
+            ),
+            (
+                "keyspread_controller_moves_total",
+                "Keys the load controller moved in this process's rounds.",
+                &m.controller_moves,
+            ),
+            (
+                "keyspread_controller_fanouts_total",
+                "Fanouts the load controller raised or lowered in this process's rounds.",
+                &m.controller_fanouts,
             ),
             (
                 "keyspread_lease_heartbeats_total",

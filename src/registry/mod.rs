@@ -10,26 +10,33 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
 use crate::store::{
-    Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, Store, StoreError, Switch,
+    Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, MoveReason, Store, StoreError, Switch,
 };
 
 mod accounts;
+mod controller;
 mod follow;
 mod group;
 mod leases;
+mod load;
 mod md5_loads;
 mod metrics;
 mod rebalance;
 mod streams;
 
 use accounts::{Accounts, Held};
+pub use controller::{ControllerConfig, Round};
 pub use follow::POLL;
 pub use leases::{
     Checkpointed, DEFAULT_JOIN_BATCH_MS, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease,
     WEIGHT_RECHECK_MS, WorkerLeases,
 };
+pub use load::{
+    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadConfig, LoadReport,
+    MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
+};
 use metrics::Committed;
-pub use rebalance::MapSpec;
+pub use rebalance::{Applied, Counted, MapSpec, Planned};
 pub use streams::{Stream, StreamChange};
 
 /// Why a registry operation failed.
@@ -39,7 +46,9 @@ pub enum Error {
     NotFound(AccountId),
     #[error(transparent)]
     Keyspace(#[from] keyspace::Error),
-    #[error("plan {0} no longer matches the assignments: preview again")]
+    #[error(
+        "plan {0} no longer matches the assignments: preview again, or apply with \"replan\": true"
+    )]
     StalePlan(String),
     #[error("no stream named {0:?} is registered")]
     UnknownStream(String),
@@ -61,8 +70,13 @@ pub enum Error {
         worker: String,
         epoch: u64,
     },
+    #[error("{0}")]
+    InvalidReport(String),
     #[error("{0:?} is not a plan id issued by this service")]
     BadPlanId(String),
+    /// A fanout above the account's cap, or a cap below its fanout.
+    #[error("{0}")]
+    FanoutCap(String),
     #[error("the database refused the change because another writer changed the same rows")]
     Conflict,
     #[error("the database is unreachable; changes are refused until it is back")]
@@ -131,6 +145,8 @@ pub struct Registry {
     metrics: metrics::Metrics,
     /// See [`leases::DEFAULT_JOIN_BATCH_MS`].
     lease_join_batch: std::sync::atomic::AtomicI64,
+    /// `--load-tolerance`, as f64 bits: the band by-load plans stop inside.
+    load_tolerance: std::sync::atomic::AtomicU64,
     /// The last MD5 comparison made, while no account changes.
     md5_cache: std::sync::Mutex<Option<md5_loads::Md5Loads>>,
     /// The newest migration the database was seen to have run; above
@@ -138,6 +154,19 @@ pub struct Registry {
     schema: std::sync::atomic::AtomicI64,
     /// Since when the follower has failed to apply the log, while it does.
     follow_failing: std::sync::Mutex<Option<Instant>>,
+    /// How observed load is smoothed and weighed.
+    load_config: RwLock<load::LoadConfig>,
+}
+
+/// What [`Registry::update`] changes: each field given replaces the account's.
+#[derive(Debug, Clone, Copy)]
+pub struct Update {
+    pub weight: Option<u64>,
+    pub fanout: Option<u32>,
+    /// `Some(None)` clears the cap.
+    pub max_fanout: Option<Option<u32>>,
+    /// Why moves this makes are made.
+    pub reason: MoveReason,
 }
 
 /// Files every stored key row by account: key 0 makes the entry, the keys of accounts
@@ -217,6 +246,7 @@ impl Registry {
         let now = snapshot.clock_ms().await?;
         let schema = snapshot.schema_version().await?;
         let moves = snapshot.pending_moves(now).await?;
+        let caps = snapshot.max_fanouts().await?;
         drop(snapshot);
         let mut alloc = tokio::task::spawn_blocking(move || Allocator::with_keys(keyspace, keys))
             .await
@@ -231,6 +261,9 @@ impl Registry {
                 switch_at: m.switch_at,
             };
             accounts.stage(&m.account, switch);
+        }
+        for (account, cap) in caps {
+            accounts.set_max_fanout(&account, Some(cap));
         }
         tracing::info!(
             accounts = accounts.len(),
@@ -254,9 +287,11 @@ impl Registry {
             group: std::sync::OnceLock::new(),
             metrics: Default::default(),
             lease_join_batch: leases::DEFAULT_JOIN_BATCH_MS.into(),
+            load_tolerance: ControllerConfig::default().load_tolerance.to_bits().into(),
             md5_cache: Default::default(),
             schema: 0.into(),
             follow_failing: Default::default(),
+            load_config: Default::default(),
         });
         registry.note_schema(schema);
         let w = registry.writer.lock().await;
@@ -464,6 +499,7 @@ impl Registry {
                         weight: request.weight,
                         created_at: now,
                         switching: Vec::new(),
+                        max_fanout: None,
                     };
                     new.extend(a.rows());
                     answers.push(Allocated::Created(a));
@@ -536,25 +572,53 @@ impl Registry {
         .await
     }
 
-    /// Changes `account`'s weight, its fanout, or both; key `i` stays for every `i` below
-    /// both fanouts. Growing adds keys where the spread rule allows; shrinking releases
-    /// the keys with index at or above the new fanout. One transaction, one event per key.
+    /// Changes `account`'s weight, its fanout, its cap on a fanout raised by load
+    /// (`Some(None)` clears it), or several; key `i` stays for every `i` below both fanouts.
+    /// Growing adds keys where the spread rule allows; shrinking releases the keys with
+    /// index at or above the new fanout; moves this makes are logged with `reason`. One
+    /// transaction, one event per key.
     pub async fn update(
         self: &Arc<Self>,
         account: AccountId,
-        weight: Option<u64>,
-        fanout: Option<u32>,
+        change: Update,
     ) -> Result<Assignment, Error> {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
-            let a = this
+            let mut a = this
                 .lookup(account.as_str())
                 .ok_or(Error::NotFound(account))?;
-            let (weight, fanout) = (weight.unwrap_or(a.weight), fanout.unwrap_or(a.fanout()));
+            let weight = change.weight.unwrap_or(a.weight);
+            let fanout = change.fanout.unwrap_or(a.fanout());
             keyspace::check_shares(weight, fanout)?;
+            let cap = change.max_fanout.unwrap_or(a.max_fanout);
+            match (cap, change.max_fanout) {
+                (Some(cap), Some(_)) if fanout > cap => {
+                    return Err(Error::FanoutCap(format!(
+                        "max_fanout {cap} is below the fanout {fanout}"
+                    )));
+                }
+                (Some(cap), None) if fanout > cap => {
+                    return Err(Error::FanoutCap(format!(
+                        "fanout {fanout} is above max_fanout {cap}: raise or clear max_fanout first"
+                    )));
+                }
+                _ => {}
+            }
+            let cap_change = change.max_fanout.filter(|&cap| cap != a.max_fanout);
             if (weight, fanout) == (a.weight, a.fanout()) {
+                let Some(cap) = cap_change else {
+                    return Ok(a);
+                };
+                let id = tx.set_max_fanout(a.account.as_str(), cap, at).await?;
+                this.commit(&mut w, tx, Committed::Reweight).await?;
+                let change = Change::MaxFanout {
+                    account: a.account.clone(),
+                    max_fanout: cap,
+                };
+                this.apply_events(&mut w, vec![Event { id, at, change }])?;
+                a.max_fanout = cap;
                 return Ok(a);
             }
             let held = held_rows(&w.alloc, &a);
@@ -650,7 +714,9 @@ impl Registry {
                     weight: row.weight,
                 },
             }));
-            let ids = tx.apply_moves(&staged, at, switch_at).await?;
+            let ids = tx
+                .apply_moves(&staged, at, switch_at, change.reason)
+                .await?;
             events.extend(ids.into_iter().zip(&staged).map(|(id, m)| Event {
                 id,
                 at,
@@ -660,8 +726,17 @@ impl Registry {
                     from: m.from,
                     to: m.to,
                     switch_at,
+                    reason: Some(change.reason),
                 },
             }));
+            if let Some(cap) = cap_change {
+                let id = tx.set_max_fanout(a.account.as_str(), cap, at).await?;
+                let change = Change::MaxFanout {
+                    account: a.account.clone(),
+                    max_fanout: cap,
+                };
+                events.push(Event { id, at, change });
+            }
             this.commit(&mut w, tx, Committed::Reweight).await?;
             this.apply_events(&mut w, events)?;
             Ok(Assignment {
@@ -676,6 +751,7 @@ impl Registry {
                         switch_at,
                     }))
                     .collect(),
+                max_fanout: cap,
             })
         })
         .await
@@ -760,6 +836,7 @@ fn assignment(account: AccountId, held: Held) -> Assignment {
         weight: held.weight,
         created_at: held.created_at,
         switching: held.switching,
+        max_fanout: held.max_fanout,
     }
 }
 

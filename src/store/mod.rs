@@ -7,6 +7,7 @@
 //! in-memory tree is only a cache of what is committed here.
 
 pub mod leases;
+pub mod load;
 mod postgres;
 mod queries;
 mod raw_sqlite;
@@ -94,6 +95,8 @@ pub struct Assignment {
     /// The account's keys that a staged move is switching (empty for almost every
     /// account): each key's old value stays in use until its switch.
     pub switching: Vec<Switch>,
+    /// The most keys the load controller may give the account, if it opted in.
+    pub max_fanout: Option<u32>,
 }
 
 /// One key of an account moving under a staged move: producers send `from` until
@@ -179,9 +182,9 @@ impl Assignment {
 
 /// Groups rows sorted by account and index into assignments (the first row of an account
 /// gives its creation time).
-fn group_rows(rows: Vec<(KeyRow, Option<Switch>)>) -> Result<Vec<Assignment>> {
+fn group_rows(rows: Vec<(KeyRow, Option<Switch>, Option<u32>)>) -> Result<Vec<Assignment>> {
     let mut out: Vec<(Assignment, Vec<HashKey>)> = Vec::new();
-    for (row, switch) in rows {
+    for (row, switch, max_fanout) in rows {
         let switching = Vec::from_iter(switch);
         match out.last_mut() {
             Some((a, keys)) if a.account == row.account => {
@@ -210,6 +213,7 @@ fn group_rows(rows: Vec<(KeyRow, Option<Switch>)>) -> Result<Vec<Assignment>> {
                     weight: row.weight,
                     created_at: row.created_at,
                     switching,
+                    max_fanout,
                 };
                 out.push((a, vec![row.hash_key]));
             }
@@ -306,6 +310,13 @@ pub enum Change {
         from: HashKey,
         to: HashKey,
         switch_at: i64,
+        /// Why the move was made; `None` for moves logged before reasons were.
+        reason: Option<MoveReason>,
+    },
+    /// The account's cap on a fanout raised by load; `None` clears it.
+    MaxFanout {
+        account: AccountId,
+        max_fanout: Option<u32>,
     },
     Reweight {
         account: AccountId,
@@ -319,6 +330,30 @@ pub enum Change {
     StreamDelete {
         stream: String,
     },
+}
+
+/// Why a move was made: an admin's apply (or fanout change), or the load controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveReason {
+    Admin,
+    Load,
+}
+
+impl MoveReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveReason::Admin => "admin",
+            MoveReason::Load => "load",
+        }
+    }
+
+    fn parse(text: &str) -> Option<MoveReason> {
+        match text {
+            "admin" => Some(MoveReason::Admin),
+            "load" => Some(MoveReason::Load),
+            _ => None,
+        }
+    }
 }
 
 /// Errors of the storage layer. Their text is logged, never sent to clients.
@@ -730,8 +765,39 @@ impl Tx {
         moves: &[Move],
         at: i64,
         switch_at: i64,
+        reason: MoveReason,
     ) -> Result<Vec<i64>> {
-        in_tx!(self, apply_moves(moves, at, switch_at))
+        in_tx!(self, apply_moves(moves, at, switch_at, reason))
+    }
+
+    /// Sets (or with `None` clears) `account`'s cap on a fanout raised by load and logs a
+    /// `max_fanout` event; answers its id, or [`StoreError::Stale`] if the account has no
+    /// key 0.
+    pub async fn set_max_fanout(
+        &mut self,
+        account: &str,
+        max_fanout: Option<u32>,
+        at: i64,
+    ) -> Result<i64> {
+        in_tx!(self, set_max_fanout(account, max_fanout, at))
+    }
+
+    /// Claims the load controller's next round on `stream` at `now` (the database's clock,
+    /// Unix milliseconds) if the last was claimed at least `interval_ms` before: true when
+    /// this transaction took it (one replica per round; a second waits for the first's
+    /// commit and then finds the round taken).
+    pub async fn claim_round(&mut self, stream: &str, now: i64, interval_ms: i64) -> Result<bool> {
+        in_tx!(self, claim_round(stream, now, interval_ms))
+    }
+
+    /// The accounts the load controller moved at or after `since` (Unix milliseconds).
+    pub async fn moved_by_load_since(&mut self, since: i64) -> Result<Vec<String>> {
+        in_tx!(self, moved_by_load_since(since))
+    }
+
+    /// Every account that set a cap on its fanout, with the cap.
+    pub async fn max_fanouts(&mut self) -> Result<Vec<(AccountId, u32)>> {
+        in_tx!(self, max_fanouts())
     }
 
     /// Every move still pending at `now` (Unix milliseconds), by event id.
@@ -894,6 +960,8 @@ struct EventRow {
     shard_count: Option<i64>,
     idx: i64,
     switch_at: Option<i64>,
+    reason: Option<String>,
+    max_fanout: Option<i64>,
 }
 
 impl EventRow {
@@ -911,6 +979,8 @@ impl EventRow {
             shard_count,
             idx,
             switch_at,
+            reason,
+            max_fanout,
         } = self;
         let index = u32::try_from(idx)
             .map_err(|_| StoreError::Corrupt(format!("event {id}: key index {idx}")))?;
@@ -945,6 +1015,21 @@ impl EventRow {
                 to: some_key(key_after)?,
                 // Moves logged before they were staged switched at once.
                 switch_at: switch_at.unwrap_or(at),
+                reason: match reason {
+                    None => None,
+                    Some(r) => Some(MoveReason::parse(&r).ok_or_else(|| {
+                        StoreError::Corrupt(format!("event {id}: move reason {r:?}"))
+                    })?),
+                },
+            },
+            "max_fanout" => Change::MaxFanout {
+                account: account()?,
+                max_fanout: max_fanout
+                    .map(|n| {
+                        u32::try_from(n)
+                            .map_err(|_| StoreError::Corrupt(format!("event {id}: max_fanout {n}")))
+                    })
+                    .transpose()?,
             },
             "reweight" => Change::Reweight {
                 account: account()?,

@@ -57,10 +57,10 @@ macro_rules! queries {
 
         /// The key rows of the first `limit` accounts after `after`, by account and index,
         /// at most `max_rows` of them, each with the switch of a staged move that set it
-        /// (past or pending).
-        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32, max_rows: u32) -> Result<Vec<(KeyRow, Option<Switch>)>> {
+        /// (past or pending), and key 0 with the account's cap on its fanout, if it set one.
+        pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32, max_rows: u32) -> Result<Vec<(KeyRow, Option<Switch>, Option<u32>)>> {
             let rows = sqlx::query(
-                "SELECT account, idx, hash_key, weight, created_at, prev_hash_key, switch_at FROM assignments \
+                "SELECT account, idx, hash_key, weight, created_at, prev_hash_key, switch_at, max_fanout FROM assignments \
                  WHERE account IN \
                  (SELECT account FROM assignments WHERE account > $1 AND idx = 0 ORDER BY account LIMIT $2) \
                  ORDER BY account, idx LIMIT $3",
@@ -89,7 +89,11 @@ macro_rules! queries {
                         }),
                         _ => None,
                     };
-                    Ok((row, switch))
+                    let cap: Option<i64> = r.try_get(7)?;
+                    let cap = cap
+                        .map(|c| u32::try_from(c).map_err(|_| StoreError::Corrupt(format!("account {}: max_fanout {c}", row.account))))
+                        .transpose()?;
+                    Ok((row, switch, cap))
                 })
                 .collect()
         }
@@ -142,14 +146,68 @@ macro_rules! queries {
 
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows: Vec<EventRow> = sqlx::query_as(
-                "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx, switch_at \
-                 FROM events WHERE id > $1 ORDER BY id LIMIT $2",
+                "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx, switch_at, \
+                 reason, max_fanout FROM events WHERE id > $1 ORDER BY id LIMIT $2",
             )
             .bind(after)
             .bind(limit)
             .fetch_all(&mut *conn)
             .await?;
             rows.into_iter().map(EventRow::decode).collect()
+        }
+
+        pub async fn set_max_fanout(conn: &mut Conn, account: &str, max_fanout: Option<u32>, at: i64) -> Result<i64> {
+            let done = sqlx::query("UPDATE assignments SET max_fanout = $1 WHERE account = $2 AND idx = 0")
+                .bind(max_fanout.map(i64::from))
+                .bind(account)
+                .execute(&mut *conn)
+                .await?;
+            crate::store::changed_one(done.rows_affected())?;
+            Ok(sqlx::query_scalar(
+                "INSERT INTO events (at, kind, account, idx, max_fanout) VALUES ($1, 'max_fanout', $2, 0, $3) RETURNING id",
+            )
+            .bind(at)
+            .bind(account)
+            .bind(max_fanout.map(i64::from))
+            .fetch_one(&mut *conn)
+            .await?)
+        }
+
+        pub async fn claim_round(conn: &mut Conn, stream: &str, now: i64, interval_ms: i64) -> Result<bool> {
+            sqlx::query("INSERT INTO controller_rounds (stream, round, at_ms) VALUES ($1, 0, 0) ON CONFLICT (stream) DO NOTHING")
+                .bind(stream)
+                .execute(&mut *conn)
+                .await?;
+            let done = sqlx::query(
+                "UPDATE controller_rounds SET round = round + 1, at_ms = $2 WHERE stream = $1 AND at_ms <= $3",
+            )
+            .bind(stream)
+            .bind(now)
+            .bind(now - interval_ms)
+            .execute(&mut *conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        pub async fn moved_by_load_since(conn: &mut Conn, since: i64) -> Result<Vec<String>> {
+            Ok(sqlx::query_scalar("SELECT DISTINCT account FROM events WHERE reason = 'load' AND at >= $1")
+                .bind(since)
+                .fetch_all(&mut *conn)
+                .await?)
+        }
+
+        pub async fn max_fanouts(conn: &mut Conn) -> Result<Vec<(crate::keyspace::AccountId, u32)>> {
+            let rows: Vec<(String, i64)> =
+                sqlx::query_as("SELECT account, max_fanout FROM assignments WHERE max_fanout IS NOT NULL")
+                    .fetch_all(&mut *conn)
+                    .await?;
+            rows.into_iter()
+                .map(|(account, cap)| {
+                    let cap = u32::try_from(cap)
+                        .map_err(|_| StoreError::Corrupt(format!("account {account}: max_fanout {cap}")))?;
+                    Ok((decode_account(account)?, cap))
+                })
+                .collect()
         }
 
         pub async fn reweight(conn: &mut Conn, rows: &[KeyRow], at: i64) -> Result<Vec<i64>> {
@@ -171,11 +229,24 @@ macro_rules! queries {
 
         /// Applies moves in order, each switching at `switch_at`, with a `move` event each;
         /// answers the events' ids.
-        pub async fn apply_moves(conn: &mut Conn, moves: &[Move], at: i64, switch_at: i64) -> Result<Vec<i64>> {
+        pub async fn apply_moves(conn: &mut Conn, moves: &[Move], at: i64, switch_at: i64, reason: crate::store::MoveReason) -> Result<Vec<i64>> {
             let mut ids = Vec::with_capacity(moves.len());
             for m in moves {
                 let (from, to) = (m.from.to_be_bytes(), m.to.to_be_bytes());
-                let id = log(conn, at, "move", &m.account, m.index, Some(from), Some(to), m.weight, Some(switch_at)).await?;
+                let id: i64 = sqlx::query_scalar(
+                    "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight, switch_at, reason) \
+                     VALUES ($1, 'move', $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+                )
+                .bind(at)
+                .bind(&m.account)
+                .bind(i64::from(m.index))
+                .bind(from.to_vec())
+                .bind(to.to_vec())
+                .bind(m.weight as i64)
+                .bind(switch_at)
+                .bind(reason.as_str())
+                .fetch_one(&mut *conn)
+                .await?;
                 let done = sqlx::query(
                     "UPDATE assignments SET hash_key = $1, prev_hash_key = $2, switch_at = $3, moved_by = $4 \
                      WHERE account = $5 AND idx = $6 AND hash_key = $2",

@@ -271,7 +271,11 @@ async fn bodies_are_objects_not_arrays_of_their_fields() {
         (Method::PATCH, "/keys/present", json!([7])),
         (Method::POST, "/keys/batch", json!([[{"account": "q"}]])),
         (Method::POST, "/keys/batch", json!({"accounts": [["q", 3]]})),
-        (Method::POST, "/rebalance", json!(["1.4.0123456789abcdef"])),
+        (
+            Method::POST,
+            "/rebalance",
+            json!(["1.4.0.0123456789abcdef"]),
+        ),
         (Method::PUT, "/streams/orders", json!([null, 4])),
     ] {
         let answer = app.call(method.clone(), path, Some(body.clone())).await;

@@ -125,7 +125,7 @@ async fn bad_plan_ids_and_maps_are_rejected() {
     assert_problem(
         &app.post(
             "/rebalance",
-            Some(json!({"plan_id": "0.0.0000000000000000"})),
+            Some(json!({"plan_id": "0.0.0.0000000000000000"})),
         )
         .await,
         422,

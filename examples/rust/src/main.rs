@@ -166,6 +166,7 @@ async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
     let staged = ApplyRequest {
         plan_id: plan.plan_id.parse()?,
         switch_after_s: Some(30),
+        replan: None,
     };
     let applied = client.apply(&staged).await?.into_inner();
     let Some(switch_at) = applied.switch_at else {
@@ -216,6 +217,7 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
     let worker = format!("{prefix}worker-1");
     let ttl = HeartbeatRequest {
         ttl_s: NonZeroU64::new(30),
+        ..Default::default()
     };
     let beat = client
         .heartbeat(&name.parse()?, &worker.parse()?, &ttl)

@@ -1,0 +1,374 @@
+//! Observed load: the `load` entries heartbeats carry, and `GET /load`, a stream's load as
+//! the database holds it now.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Problem};
+use super::extract::whole_number;
+use crate::AppState;
+use crate::keyspace::load::decay;
+use crate::keyspace::{AccountId, Rate, is_kinesis_name, suggested_fanout};
+use crate::registry::{
+    AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS,
+};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(load))
+}
+
+/// What a worker read from one shard it holds since its last report.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct LoadEntry {
+    /// A shard of the stream's map.
+    pub shard_id: String,
+    /// The lease's epoch the worker read the shard at, as its heartbeat answered it.
+    #[serde(deserialize_with = "whole_number::required")]
+    pub epoch: u64,
+    /// Milliseconds the report covers, 1..=3600000.
+    #[schema(minimum = 1, maximum = 3_600_000)]
+    #[serde(deserialize_with = "whole_number::required")]
+    pub window_ms: u64,
+    /// Records read in the window.
+    #[serde(deserialize_with = "whole_number::required")]
+    pub records: u64,
+    /// Bytes of record data read in the window.
+    #[serde(deserialize_with = "whole_number::required")]
+    pub bytes: u64,
+    /// The worker's top accounts of the shard by records (a record's account is its
+    /// PartitionKey), at most 1,000; the rest counts in the shard's totals only.
+    #[schema(max_items = 1000)]
+    #[serde(default)]
+    pub accounts: Vec<AccountEntry>,
+}
+
+/// One account's part of a load entry.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct AccountEntry {
+    #[schema(value_type = AccountId)]
+    pub account: String,
+    #[serde(deserialize_with = "whole_number::required")]
+    pub records: u64,
+    #[serde(deserialize_with = "whole_number::required")]
+    pub bytes: u64,
+}
+
+super::extract::objects_only!(LoadEntry, AccountEntry);
+
+/// Checks what the database need not know to judge: windows, account counts and ids.
+pub(super) fn reports(entries: Vec<LoadEntry>) -> Result<Vec<LoadReport>, ApiError> {
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            if !(1..=MAX_WINDOW_MS).contains(&e.window_ms) {
+                return Err(ApiError::unprocessable(format!(
+                    "load[{i}].window_ms must be between 1 and {MAX_WINDOW_MS} milliseconds, got {}",
+                    e.window_ms
+                )));
+            }
+            if e.accounts.len() > MAX_REPORT_ACCOUNTS {
+                return Err(ApiError::unprocessable(format!(
+                    "load[{i}].accounts may name at most {MAX_REPORT_ACCOUNTS} accounts (the top ones by records), got {}",
+                    e.accounts.len()
+                )));
+            }
+            let accounts = e
+                .accounts
+                .into_iter()
+                .enumerate()
+                .map(|(j, a)| match AccountId::parse(a.account) {
+                    Ok(account) => Ok(AccountReport {
+                        account: account.to_string(),
+                        records: a.records,
+                        bytes: a.bytes,
+                    }),
+                    Err(err) => Err(ApiError::unprocessable(format!(
+                        "load[{i}].accounts[{j}].account: {err}"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(LoadReport {
+                shard_id: e.shard_id,
+                epoch: e.epoch,
+                window_ms: e.window_ms,
+                records: e.records,
+                bytes: e.bytes,
+                accounts,
+            })
+        })
+        .collect()
+}
+
+/// Why a load entry was not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IgnoredReason {
+    /// The worker does not hold the shard's lease (another worker does, or nobody).
+    NotHeld,
+    /// The worker holds the lease at another epoch than the entry names.
+    StaleEpoch,
+    /// The worker's lease is being revoked.
+    Revoking,
+    /// The stream's map no longer lists the shard (the worker read it before the change).
+    NotListed,
+}
+
+/// A load entry that was not counted.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct IgnoredLoadBody {
+    pub shard_id: String,
+    pub epoch: u64,
+    pub reason: IgnoredReason,
+}
+
+impl From<IgnoredLoad> for IgnoredLoadBody {
+    fn from(i: IgnoredLoad) -> Self {
+        IgnoredLoadBody {
+            shard_id: i.shard_id,
+            epoch: i.epoch,
+            reason: match i.reason {
+                IgnoreReason::NotHeld => IgnoredReason::NotHeld,
+                IgnoreReason::StaleEpoch => IgnoredReason::StaleEpoch,
+                IgnoreReason::Revoking => IgnoredReason::Revoking,
+                IgnoreReason::NotListed => IgnoredReason::NotListed,
+            },
+        }
+    }
+}
+
+/// A stream, and paging through its accounts by load.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LoadParams {
+    /// The stream.
+    #[param(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
+    pub stream: String,
+    /// Start after this cursor (the `next` of the previous page).
+    pub after: Option<String>,
+    /// Accounts per page, 1..=1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// A shard's observed load.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ShardLoadBody {
+    pub shard_id: String,
+    pub records_per_s: f64,
+    pub bytes_per_s: f64,
+    /// The larger of records/s and bytes/s over the shard's write limits.
+    pub utilisation: f64,
+}
+
+/// An account's observed load, summed over the shards it was read from.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AccountLoadBody {
+    #[schema(value_type = AccountId)]
+    pub account: String,
+    pub records_per_s: f64,
+    pub bytes_per_s: f64,
+    /// Its rates' share of one shard's write limits.
+    pub load: f64,
+    /// How many keys it holds; null when it has none.
+    pub fanout: Option<u32>,
+    /// The most keys it opted in to spread over; null when it did not opt in.
+    pub max_fanout: Option<u32>,
+    /// ⌈load ÷ the hot-account share⌉ when above 1: the fanout that keeps each of its keys
+    /// within that share of a shard; null otherwise.
+    pub suggested_fanout: Option<u32>,
+}
+
+/// A stream's observed load, decayed to `at`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LoadPage {
+    pub stream: String,
+    /// The database's clock the rates are decayed to (RFC 3339, milliseconds, UTC).
+    #[schema(format = DateTime)]
+    pub at: String,
+    /// Its open shards, in key order.
+    pub shards: Vec<ShardLoadBody>,
+    /// The busiest shard's utilisation over the mean; 0 when no shard has load.
+    pub max_over_mean: f64,
+    /// Heaviest first.
+    pub accounts: Vec<AccountLoadBody>,
+    /// Pass as `after` for the next page of accounts; null on the last page.
+    pub next: Option<String>,
+}
+
+/// Most accounts one page holds.
+const MAX_PAGE: u32 = 1000;
+
+/// Where a page of accounts ended: the last account's load as of `at_ms`.
+#[derive(Debug, Clone, PartialEq)]
+struct Cursor {
+    at_ms: i64,
+    load: f64,
+    account: String,
+}
+
+impl Cursor {
+    fn encode(&self) -> String {
+        let hex: String = self.account.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{}.{:016x}.{hex}", self.at_ms, self.load.to_bits())
+    }
+
+    fn decode(text: &str) -> Option<Cursor> {
+        let mut parts = text.splitn(3, '.');
+        let at_ms = parts.next()?.parse().ok()?;
+        let load = f64::from_bits(u64::from_str_radix(parts.next()?, 16).ok()?);
+        let hex = parts.next()?;
+        if hex.len() % 2 != 0 || !load.is_finite() {
+            return None;
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(Cursor {
+            at_ms,
+            load,
+            account: String::from_utf8(bytes).ok()?,
+        })
+    }
+}
+
+/// A stream's observed load: per shard rates and utilisation, and accounts by load, paged.
+///
+/// Every replica answers the same: rates are read from the database and decayed to its
+/// clock. Rates come from the `load` entries of consumer workers' heartbeats.
+#[utoipa::path(
+    get, path = "/load", tag = "load",
+    params(LoadParams),
+    responses(
+        (status = 200, description = "The stream's load now", body = LoadPage),
+        (status = 400, description = "Invalid stream name, cursor or paging parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn load(
+    State(state): State<AppState>,
+    Query(params): Query<LoadParams>,
+) -> Result<Json<LoadPage>, ApiError> {
+    if !is_kinesis_name(&params.stream) {
+        return Err(ApiError::bad_request(format!(
+            "stream name {:?} must be 1 to 128 characters of a-z, A-Z, 0-9, '_', '.', '-'",
+            super::clip(&params.stream)
+        )));
+    }
+    let limit = super::page_limit(params.limit, MAX_PAGE)? as usize;
+    let after = match params.after.as_deref() {
+        None => None,
+        Some(text) => Some(Cursor::decode(text).ok_or_else(|| {
+            ApiError::bad_request("after is not a cursor GET /load answered: pass its `next`")
+        })?),
+    };
+    let (load, now) = state.registry.stream_load_at(&params.stream).await?;
+    let config = state.registry.load_config();
+    let hl = config.half_life_ms;
+    let utilisations: Vec<f64> = load.shards.iter().map(|s| s.utilisation).collect();
+    let total: f64 = utilisations.iter().sum();
+    let max_over_mean = if total > 0.0 {
+        utilisations.iter().copied().fold(0.0, f64::max) * utilisations.len() as f64 / total
+    } else {
+        0.0
+    };
+    let mut sums: BTreeMap<String, Rate> = BTreeMap::new();
+    for a in load.accounts {
+        let sum = sums.entry(a.account).or_insert(Rate {
+            at_ms: now,
+            ..Rate::default()
+        });
+        *sum = sum.plus(a.rate, now, hl);
+    }
+    let mut ranked: Vec<(f64, String, Rate)> = sums
+        .into_iter()
+        .map(|(account, rate)| (rate.utilisation(config.limits), account, rate))
+        .collect();
+    let heaviest_first = |a: &(f64, String, Rate), b: &(f64, String, Rate)| {
+        b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1))
+    };
+    ranked.sort_by(heaviest_first);
+    if let Some(cursor) = &after {
+        // Every rate decays by the same factor, so the order a cursor was taken in holds.
+        let then = cursor.load * decay(now - cursor.at_ms, hl);
+        let tie = |load: f64| (load - then).abs() <= 1e-9 * load.abs().max(then.abs());
+        ranked.retain(|(load, account, _)| {
+            if tie(*load) {
+                account.as_str() > cursor.account.as_str()
+            } else {
+                *load < then
+            }
+        });
+    }
+    let more = ranked.len() > limit;
+    ranked.truncate(limit);
+    let next = more
+        .then(|| ranked.last())
+        .flatten()
+        .map(|(load, account, _)| {
+            Cursor {
+                at_ms: now,
+                load: *load,
+                account: account.clone(),
+            }
+            .encode()
+        });
+    let share = config.hot_account_share;
+    let accounts = ranked
+        .into_iter()
+        .map(|(load, account, rate)| {
+            let suggested = suggested_fanout(load, share);
+            AccountLoadBody {
+                fanout: state.registry.lookup(&account).map(|a| a.fanout()),
+                max_fanout: None,
+                suggested_fanout: (suggested > 1).then_some(suggested),
+                records_per_s: rate.records_per_s,
+                bytes_per_s: rate.bytes_per_s,
+                load,
+                account,
+            }
+        })
+        .collect();
+    Ok(Json(LoadPage {
+        stream: params.stream,
+        at: super::timestamp_ms(now),
+        shards: load
+            .shards
+            .into_iter()
+            .map(|s| ShardLoadBody {
+                shard_id: s.shard_id,
+                records_per_s: s.rate.records_per_s,
+                bytes_per_s: s.rate.bytes_per_s,
+                utilisation: s.utilisation,
+            })
+            .collect(),
+        max_over_mean,
+        accounts,
+        next,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_cursor_reads_back_as_it_was_written(
+            at_ms: i64, load in 0.0..1e6f64, account in "\\PC{1,40}",
+        ) {
+            let cursor = Cursor { at_ms, load, account };
+            prop_assert_eq!(Cursor::decode(&cursor.encode()), Some(cursor));
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! The load controller: every interval, on the primary stream, a by-load plan applied
+//! under the writer lock when the busiest shard is above the tolerance band and the floor;
+//! one replica acts per round (the database decides which), at most a cap of moves, no
+//! account moved twice within the cooldown, each move logged with `reason: load`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Committed, Error, Held, Registry, StreamLoad, Writer};
+use crate::keyspace::{
+    self, AccountId, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, ShardMap, plan_by_load,
+};
+use crate::store::{Change, Event, MoveReason, Tx};
+
+/// `--auto-rebalance` and the flags that steer it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerConfig {
+    /// Balance the primary stream by observed load: every interval, apply a by-load plan
+    /// when its busiest shard is above the tolerance band and the floor.
+    #[arg(long, env = "KEYSPREAD_AUTO_REBALANCE")]
+    pub auto_rebalance: bool,
+    /// Seconds between the controller's rounds (1..=86400).
+    #[arg(long, env = "KEYSPREAD_AUTO_REBALANCE_INTERVAL_S", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub auto_rebalance_interval_s: u64,
+    /// The band: a round acts only when the busiest shard's utilisation is above
+    /// (1 + this) × the mean (0..=10).
+    #[arg(long, env = "KEYSPREAD_LOAD_TOLERANCE", default_value_t = 0.10,
+          value_parser = fraction(10.0))]
+    pub load_tolerance: f64,
+    /// A round acts only when the busiest shard's utilisation is above this (0..=100):
+    /// a quiet stream is left alone however uneven.
+    #[arg(long, env = "KEYSPREAD_LOAD_FLOOR", default_value_t = 0.05,
+          value_parser = fraction(100.0))]
+    pub load_floor: f64,
+    /// Most moves one round makes; default 1 % of the accounts, at least 1.
+    #[arg(long, env = "KEYSPREAD_MAX_MOVES_PER_ROUND",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_moves_per_round: Option<u64>,
+    /// Seconds after the controller moved an account before it may move it again.
+    #[arg(long, env = "KEYSPREAD_MOVE_COOLDOWN_S", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(0..=604_800))]
+    pub move_cooldown_s: u64,
+    /// Milliseconds from a round to its moves' switch; unset, the lookup answers' lifetime
+    /// (`--lookup-cache-control`), so that no cached answer outlives an old key.
+    #[arg(skip)]
+    pub switch_after_ms: Option<i64>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            auto_rebalance: false,
+            auto_rebalance_interval_s: 60,
+            load_tolerance: 0.10,
+            load_floor: 0.05,
+            max_moves_per_round: None,
+            move_cooldown_s: 600,
+            switch_after_ms: None,
+        }
+    }
+}
+
+/// A parser of finite numbers in `0..=max`.
+fn fraction(max: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
+    move |text: &str| {
+        let value: f64 = text
+            .parse()
+            .map_err(|_| format!("{text:?} is not a number"))?;
+        if value.is_finite() && (0.0..=max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(format!("must be between 0 and {max}, got {value}"))
+        }
+    }
+}
+
+/// What one round saw and did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Round {
+    /// No primary stream, or no report on it yet.
+    NoLoad(&'static str),
+    /// The busiest shard is inside the band, or below the floor.
+    Balanced { skew: LoadSkew, why: &'static str },
+    /// Another replica claimed this round.
+    Claimed,
+    /// Planned, and applied the moves (perhaps none: no move lowered the busiest shard).
+    Applied {
+        before: LoadSkew,
+        after: LoadSkew,
+        moves: usize,
+    },
+}
+
+/// The skew of a stream's shard utilisations.
+fn shard_skew(load: &StreamLoad) -> LoadSkew {
+    let loads: Vec<f64> = load.shards.iter().map(|s| s.utilisation).collect();
+    LoadSkew::of(&loads)
+}
+
+/// Each key of `accounts` on `map` with the load it carries: a named account's entry for
+/// the shard its key is measured on (shared by its keys there), the shard's unexplained
+/// remainder shared by weight among the unnamed keys there. A key a pending move is
+/// switching is measured where producers still send it and counted where it goes.
+pub(super) fn key_loads<'a>(
+    map: &ShardMap,
+    load: &StreamLoad,
+    accounts: &'a [(AccountId, Held)],
+) -> Vec<KeyLoad<'a>> {
+    let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
+    let mut util = vec![0.0; map.len()];
+    for s in &load.shards {
+        if let Some(&i) = index.get(&s.shard_id) {
+            util[i] = s.utilisation.max(0.0);
+        }
+    }
+    let mut named: HashMap<(&str, usize), f64> = HashMap::new();
+    let mut remainder = util.clone();
+    for a in &load.accounts {
+        if let Some(&i) = index.get(&a.shard_id) {
+            *named.entry((a.account.as_str(), i)).or_default() += a.load.max(0.0);
+            remainder[i] -= a.load.max(0.0);
+        }
+    }
+    // Where each key is measured, and how many keys of an account are measured per shard.
+    let mut keys: Vec<(KeyLoad<'a>, usize)> = Vec::new();
+    let mut per_account: HashMap<(&str, usize), u32> = HashMap::new();
+    let mut unnamed_weight = vec![0u64; map.len()];
+    for (id, held) in accounts {
+        let fanout = held.keys.len() as u32;
+        for (i, &key) in held.keys.as_slice().iter().enumerate() {
+            let sent = (held.switching.iter())
+                .find(|s| s.index == i as u32)
+                .map_or(key, |s| s.from);
+            let measured = map.index_of(sent);
+            let weight = keyspace::key_weight(held.weight, fanout, i as u32);
+            if named.contains_key(&(id.as_str(), measured)) {
+                *per_account.entry((id.as_str(), measured)).or_default() += 1;
+            } else {
+                unnamed_weight[measured] += weight;
+            }
+            let k = KeyLoad {
+                account: id.as_str(),
+                index: i as u32,
+                fanout,
+                key,
+                weight,
+                load: 0.0,
+            };
+            keys.push((k, measured));
+        }
+    }
+    keys.into_iter()
+        .map(|(mut k, measured)| {
+            k.load = match named.get(&(k.account, measured)) {
+                Some(entry) => entry / f64::from(per_account[&(k.account, measured)]),
+                None if unnamed_weight[measured] > 0 => {
+                    remainder[measured].max(0.0) * k.weight as f64 / unnamed_weight[measured] as f64
+                }
+                None => 0.0,
+            };
+            k
+        })
+        .collect()
+}
+
+impl Registry {
+    /// The band by-load plans stop inside: `(1 + tolerance) × mean`.
+    pub fn load_tolerance(&self) -> f64 {
+        f64::from_bits(self.load_tolerance.load(Ordering::Relaxed))
+    }
+
+    pub fn set_load_tolerance(&self, tolerance: f64) {
+        self.load_tolerance
+            .store(tolerance.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Runs the controller every `config.auto_rebalance_interval_s` until the process ends.
+    pub fn control(self: &Arc<Self>, config: ControllerConfig) -> tokio::task::JoinHandle<()> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let period = Duration::from_secs(config.auto_rebalance_interval_s);
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                match this.control_round(&config).await {
+                    Ok(round) => this.log_round(&round),
+                    Err(err) => tracing::warn!(%err, "load controller round failed"),
+                }
+            }
+        })
+    }
+
+    fn log_round(&self, round: &Round) {
+        self.metrics.controller_rounds.add(1);
+        match round {
+            Round::NoLoad(why) => tracing::info!(why, "load controller: nothing to do"),
+            Round::Balanced { skew, why } => tracing::info!(
+                max = skew.max,
+                mean = skew.mean,
+                max_over_mean = skew.max_over_mean,
+                why,
+                "load controller: nothing to do"
+            ),
+            Round::Claimed => {
+                tracing::info!("load controller: another replica took this round")
+            }
+            Round::Applied {
+                before,
+                after,
+                moves,
+            } => {
+                self.metrics.controller_moves.add(*moves as u64);
+                let why = if *moves == 0 {
+                    "no move lowers the busiest shard"
+                } else {
+                    "busiest shard above the band and the floor"
+                };
+                tracing::info!(
+                    moves,
+                    before_max = before.max,
+                    before_max_over_mean = before.max_over_mean,
+                    after_max = after.max,
+                    after_max_over_mean = after.max_over_mean,
+                    mean = before.mean,
+                    why,
+                    "load controller: moved keys by load"
+                );
+            }
+        }
+    }
+
+    /// One round: measures the primary stream, and when its busiest shard is above the
+    /// band and the floor, claims the round and applies a by-load plan under the writer
+    /// lock.
+    pub async fn control_round(
+        self: &Arc<Self>,
+        config: &ControllerConfig,
+    ) -> Result<Round, Error> {
+        let Some(stream) = self.primary_stream() else {
+            return Ok(Round::NoLoad("no primary stream"));
+        };
+        let load = self.stream_load(&stream.name).await?;
+        if !load.reported {
+            return Ok(Round::NoLoad("no load reported on the primary stream"));
+        }
+        let fanouts = self.fanout_changes(&load);
+        if let Some(why) = calm(&shard_skew(&load), config)
+            && fanouts.is_empty()
+        {
+            return Ok(Round::Balanced {
+                skew: shard_skew(&load),
+                why,
+            });
+        }
+        let this = Arc::clone(self);
+        let config = config.clone();
+        let round: Round = super::detached(async move {
+            let mut w = this.writer.lock().await;
+            let (mut tx, at) = this.begin(&mut w).await?;
+            let interval_ms = config.auto_rebalance_interval_s as i64 * 1000;
+            // Claimed a little before the interval is up, so that a replica's own ticks,
+            // a few milliseconds early by the database's clock, still find their round.
+            if !tx
+                .claim_round(&stream.name, at, interval_ms * 9 / 10)
+                .await?
+            {
+                return Ok(Round::Claimed);
+            }
+            let load = tx
+                .stream_load(&stream.name, at, &this.load_config())
+                .await?;
+            let skew = shard_skew(&load);
+            if let Some(why) = calm(&skew, &config) {
+                this.commit(&mut w, tx, Committed::Moves(0)).await?;
+                return Ok(Round::Balanced { skew, why });
+            }
+            let cooldown_from = at - config.move_cooldown_s as i64 * 1000;
+            let cooling = tx.moved_by_load_since(cooldown_from).await?;
+            let plan = this.plan_by_load_locked(&mut w, &stream.map, &load, &cooling, &config)?;
+            let (before, after) = (plan.before, plan.after);
+            // Never worse than leaving it off: a plan that does not lower the busiest shard
+            // applies nothing.
+            let moves = if plan.after.max < plan.before.max {
+                plan.moves
+            } else {
+                Vec::new()
+            };
+            let n = moves.len();
+            let switch_at = at + config.switch_after_ms.unwrap_or(60_000);
+            this.apply_staged(&mut w, tx, at, switch_at, moves, MoveReason::Load)
+                .await?;
+            Ok::<_, Error>(Round::Applied {
+                before,
+                after: if n == 0 { before } else { after },
+                moves: n,
+            })
+        })
+        .await?;
+        if round != Round::Claimed {
+            self.change_fanouts(fanouts).await;
+        }
+        Ok(round)
+    }
+
+    /// The fanouts to change by load, of the accounts that opted in with `max_fanout`: up
+    /// to what their load suggests when above the hot share, back to 1 once cold for ten
+    /// half-lives (a load that was at the hot share decays below 2^-10 of it no sooner).
+    fn fanout_changes(&self, load: &StreamLoad) -> Vec<(AccountId, u32, u64)> {
+        let share = self.load_config().hot_account_share;
+        let mut totals: HashMap<&str, f64> = HashMap::new();
+        for a in &load.accounts {
+            *totals.entry(a.account.as_str()).or_default() += a.load.max(0.0);
+        }
+        let capped = self
+            .accounts
+            .read()
+            .expect("accounts lock poisoned")
+            .capped();
+        capped
+            .into_iter()
+            .filter_map(|(id, fanout, weight, cap)| {
+                let load = totals.get(id.as_str()).copied().unwrap_or(0.0);
+                let target = if load > share {
+                    keyspace::suggested_fanout(load, share).min(cap).max(fanout)
+                } else if load < share / 1024.0 {
+                    1
+                } else {
+                    fanout
+                };
+                (target != fanout).then_some((id, target, weight.max(u64::from(target))))
+            })
+            .collect()
+    }
+
+    /// Sets each account's fanout (and its weight, at least the fanout), logging each.
+    async fn change_fanouts(self: &Arc<Self>, changes: Vec<(AccountId, u32, u64)>) {
+        for (account, fanout, weight) in changes {
+            let change = super::Update {
+                weight: Some(weight),
+                fanout: Some(fanout),
+                max_fanout: None,
+                reason: MoveReason::Load,
+            };
+            match self.update(account.clone(), change).await {
+                Ok(_) => {
+                    self.metrics.controller_fanouts.add(1);
+                    tracing::info!(%account, fanout, "load controller: changed a fanout by load");
+                }
+                Err(err) => {
+                    tracing::warn!(%account, fanout, %err, "load controller: fanout not changed")
+                }
+            }
+        }
+    }
+
+    /// Plans by load over `map` for every account as it is at the writer's state, leaving
+    /// the tree as it was. Accounts with pending moves or in `cooling` do not move. Blocks
+    /// the thread for O(keys) (the async workers are told so).
+    fn plan_by_load_locked(
+        &self,
+        w: &mut Writer,
+        map: &ShardMap,
+        load: &StreamLoad,
+        cooling: &[String],
+        config: &ControllerConfig,
+    ) -> Result<LoadPlan, Error> {
+        tokio::task::block_in_place(|| {
+            let accounts = self.accounts_copy();
+            let keys = key_loads(map, load, &accounts);
+            let mut frozen = super::rebalance::pending(&accounts);
+            frozen.extend(cooling.iter().map(String::as_str));
+            let cap = config
+                .max_moves_per_round
+                .map_or((accounts.len() / 100).max(1), |n| n as usize);
+            let limits = LoadPlanLimits {
+                tolerance: config.load_tolerance,
+                max_moves: cap,
+            };
+            Ok(plan_by_load(&mut w.alloc, map, &keys, &frozen, limits))
+        })
+    }
+
+    /// Applies `moves` staged (switching at `switch_at`) in `tx`, logged with `reason`, and
+    /// commits (the round's claim with them).
+    async fn apply_staged(
+        &self,
+        w: &mut Writer,
+        mut tx: Tx,
+        at: i64,
+        switch_at: i64,
+        moves: Vec<keyspace::Move>,
+        reason: MoveReason,
+    ) -> Result<(), Error> {
+        let ids = tx.apply_moves(&moves, at, switch_at, reason).await?;
+        self.commit(w, tx, Committed::Moves(moves.len())).await?;
+        let events = ids
+            .into_iter()
+            .zip(&moves)
+            .map(|(id, m)| {
+                let change = Change::Move {
+                    account: AccountId::parse(m.account.clone())?,
+                    index: m.index,
+                    from: m.from,
+                    to: m.to,
+                    switch_at,
+                    reason: Some(reason),
+                };
+                Ok(Event { id, at, change })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        self.apply_events(w, events)
+    }
+}
+
+/// Why a stream of this skew needs no round, if it does not.
+fn calm(skew: &LoadSkew, config: &ControllerConfig) -> Option<&'static str> {
+    if skew.max <= config.load_floor {
+        Some("busiest shard below the floor")
+    } else if skew.max <= (1.0 + config.load_tolerance) * skew.mean {
+        Some("busiest shard inside the band")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyspace::{HashKey, Keyspace, Rate};
+    use crate::registry::{AccountLoad, ShardLoad};
+    use crate::store::{HashKeys, Switch};
+
+    fn held(keys: &[u128], weight: u64, switching: Vec<Switch>) -> Held {
+        let keys: Vec<HashKey> = keys.iter().map(|&k| HashKey(k)).collect();
+        Held {
+            keys: HashKeys::from_vec(keys),
+            weight,
+            created_at: 0,
+            switching,
+            max_fanout: None,
+        }
+    }
+
+    fn rate() -> Rate {
+        Rate {
+            records_per_s: 0.0,
+            bytes_per_s: 0.0,
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn keys_carry_their_accounts_entries_and_share_the_remainder_by_weight() {
+        let map = ShardMap::uniform(Keyspace::KINESIS, 2).unwrap();
+        let (s0, s1) = (1u128, (1u128 << 127) + 1);
+        let accounts = vec![
+            // Named on shard 0 with two keys there: they split its entry.
+            (
+                AccountId::parse("named".to_owned()).unwrap(),
+                held(&[s0, s0 + 1], 2, vec![]),
+            ),
+            // Unnamed on shard 0, weights 1 and 3: the remainder 0.4 splits 0.1 / 0.3.
+            (
+                AccountId::parse("light".to_owned()).unwrap(),
+                held(&[s0 + 2], 1, vec![]),
+            ),
+            (
+                AccountId::parse("heavy".to_owned()).unwrap(),
+                held(&[s0 + 3], 3, vec![]),
+            ),
+            // Moving from shard 1 to shard 0: measured on shard 1, counted on shard 0.
+            (
+                AccountId::parse("moving".to_owned()).unwrap(),
+                held(
+                    &[s0 + 4],
+                    1,
+                    vec![Switch {
+                        index: 0,
+                        from: HashKey(s1),
+                        switch_at: 1,
+                    }],
+                ),
+            ),
+        ];
+        let shard = |id: &str, utilisation| ShardLoad {
+            shard_id: id.into(),
+            rate: rate(),
+            utilisation,
+        };
+        let entry = |account: &str, shard_id: &str, load| AccountLoad {
+            account: account.into(),
+            shard_id: shard_id.into(),
+            rate: rate(),
+            load,
+        };
+        let load = StreamLoad {
+            shards: vec![
+                shard("shardId-000000000000", 1.0),
+                shard("shardId-000000000001", 0.5),
+            ],
+            accounts: vec![
+                entry("named", "shardId-000000000000", 0.6),
+                entry("moving", "shardId-000000000001", 0.5),
+            ],
+            reported: true,
+        };
+        let keys = key_loads(&map, &load, &accounts);
+        let of = |account: &str, index: u32| {
+            let k = keys
+                .iter()
+                .find(|k| k.account == account && k.index == index)
+                .unwrap();
+            (k.key, k.load)
+        };
+        assert!((of("named", 0).1 - 0.3).abs() < 1e-9);
+        assert!((of("named", 1).1 - 0.3).abs() < 1e-9);
+        assert!((of("light", 0).1 - 0.1).abs() < 1e-9);
+        assert!((of("heavy", 0).1 - 0.3).abs() < 1e-9);
+        let (key, moving) = of("moving", 0);
+        assert_eq!(key, HashKey(s0 + 4), "counted where it goes");
+        assert!(
+            (moving - 0.5).abs() < 1e-9,
+            "measured where it is sent: {moving}"
+        );
+    }
+}
