@@ -104,11 +104,8 @@ fn shard_skew(load: &StreamLoad) -> LoadSkew {
 /// the shard its key is measured on (shared by its keys there), the shard's unexplained
 /// remainder shared by weight among the unnamed keys there. A key a pending move is
 /// switching is measured where producers still send it and counted where it goes.
-pub(super) fn key_loads<'a>(
-    map: &ShardMap,
-    load: &StreamLoad,
-    accounts: &'a [(AccountId, Held)],
-) -> Vec<KeyLoad<'a>> {
+/// Each shard's utilisation, by index of `map`.
+fn shard_utilisation(map: &ShardMap, load: &StreamLoad) -> Vec<f64> {
     let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
     let mut util = vec![0.0; map.len()];
     for s in &load.shards {
@@ -116,6 +113,16 @@ pub(super) fn key_loads<'a>(
             util[i] = s.utilisation.max(0.0);
         }
     }
+    util
+}
+
+pub(super) fn key_loads<'a>(
+    map: &ShardMap,
+    load: &StreamLoad,
+    accounts: &'a [(AccountId, Held)],
+) -> Vec<KeyLoad<'a>> {
+    let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
+    let util = shard_utilisation(map, load);
     let mut named: HashMap<(&str, usize), f64> = HashMap::new();
     let mut remainder = util.clone();
     for a in &load.accounts {
@@ -302,7 +309,7 @@ impl Registry {
         })
         .await?;
         if round != Round::Claimed {
-            self.change_fanouts(fanouts).await;
+            self.change_fanouts(&load, fanouts).await;
         }
         Ok(round)
     }
@@ -337,8 +344,16 @@ impl Registry {
             .collect()
     }
 
-    /// Sets each account's fanout (and its weight, at least the fanout), logging each.
-    async fn change_fanouts(self: &Arc<Self>, changes: Vec<(AccountId, u32, u64)>) {
+    /// Sets each account's fanout (and its weight, at least the fanout), logging each. New
+    /// keys go to the least-utilised shards their account leaves open, each counting its
+    /// share of the account's load there for the next.
+    async fn change_fanouts(
+        self: &Arc<Self>,
+        load: &StreamLoad,
+        changes: Vec<(AccountId, u32, u64)>,
+    ) {
+        let map = self.primary_stream().map(|stream| stream.map);
+        let mut utilisation = map.as_ref().map(|map| shard_utilisation(map, load));
         for (account, fanout, weight) in changes {
             let change = super::Update {
                 weight: Some(weight),
@@ -346,8 +361,25 @@ impl Registry {
                 max_fanout: None,
                 reason: MoveReason::Load,
             };
-            match self.update(account.clone(), change).await {
-                Ok(_) => {
+            let total: f64 = (load.accounts.iter())
+                .filter(|a| a.account == account.as_str())
+                .map(|a| a.load.max(0.0))
+                .sum();
+            let key_load = total / f64::from(fanout);
+            let before = self
+                .lookup(account.as_str())
+                .map_or(0, |a| a.fanout() as usize);
+            let by_load = utilisation.clone().map(|shard_loads| super::LoadPlacement {
+                shard_loads,
+                key_load,
+            });
+            match self.update_placed(account.clone(), change, by_load).await {
+                Ok(a) => {
+                    if let (Some(util), Some(map)) = (&mut utilisation, &map) {
+                        for key in a.hash_keys.as_slice().iter().skip(before) {
+                            util[map.index_of(*key)] += key_load;
+                        }
+                    }
                     self.metrics.controller_fanouts.add(1);
                     tracing::info!(%account, fanout, "load controller: changed a fanout by load");
                 }
