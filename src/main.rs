@@ -135,6 +135,11 @@ enum SimulateCommand {
         /// Seed of the rank shuffles.
         #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_SEED", default_value_t = 1)]
         seed: u64,
+        /// Half-life, in rounds, of the smoothing the loop's fanout and plans see, as the
+        /// server smooths reports (120 s at 60-s rounds: 2); 0: each round's exact loads.
+        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_HALF_LIFE_ROUNDS", default_value_t = 2,
+              value_parser = clap::value_parser!(u32).range(0..=1000))]
+        half_life_rounds: u32,
     },
 }
 
@@ -232,6 +237,7 @@ async fn main() -> ExitCode {
                     rounds,
                     shift_every,
                     seed,
+                    half_life_rounds,
                 }),
             ..
         } => {
@@ -242,6 +248,7 @@ async fn main() -> ExitCode {
                 rounds,
                 shift_every,
                 seed,
+                half_life_rounds,
             };
             let started = std::time::Instant::now();
             let mut progress = |round: u32| {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use crate::keyspace::{
     self, Allocator, HashKey, KeyLoad, Keyspace, LoadPlanLimits, LoadSkew, MAX_FANOUT, ShardMap,
-    plan_by_load, suggested_fanout,
+    plan_by_load_keys, suggested_fanout,
 };
 
 /// Total load as a share of all shards' capacity: mean utilisation 0.7.
@@ -35,6 +35,9 @@ pub struct LoadSimulation {
     /// Ranks are reshuffled at round 0 and every `shift_every` rounds after.
     pub shift_every: u32,
     pub seed: u64,
+    /// Fanout and plans see loads smoothed as the server smooths reports (EWMA with this
+    /// half-life, in rounds); 0: each round's exact loads. Figures always use exact loads.
+    pub half_life_rounds: u32,
 }
 
 /// One round: each scheme's busiest shard over the mean, and what the loop changed.
@@ -58,7 +61,9 @@ pub struct LoadRound {
 struct Account {
     keys: Vec<HashKey>,
     cold_rounds: u32,
-    moved_at: Option<u32>,
+    /// `(index, round)` of each key that moved: a moved key stays for the cooldown; the
+    /// account's other keys, and those a fanout raise adds, may move.
+    moved_at: Vec<(u32, u32)>,
 }
 
 /// keyspread's keys for every account: placed one each by the allocator to start with.
@@ -76,7 +81,7 @@ impl Keys {
                 Ok(Account {
                     keys: vec![alloc.allocate(1)?],
                     cold_rounds: 0,
-                    moved_at: None,
+                    moved_at: Vec::new(),
                 })
             })
             .collect::<Result<_, keyspace::Error>>()?;
@@ -85,6 +90,11 @@ impl Keys {
 
     /// The busiest shard over the mean, each account's load split evenly over its keys.
     fn skew(&self, map: &ShardMap, loads: &[f64]) -> f64 {
+        LoadSkew::of(&self.per_shard(map, loads)).max_over_mean
+    }
+
+    /// Each shard's load, each account's load split evenly over its keys.
+    fn per_shard(&self, map: &ShardMap, loads: &[f64]) -> Vec<f64> {
         let mut per_shard = vec![0.0; map.len()];
         for (account, load) in self.accounts.iter().zip(loads) {
             let share = load / account.keys.len() as f64;
@@ -92,7 +102,7 @@ impl Keys {
                 per_shard[map.index_of(*key)] += share;
             }
         }
-        LoadSkew::of(&per_shard).max_over_mean
+        per_shard
     }
 
     fn len(&self) -> usize {
@@ -116,11 +126,24 @@ pub fn load_rounds(
     let mut looped = Keys::new(&map, names.len())?;
     let mut zipf = Zipf::new(sim, map.len());
     let mut rounds = Vec::with_capacity(sim.rounds as usize);
+    // What the server would report: each round's loads folded in with the half-life (the
+    // stream steady at round 0's loads before the start).
+    let mut seen: Vec<f64> = Vec::new();
+    let kept = match sim.half_life_rounds {
+        0 => 0.0,
+        h => 0.5f64.powf(1.0 / f64::from(h)),
+    };
     for round in 0..sim.rounds {
         if round.is_multiple_of(sim.shift_every) {
             zipf.shuffle();
         }
         let loads = &zipf.loads;
+        if seen.is_empty() {
+            seen = loads.clone();
+        }
+        for (s, l) in seen.iter_mut().zip(loads) {
+            *s = *s * kept + l * (1.0 - kept);
+        }
         let mut by_md5 = vec![0.0; map.len()];
         for (&shard, load) in md5.iter().zip(loads) {
             by_md5[shard] += load;
@@ -131,10 +154,10 @@ pub fn load_rounds(
             fanned.skew(&map, loads),
             looped.skew(&map, loads),
         );
-        refan(&mut fanned, loads)?;
-        let (added, released) = refan(&mut looped, loads)?;
+        refan(&mut fanned, &seen, None)?;
+        let (added, released) = refan(&mut looped, &seen, Some(&map))?;
         let keys = looped.len();
-        let moved = rebalance(&mut looped, &map, &names, loads, round)?;
+        let moved = rebalance(&mut looped, &map, &names, &seen, round)?;
         rounds.push(LoadRound {
             md5: figures.0,
             placed: figures.1,
@@ -152,29 +175,55 @@ pub fn load_rounds(
 
 /// Raises the fanout of every account whose keys would carry more than the hot share, and
 /// lowers it for one whose fanout has been above what its load needs for `COOLDOWN` rounds.
-/// Answers the keys added and released.
-fn refan(scheme: &mut Keys, loads: &[f64]) -> Result<(usize, usize), keyspace::Error> {
+/// With `by_load`, new keys go where the loads are least (heaviest keys first), else where
+/// the key count is. Answers the keys added and released.
+fn refan(
+    scheme: &mut Keys,
+    loads: &[f64],
+    by_load: Option<&ShardMap>,
+) -> Result<(usize, usize), keyspace::Error> {
     let (mut added, mut released) = (0, 0);
-    let Keys { alloc, accounts } = scheme;
-    for (account, &load) in accounts.iter_mut().zip(loads) {
+    let mut raised = Vec::new();
+    for (a, (account, &load)) in scheme.accounts.iter_mut().zip(loads).enumerate() {
         let want = suggested_fanout(load, HOT_SHARE).min(MAX_FANOUT) as usize;
         let have = account.keys.len();
         if want > have {
-            alloc.extend_keys(&mut account.keys, &vec![1; want - have])?;
-            added += want - have;
+            raised.push((load / want as f64, a, want));
             account.cold_rounds = 0;
         } else if want < have {
             account.cold_rounds += 1;
             if account.cold_rounds >= COOLDOWN {
                 for key in account.keys.drain(want..) {
-                    alloc.remove(key)?;
+                    scheme.alloc.remove(key)?;
                 }
                 released += have - want;
                 account.cold_rounds = 0;
+                account
+                    .moved_at
+                    .retain(|&(index, _)| (index as usize) < want);
             }
         } else {
             account.cold_rounds = 0;
         }
+    }
+    raised.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+    let mut per_shard = by_load.map(|map| scheme.per_shard(map, loads));
+    let Keys { alloc, accounts } = scheme;
+    for (key_load, a, want) in raised {
+        let account = &mut accounts[a];
+        let have = account.keys.len();
+        let new = vec![1; want - have];
+        match (&mut per_shard, by_load) {
+            (Some(per_shard), Some(map)) => {
+                // The account's keys it holds now carry their new, smaller share.
+                for key in &account.keys {
+                    per_shard[map.index_of(*key)] += key_load - loads[a] / have as f64;
+                }
+                alloc.extend_by_load(&mut account.keys, &new, per_shard, key_load)?;
+            }
+            _ => alloc.extend_keys(&mut account.keys, &new)?,
+        }
+        added += want - have;
     }
     Ok((added, released))
 }
@@ -190,11 +239,14 @@ fn rebalance(
 ) -> Result<usize, keyspace::Error> {
     let Keys { alloc, accounts } = scheme;
     let mut keys = Vec::new();
-    let mut frozen: HashSet<&str> = HashSet::new();
+    // The keys that stay: each moved within the cooldown.
+    let mut frozen: HashSet<(&str, u32)> = HashSet::new();
     for (a, account) in accounts.iter().enumerate() {
         let fanout = account.keys.len() as u32;
-        if account.moved_at.is_some_and(|at| round < at + COOLDOWN) {
-            frozen.insert(&names[a]);
+        for &(index, at) in &account.moved_at {
+            if round < at + COOLDOWN {
+                frozen.insert((&names[a], index));
+            }
         }
         for (index, key) in account.keys.iter().enumerate() {
             keys.push(KeyLoad {
@@ -211,7 +263,8 @@ fn rebalance(
         tolerance: TOLERANCE,
         max_moves: (keys.len() / 100).max(1),
     };
-    let plan = plan_by_load(alloc, map, &keys, &frozen, limits);
+    let stays = |k: &KeyLoad| frozen.contains(&(k.account, k.index));
+    let plan = plan_by_load_keys(alloc, map, &keys, &stays, limits);
     plan.apply(alloc)?;
     let by_name: HashMap<&str, usize> = (names.iter().enumerate())
         .map(|(a, name)| (name.as_str(), a))
@@ -219,7 +272,9 @@ fn rebalance(
     for m in &plan.moves {
         let a = by_name[m.account.as_str()];
         accounts[a].keys[m.index as usize] = m.to;
-        accounts[a].moved_at = Some(round);
+        let moved_at = &mut accounts[a].moved_at;
+        moved_at.retain(|&(index, _)| index != m.index);
+        moved_at.push((m.index, round));
     }
     Ok(plan.moves.len())
 }
@@ -284,12 +339,20 @@ pub fn simulate_load(
     let rounds = load_rounds(sim, progress)?;
     let mut out = format!(
         "{} accounts over {} shards, loads Zipf({}) at {UTILISATION} of capacity, the hot \
-         accounts rotating every {} rounds; the loop: fanout up to {MAX_FANOUT} so no key \
-         carries more than {HOT_SHARE} of a shard, then a plan by load, band {TOLERANCE}, \
-         at most 1 % of keys moved per round, cooldown {COOLDOWN} rounds\n\n\
+         accounts rotating every {} rounds; {}; the loop: fanout up to {MAX_FANOUT} so no key \
+         carries more than {HOT_SHARE} of a shard (new keys on the least-loaded shards), \
+         then a plan by load, band {TOLERANCE}, at most 1 % of keys moved per round, a moved \
+         key stays {COOLDOWN} rounds\n\n\
          | round | MD5 of the names | keyspread without the loop | fanout alone | with the loop | keys moved | keys added | keys released | keys planned over |\n\
          | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-        sim.accounts, sim.shards, sim.zipf, sim.shift_every,
+        sim.accounts,
+        sim.shards,
+        sim.zipf,
+        sim.shift_every,
+        match sim.half_life_rounds {
+            0 => "fanout and plans see each round's exact loads".to_owned(),
+            h => format!("fanout and plans see loads smoothed with a half-life of {h} rounds"),
+        },
     );
     for (i, r) in rounds.iter().enumerate() {
         let _ = writeln!(

@@ -291,6 +291,74 @@ impl Allocator {
         Ok(())
     }
 
+    /// Grows an account's `keys` (held, spread, by index) by one key per weight, each on
+    /// the least-loaded shard of the balanced map its round has not used, by `loads` (per
+    /// shard of that map; the shard of least weight among equals), the walk picking the key
+    /// inside it; each key placed adds `key_load` to its shard in `loads`, so the next goes
+    /// elsewhere. Without a map, as [`Allocator::extend_keys`]. All or nothing.
+    pub fn extend_by_load(
+        &mut self,
+        keys: &mut Vec<HashKey>,
+        weights: &[u64],
+        loads: &mut [f64],
+        key_load: f64,
+    ) -> Result<(), Error> {
+        if self.balance.is_none() {
+            return self.extend_keys(keys, weights);
+        }
+        let held = keys.len();
+        // Each shard's load before a key was added to it, to put back on a refusal.
+        let mut was: Vec<(usize, f64)> = Vec::with_capacity(weights.len());
+        for &weight in weights {
+            let picked = self.next_key_by_load(keys, loads);
+            match picked.and_then(|key| self.insert(key, weight).map(|()| key)) {
+                Ok(key) => {
+                    keys.push(key);
+                    let shard = self.balanced_map().expect("balanced").index_of(key);
+                    if let Some(load) = loads.get_mut(shard) {
+                        was.push((shard, *load));
+                        *load += key_load;
+                    }
+                }
+                Err(err) => {
+                    for key in keys.drain(held..) {
+                        self.remove(key).expect("held a moment ago");
+                    }
+                    for (shard, load) in was.into_iter().rev() {
+                        loads[shard] = load;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The key for index `keys.len()` by `loads`: in the least-loaded shard its round has
+    /// not used that has a free key.
+    fn next_key_by_load(&self, keys: &[HashKey], loads: &[f64]) -> Result<HashKey, Error> {
+        let balance = self.balance.as_ref().expect("balanced on a map");
+        let map = balance.map();
+        let first = keys.len() / map.len() * map.len();
+        let used: std::collections::HashSet<usize> =
+            keys[first..].iter().map(|k| map.index_of(*k)).collect();
+        let load = |s: usize| {
+            loads
+                .get(s)
+                .copied()
+                .filter(|l| l.is_finite())
+                .unwrap_or(0.0)
+        };
+        // `lightest_first` orders by weight: a stable sort by load keeps it among equals.
+        let mut open: Vec<(f64, usize, HashKey, HashKey)> = balance
+            .lightest_first()
+            .filter(|(s, ..)| !used.contains(s))
+            .map(|(s, lo, hi)| (load(s), s, lo, hi))
+            .collect();
+        open.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.first_fit(open.into_iter().map(|(_, _, lo, hi)| (lo, hi)))
+    }
+
     /// Grows an account one of whose keys is switching: `now` are its keys in force now,
     /// `after` its keys from its last switch on (by index, as many). Each new key is spread
     /// against both where one key can be; where none can (2 shards, key 0 crossing over),
@@ -941,6 +1009,62 @@ mod tests {
                 // A key for now differs from its key after the switch only as a staged old key.
                 prop_assert_eq!(alloc.is_reserved(key_now), key_now != key_after);
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn keys_added_by_load_go_to_the_least_loaded_shard_without_the_accounts_keys(
+            shards in 1u64..8,
+            others in prop::collection::vec(0u128..128, 0..30),
+            held in 0usize..4,
+            loads in prop::collection::vec(prop_oneof![Just(0.0), 0.0..2.0f64], 8),
+            grow in 1usize..6,
+            key_load in 0.0..1.0f64,
+        ) {
+            let keyspace = Keyspace::new(7).unwrap();
+            let map = crate::keyspace::ShardMap::uniform(keyspace, shards).unwrap();
+            let mut alloc = Allocator::new(keyspace);
+            alloc.balance_on(Some(map.clone()));
+            for key in others {
+                let _ = alloc.insert(HashKey(key), 1);
+            }
+            let mut keys = alloc.allocate_keys(&vec![1; held]).unwrap_or_default();
+            let mut loads = loads[..map.len()].to_vec();
+            let (before, held) = (alloc.clone(), keys.len());
+            let mut expected = loads.clone();
+            match alloc.extend_by_load(&mut keys, &vec![1; grow], &mut loads, key_load) {
+                Ok(()) => {}
+                Err(Error::Full { .. }) => {
+                    // All or nothing: a refusal leaves every key and load as it was.
+                    prop_assert_eq!(alloc.iter().collect::<Vec<_>>(), before.iter().collect::<Vec<_>>());
+                    prop_assert_eq!(&keys[..], &keys[..held]);
+                    prop_assert_eq!(loads, expected);
+                    return Ok(());
+                }
+                Err(err) => return Err(TestCaseError::fail(format!("{err}"))),
+            }
+            prop_assert_eq!(keys.len(), held + grow);
+            prop_assert!(alloc.spread().holds(&keys), "{keys:?}");
+            // Each new key, in order, on a least-loaded shard among those with a free key
+            // that its round leaves open; the loads it saw count the keys placed before it.
+            let mut walked = before.clone();
+            for i in held..keys.len() {
+                let first = i / map.len() * map.len();
+                let used: Vec<usize> = keys[first..i].iter().map(|k| map.index_of(*k)).collect();
+                let open: Vec<usize> = (0..map.len())
+                    .filter(|s| !used.contains(s))
+                    .filter(|&s| walked.next_key_in(map.shard(s).start, map.shard(s).end).is_ok())
+                    .collect();
+                let least = open.iter().map(|&s| expected[s]).fold(f64::INFINITY, f64::min);
+                let shard = map.index_of(keys[i]);
+                prop_assert!(open.contains(&shard), "key {i} on shard {shard}, open {open:?}");
+                prop_assert!(expected[shard] <= least, "key {i} on {shard} at {} > {least}", expected[shard]);
+                walked.insert(keys[i], 1).unwrap();
+                expected[shard] += key_load;
+            }
+            prop_assert_eq!(loads, expected);
         }
     }
 }

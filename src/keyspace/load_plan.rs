@@ -111,6 +111,18 @@ pub fn plan_by_load<'a>(
     frozen: &HashSet<&str>,
     limits: LoadPlanLimits,
 ) -> LoadPlan {
+    plan_by_load_keys(alloc, map, keys, &|k| frozen.contains(k.account), limits)
+}
+
+/// [`plan_by_load`] with keys frozen one by one: a key for which `frozen` answers true stays
+/// (a cooldown that holds the keys a move placed, not those a fanout raise added since).
+pub fn plan_by_load_keys<'a>(
+    alloc: &mut Allocator,
+    map: &ShardMap,
+    keys: &[KeyLoad<'a>],
+    frozen: &dyn Fn(&KeyLoad<'a>) -> bool,
+    limits: LoadPlanLimits,
+) -> LoadPlan {
     let mut loads = vec![0.0; map.len()];
     let shard_of: Vec<usize> = keys.iter().map(|k| map.index_of(k.key)).collect();
     for (k, &s) in keys.iter().zip(&shard_of) {
@@ -132,10 +144,18 @@ pub fn plan_by_load<'a>(
         if load <= band {
             break;
         }
-        let Some(m) = state.best_move(alloc, source) else {
+        if let Some(m) = state.best_move(alloc, source) {
+            plan.moves.push(m);
+            continue;
+        }
+        // No single key fits anywhere: two heavy keys share the busiest shard. Make room
+        // for one of them on a light shard, halfway between where it is and the band.
+        let budget = limits.max_moves - plan.moves.len();
+        let (moves, done) = state.make_room(alloc, source, (load + band) / 2.0, budget);
+        plan.moves.extend(moves);
+        if !done {
             break;
-        };
-        plan.moves.push(m);
+        }
     }
     plan.after = LoadSkew::of(&state.loads);
     undo_moves(&plan.moves, alloc);
@@ -192,7 +212,7 @@ impl<'k, 'a> State<'k, 'a> {
         map: &'k ShardMap,
         keys: &'k [KeyLoad<'a>],
         shard_of: &[usize],
-        frozen: &HashSet<&str>,
+        frozen: &dyn Fn(&KeyLoad<'a>) -> bool,
         loads: Vec<f64>,
     ) -> Self {
         let mut fanned: HashMap<&'a str, Vec<HashKey>> = HashMap::new();
@@ -212,7 +232,7 @@ impl<'k, 'a> State<'k, 'a> {
         for (i, k) in keys.iter().enumerate() {
             let load = clean(k.load);
             let whole = k.fanout <= 1 || fanned.contains_key(k.account);
-            if load > 0.0 && whole && !frozen.contains(k.account) {
+            if load > 0.0 && whole && !frozen(k) {
                 movable[shard_of[i]].push((load, i));
             }
         }
@@ -273,14 +293,128 @@ impl<'k, 'a> State<'k, 'a> {
         }
         self.lightest.extend(tried);
         let m = found?;
-        let load = clean(self.keys[m.1].load);
+        self.shift_load(source, m.0.to_shard, clean(self.keys[m.1].load));
+        Some(m.0)
+    }
+
+    /// Counts `load` moved from `source` to `target`.
+    fn shift_load(&mut self, source: usize, target: usize, load: f64) {
         self.loads[source] -= load;
-        self.loads[m.0.to_shard] += load;
-        for s in [source, m.0.to_shard] {
+        self.loads[target] += load;
+        for s in [source, target] {
             self.busiest.push((Ordered(self.loads[s]), s));
             self.lightest.push(Reverse((Ordered(self.loads[s]), s)));
         }
-        Some(m.0)
+    }
+
+    /// The lightest shards, up to `TARGETS_PER_STEP` of them, outside `except`.
+    fn lightest_shards(&mut self, except: &[usize]) -> Vec<usize> {
+        let mut tried = Vec::new();
+        let mut shards = Vec::new();
+        while shards.len() < TARGETS_PER_STEP {
+            let Some(Reverse((Ordered(low), s))) = self.lightest.pop() else {
+                break;
+            };
+            if low != self.loads[s] {
+                continue; // stale
+            }
+            tried.push(Reverse((Ordered(low), s)));
+            if !except.contains(&s) {
+                shards.push(s);
+            }
+        }
+        self.lightest.extend(tried);
+        shards
+    }
+
+    /// Moves `source`'s heaviest movable key to the lightest shard its account allows,
+    /// first moving that shard's own keys to other light shards until the heavy key fits
+    /// there at or below `goal`. No target ends above `goal`, so the busiest never gets
+    /// busier. Answers the moves (at most `budget`) and whether the heavy key moved.
+    fn make_room(
+        &mut self,
+        alloc: &mut Allocator,
+        source: usize,
+        goal: f64,
+        budget: usize,
+    ) -> (Vec<Move>, bool) {
+        let mut made = Vec::new();
+        let Some(&(heavy_load, heavy)) = self.movable[source].last() else {
+            return (made, false);
+        };
+        let k = &self.keys[heavy];
+        let forbidden = (self.fanned.get(k.account))
+            .map(|held| alloc.spread().forbidden(held, k.index as usize))
+            .unwrap_or_default();
+        let allowed = |map: &ShardMap, s: usize| {
+            let shard = map.shard(s);
+            !forbidden
+                .iter()
+                .any(|&(a, b)| a <= shard.end && shard.start <= b)
+        };
+        // The shard whose keys that can move away leave the least behind: its heavy keys
+        // (at least half this one) stay, the rest can be evicted to light shards.
+        let fixed = |state: &Self, s: usize| {
+            let light: f64 = (state.movable[s].iter())
+                .take_while(|&&(load, _)| load < heavy_load / 2.0)
+                .map(|&(load, _)| load)
+                .sum();
+            state.loads[s] - light
+        };
+        let Some((_, target)) = (0..self.loads.len())
+            .filter(|&s| s != source && allowed(self.map, s))
+            .map(|s| (fixed(self, s), s))
+            .filter(|&(rest, _)| rest + heavy_load <= goal)
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+        else {
+            return (made, false);
+        };
+        while self.loads[target] + heavy_load > goal && made.len() + 1 < budget {
+            let need = self.loads[target] + heavy_load - goal;
+            let Some(m) = self.evict(alloc, target, source, need, goal) else {
+                break;
+            };
+            made.push(m);
+        }
+        if self.loads[target] + heavy_load > goal || made.len() >= budget {
+            return (made, false);
+        }
+        let Some(m) = self.place(alloc, heavy, source, target) else {
+            return (made, false);
+        };
+        self.movable[source].pop();
+        self.shift_load(source, target, heavy_load);
+        made.push(m);
+        (made, true)
+    }
+
+    /// Moves one movable key of `from` (the lightest that frees `need`, else the heaviest)
+    /// to a light shard other than `from` and `source` that stays at or below `goal`.
+    fn evict(
+        &mut self,
+        alloc: &mut Allocator,
+        from: usize,
+        source: usize,
+        need: f64,
+        goal: f64,
+    ) -> Option<Move> {
+        let held = &self.movable[from];
+        let pos = match held.partition_point(|&(load, _)| load < need) {
+            p if p < held.len() => p,
+            _ => held.len().checked_sub(1)?,
+        };
+        let (load, index) = held[pos];
+        for target in self.lightest_shards(&[from, source]) {
+            if self.loads[target] + load > goal {
+                break;
+            }
+            if let Some(m) = self.place(alloc, index, from, target) {
+                self.movable[from].remove(pos);
+                self.shift_load(from, target, load);
+                return Some(m);
+            }
+        }
+        None
     }
 
     /// Moves the movable key of `source` whose load is nearest half of `gap` (strictly
@@ -542,6 +676,56 @@ mod tests {
                 .iter()
                 .all(|m| m.account != "hot")
         );
+    }
+
+    #[test]
+    fn a_frozen_key_stays_while_its_accounts_other_keys_may_move() {
+        let mut f = Fixture::new(4);
+        f.put("hot", 0, 2, 0, 0.4);
+        f.put("hot", 1, 2, 0, 0.4);
+        f.put("a", 0, 1, 1, 0.1);
+        f.put("b", 0, 1, 2, 0.1);
+        f.put("c", 0, 1, 3, 0.1);
+        let Fixture { alloc, map, keys } = &mut f;
+        let loads = key_loads(keys);
+        let limits = LoadPlanLimits {
+            tolerance: 0.1,
+            max_moves: 10,
+        };
+        // Key 0 was moved a round ago; key 1 came with a fanout raise since: it may go.
+        let plan = plan_by_load_keys(alloc, map, &loads, &|k| k.index == 0, limits);
+        assert_eq!(
+            plan.moves
+                .iter()
+                .map(|m| (m.account.as_str(), m.index))
+                .collect::<Vec<_>>(),
+            [("hot", 1)]
+        );
+        let all = plan_by_load_keys(alloc, map, &loads, &|k| k.account == "hot", limits);
+        assert!(all.moves.is_empty(), "{all:?}");
+    }
+
+    #[test]
+    fn two_heavy_keys_on_one_shard_part_once_room_is_made_for_one() {
+        let mut f = Fixture::new(3);
+        f.put("h1", 0, 1, 0, 0.5);
+        f.put("h2", 0, 1, 0, 0.5);
+        for i in 0..6 {
+            f.put(&format!("s{i}"), 0, 1, 1, 0.1);
+        }
+        f.put("h3", 0, 1, 2, 0.5);
+        f.put("t", 0, 1, 2, 0.1);
+        // Either heavy key would bring any other shard to 1.1: no single move helps. Two
+        // small keys leave shard 1 for shard 2, then a heavy key takes their place.
+        let plan = f.plan(&[], 0.1, 10);
+        let steps: Vec<_> = (moved(&plan).into_iter().take(3))
+            .map(|(account, from, to)| (&account[..1], from, to))
+            .collect();
+        assert_eq!(steps, [("s", 1, 2), ("s", 1, 2), ("h", 0, 1)], "{plan:?}");
+        assert!(close(plan.before.max, 1.0));
+        assert!(plan.after.max <= 1.1 * plan.before.mean + 1e-9, "{plan:?}");
+        let frozen = f.plan(&["h1", "h2"], 0.1, 10);
+        assert!(frozen.moves.is_empty(), "{frozen:?}");
     }
 
     #[test]

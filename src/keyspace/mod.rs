@@ -27,7 +27,9 @@ pub use list_shards::{
     HashKeyRange, ListShards, ListedShard, SequenceNumberRange, is_kinesis_name,
 };
 pub use load::{Limits, Rate};
-pub use load_plan::{KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, plan_by_load, suggested_fanout};
+pub use load_plan::{
+    KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, plan_by_load, plan_by_load_keys, suggested_fanout,
+};
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use selector::{jump, sub_key_index};
 pub use shards::{MAX_SHARDS, Shard, ShardMap, Skew, md5_hash};

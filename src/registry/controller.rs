@@ -100,6 +100,18 @@ fn shard_skew(load: &StreamLoad) -> LoadSkew {
     LoadSkew::of(&loads)
 }
 
+/// Each shard's utilisation, by index of `map`.
+fn shard_utilisation(map: &ShardMap, load: &StreamLoad) -> Vec<f64> {
+    let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
+    let mut util = vec![0.0; map.len()];
+    for s in &load.shards {
+        if let Some(&i) = index.get(&s.shard_id) {
+            util[i] = s.utilisation.max(0.0);
+        }
+    }
+    util
+}
+
 /// Each key of `accounts` on `map` with the load it carries. A named account's load is the
 /// sum of its entries over every shard, shared evenly by its keys (its sub-keys spread
 /// evenly over them): the load goes with the account, so a key that has just switched
@@ -115,12 +127,7 @@ pub(super) fn key_loads<'a>(
     accounts: &'a [(AccountId, Held)],
 ) -> Vec<KeyLoad<'a>> {
     let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
-    let mut remainder = vec![0.0; map.len()];
-    for s in &load.shards {
-        if let Some(&i) = index.get(&s.shard_id) {
-            remainder[i] = s.utilisation.max(0.0);
-        }
-    }
+    let mut remainder = shard_utilisation(map, load);
     let mut named: HashMap<&str, f64> = HashMap::new();
     for a in &load.accounts {
         *named.entry(a.account.as_str()).or_default() += a.load.max(0.0);
@@ -301,7 +308,7 @@ impl Registry {
         })
         .await?;
         if round != Round::Claimed {
-            self.change_fanouts(fanouts).await;
+            self.change_fanouts(&load, fanouts).await;
         }
         Ok(round)
     }
@@ -336,8 +343,16 @@ impl Registry {
             .collect()
     }
 
-    /// Sets each account's fanout (and its weight, at least the fanout), logging each.
-    async fn change_fanouts(self: &Arc<Self>, changes: Vec<(AccountId, u32, u64)>) {
+    /// Sets each account's fanout (and its weight, at least the fanout), logging each. New
+    /// keys go to the least-utilised shards their account leaves open, each counting its
+    /// share of the account's load there for the next.
+    async fn change_fanouts(
+        self: &Arc<Self>,
+        load: &StreamLoad,
+        changes: Vec<(AccountId, u32, u64)>,
+    ) {
+        let map = self.primary_stream().map(|stream| stream.map);
+        let mut utilisation = map.as_ref().map(|map| shard_utilisation(map, load));
         for (account, fanout, weight) in changes {
             let change = super::Update {
                 weight: Some(weight),
@@ -345,8 +360,25 @@ impl Registry {
                 max_fanout: None,
                 reason: MoveReason::Load,
             };
-            match self.update(account.clone(), change).await {
-                Ok(_) => {
+            let total: f64 = (load.accounts.iter())
+                .filter(|a| a.account == account.as_str())
+                .map(|a| a.load.max(0.0))
+                .sum();
+            let key_load = total / f64::from(fanout);
+            let before = self
+                .lookup(account.as_str())
+                .map_or(0, |a| a.fanout() as usize);
+            let by_load = utilisation.clone().map(|shard_loads| super::LoadPlacement {
+                shard_loads,
+                key_load,
+            });
+            match self.update_placed(account.clone(), change, by_load).await {
+                Ok(a) => {
+                    if let (Some(util), Some(map)) = (&mut utilisation, &map) {
+                        for key in a.hash_keys.as_slice().iter().skip(before) {
+                            util[map.index_of(*key)] += key_load;
+                        }
+                    }
                     self.metrics.controller_fanouts.add(1);
                     tracing::info!(%account, fanout, "load controller: changed a fanout by load");
                 }

@@ -158,6 +158,14 @@ pub struct Registry {
     load_config: RwLock<load::LoadConfig>,
 }
 
+/// Loads a fanout raise places new keys by: per shard of the primary map, and what each new
+/// key adds to its shard.
+#[derive(Debug, Clone)]
+pub struct LoadPlacement {
+    pub shard_loads: Vec<f64>,
+    pub key_load: f64,
+}
+
 /// What [`Registry::update`] changes: each field given replaces the account's.
 #[derive(Debug, Clone, Copy)]
 pub struct Update {
@@ -582,6 +590,17 @@ impl Registry {
         account: AccountId,
         change: Update,
     ) -> Result<Assignment, Error> {
+        self.update_placed(account, change, None).await
+    }
+
+    /// [`Registry::update`], a growth's new keys placed by `by_load` when given (each on the
+    /// least-loaded shard of the primary map its account leaves open) rather than by count.
+    pub async fn update_placed(
+        self: &Arc<Self>,
+        account: AccountId,
+        change: Update,
+        by_load: Option<LoadPlacement>,
+    ) -> Result<Assignment, Error> {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
@@ -643,7 +662,18 @@ impl Registry {
                 .collect();
             let new_keys: Vec<(HashKey, HashKey)> = match switching.is_empty() {
                 true => {
-                    w.alloc.extend_keys(&mut keys, &weights)?;
+                    match by_load {
+                        Some(LoadPlacement {
+                            mut shard_loads,
+                            key_load,
+                        }) => w.alloc.extend_by_load(
+                            &mut keys,
+                            &weights,
+                            &mut shard_loads,
+                            key_load,
+                        )?,
+                        None => w.alloc.extend_keys(&mut keys, &weights)?,
+                    }
                     keys[kept..].iter().map(|&k| (k, k)).collect()
                 }
                 false => {

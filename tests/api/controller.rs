@@ -671,3 +671,46 @@ async fn a_preview_by_anything_else_is_refused() {
         200
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_raised_by_load_puts_the_new_key_on_the_least_utilised_shard() {
+    // A band no skew leaves: the rounds only change fanouts.
+    let app = controlled(|c| c.controller.load_tolerance = 100.0).await;
+    app.post("/keys/hot", Some(json!({"fanout": 1, "weight": 1})))
+        .await;
+    let cap = Some(json!({"max_fanout": 2}));
+    let set = app.call(reqwest::Method::PATCH, "/keys/hot", cap).await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    let shard_of = |key: serde_json::Value| {
+        let app = &app;
+        async move {
+            let key = key.as_str().unwrap().to_owned();
+            let at = app.get(&format!("/shard-of?hash_key={key}&stream=s")).await;
+            at.body["shard_index"].as_u64().unwrap() as usize
+        }
+    };
+    let home = shard_of(app.get("/keys/hot").await.body["hash_keys"][0].clone()).await;
+    // The other shards hold as many keys each; by count the new key would go to the first
+    // of them. The last carries the least load.
+    let others: Vec<usize> = (0..4).filter(|&s| s != home).collect();
+    let mut rates = [400u64; 4];
+    rates[others[2]] = 50;
+    rates[others[1]] = 300;
+    let api = Api::new(app.client.clone(), vec![app.url("")]);
+    report_with(&api, rates, &[("hot", 1200)]).await;
+    rounds(&app, 2).await;
+    let keys = app.get("/keys/hot").await.body["hash_keys"].clone();
+    assert_eq!(keys.as_array().map(Vec::len), Some(2), "{keys}");
+    let page = app.get("/load?stream=s").await.body;
+    let least = (page["shards"].as_array().unwrap().iter())
+        .filter_map(|s| {
+            let id = s["shard_id"].as_str().unwrap();
+            let i: usize = id.trim_start_matches("shardId-").parse().unwrap();
+            (i != home).then(|| (s["utilisation"].as_f64().unwrap(), i))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap()
+        .1;
+    assert_eq!(least, others[2], "{page}");
+    assert_eq!(shard_of(keys[1].clone()).await, least, "{keys} {page}");
+}
