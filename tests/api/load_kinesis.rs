@@ -31,6 +31,9 @@ const SHARD_RECORDS_PER_S: u64 = 25;
 /// Keys heavier than this share of a shard's limit are worth another key.
 const HOT_ACCOUNT_SHARE: &str = "0.35";
 const MAX_MOVES_PER_ROUND: u64 = 16;
+/// The controller's band, tighter than the default 0.10: a 10-s window of about 200 records
+/// a shard wobbles by several percent, so the loop aims at 1.05 to stay within 1.15.
+const LOAD_TOLERANCE: &str = "0.05";
 
 /// How long a run lasts and how often the controller acts.
 struct Shape {
@@ -88,6 +91,7 @@ impl Shape {
                 MAX_MOVES_PER_ROUND.to_string(),
             ),
             ("KEYSPREAD_MOVE_COOLDOWN_S", self.cooldown_s.to_string()),
+            ("KEYSPREAD_LOAD_TOLERANCE", LOAD_TOLERANCE.into()),
         ]
     }
 }
