@@ -8,13 +8,10 @@
 //! statement, which keeps the numbers far from overflowing.
 //!
 //! A report's accounts are written as one batch: Postgres sends them as arrays (one
-//! statement, one round trip); SQLite steps one prepared upsert a row on the locked
-//! connection, on the calling thread (through sqlx, each statement is a hand-off to its
-//! connection thread with its parameters copied into owned values: one statement per row
-//! cost more than the rest of the heartbeat; a few hundred rows per statement, a tenth of
-//! the heartbeat more than this).
+//! statement, one round trip), SQLite a few hundred rows per statement (each statement is
+//! a hand-off to sqlx's connection thread; one per row cost more than the rest of the
+//! heartbeat).
 
-use super::raw_sqlite::Statement;
 use super::{Result, Tx};
 use crate::keyspace::Rate;
 
@@ -26,6 +23,9 @@ pub struct RateRow {
     pub account: String,
     pub rate: Rate,
 }
+
+/// Rows per SQLite upsert: 5 parameters each, well under its limit of 32,766.
+const SQLITE_CHUNK: usize = 500;
 
 /// What a report adds to an account's rates on a shard, as of the shard's `accounts_at`.
 #[derive(Debug, Clone, PartialEq)]
@@ -251,26 +251,21 @@ impl Tx {
             SET records_per_s = account_load.records_per_s + excluded.records_per_s, \
             bytes_per_s = account_load.bytes_per_s + excluded.bytes_per_s";
         on_tx!(self, c =>
-            sqlite: {
-                // Stepped on the locked connection, on this runtime thread (about a
-                // millisecond for a full report): no hand-off to sqlx's thread, and no
-                // statement of thousands of parameters copied to go there.
-                let mut handle = c.lock_handle().await?;
-                let mut add = Statement::prepare(
-                    &mut handle,
-                    &format!(
-                        "INSERT INTO account_load (stream, shard_id, account, records_per_s, \
-                         bytes_per_s) VALUES (?1, ?2, ?3, ?4, ?5){ADD}"
-                    ),
-                )?;
-                add.bind_text(1, stream)?;
-                add.bind_text(2, shard_id)?;
-                for r in rows {
-                    add.bind_text(3, &r.account)?;
-                    add.bind_f64(4, r.records_per_s)?;
-                    add.bind_f64(5, r.bytes_per_s)?;
-                    add.execute()?;
-                }
+            sqlite: for chunk in rows.chunks(SQLITE_CHUNK) {
+                sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                    "INSERT INTO account_load (stream, shard_id, account, records_per_s, bytes_per_s) ",
+                )
+                .push_values(chunk, |mut row, r| {
+                    row.push_bind(stream)
+                        .push_bind(shard_id)
+                        .push_bind(r.account.as_str())
+                        .push_bind(r.records_per_s)
+                        .push_bind(r.bytes_per_s);
+                })
+                .push(ADD)
+                .build()
+                .execute(&mut *c)
+                .await?;
             },
             postgres: {
                 let accounts: Vec<&str> = rows.iter().map(|r| r.account.as_str()).collect();

@@ -1,12 +1,8 @@
-//! The few SQLite C calls start-up needs to read every assignment quickly, and a load
-//! report needs to write its accounts.
+//! The few SQLite C calls start-up needs to read every assignment quickly.
 //!
 //! sqlx copies each row into owned values on its connection thread and hands it to ours,
 //! about a microsecond a row; stepping a statement on the connection directly costs a
-//! fraction of that, and start-up at a million accounts is mostly this one read. Writing
-//! is the same: sqlx binds each statement's parameters into owned values and hands the
-//! statement to its thread, where one prepared statement, bound and stepped once a row on
-//! the locked connection, costs only SQLite's own work.
+//! fraction of that, and start-up at a million accounts is mostly this one read.
 
 use std::ffi::c_int;
 use std::marker::PhantomData;
@@ -58,55 +54,6 @@ impl<'conn> Statement<'conn> {
             ffi::SQLITE_ROW => Ok(true),
             ffi::SQLITE_DONE => Ok(false),
             _ => Err(error(self.db)),
-        }
-    }
-
-    /// Binds `value` to parameter `i` (from 1); SQLite keeps its own copy.
-    pub fn bind_text(&mut self, i: c_int, value: &str) -> Result<()> {
-        let len = c_int::try_from(value.len())
-            .map_err(|_| StoreError::Read(format!("parameter {i} is longer than an int")))?;
-        // SAFETY: `stmt` is a live statement of a connection this thread holds; `value` is
-        // valid for `len` bytes, and SQLITE_TRANSIENT makes SQLite copy them before this
-        // returns.
-        let rc = unsafe {
-            ffi::sqlite3_bind_text(
-                self.stmt.as_ptr(),
-                i,
-                value.as_ptr().cast(),
-                len,
-                ffi::SQLITE_TRANSIENT(),
-            )
-        };
-        self.check(rc)
-    }
-
-    /// Binds `value` to parameter `i` (from 1).
-    pub fn bind_f64(&mut self, i: c_int, value: f64) -> Result<()> {
-        // SAFETY: as for `bind_text`.
-        let rc = unsafe { ffi::sqlite3_bind_double(self.stmt.as_ptr(), i, value) };
-        self.check(rc)
-    }
-
-    /// Runs a statement that answers no rows, then readies it to run again (its
-    /// parameters stay bound).
-    pub fn execute(&mut self) -> Result<()> {
-        let done = self.step();
-        // SAFETY: `stmt` is a live statement of a connection this thread holds. Its
-        // answer repeats the step's error, already taken.
-        unsafe {
-            ffi::sqlite3_reset(self.stmt.as_ptr());
-        }
-        match done? {
-            false => Ok(()),
-            true => Err(StoreError::Read("statement answered a row".to_owned())),
-        }
-    }
-
-    fn check(&self, rc: c_int) -> Result<()> {
-        if rc == ffi::SQLITE_OK {
-            Ok(())
-        } else {
-            Err(error(self.db))
         }
     }
 
