@@ -2,7 +2,7 @@
 """Heartbeats a server takes at its most, and its CPU time per heartbeat (stdlib only).
 
     python3 benches/heartbeats.py [--binary PATH] [--shards 10000] [--workers 1000] [--secs 15]
-                                  [--accounts 0]
+                                  [--accounts 0] [--database-url URL]
 
 Starts the server on a fresh SQLite file (127.0.0.1, a port it picks), registers a uniform
 stream of `--shards` shards, joins `--workers` workers (ttl 600 s) and waits until every
@@ -11,7 +11,9 @@ lease is held, then 8 clients heartbeat round the workers as fast as they are an
 per heartbeat: a heartbeat costs O(its own leases), so that figure stays flat as the stream
 grows. With `--accounts N`, each steady heartbeat also carries a load report of N accounts
 (the same N names each time, as a worker's top accounts of a shard) on the first shard the
-worker holds; the answers must count it (empty `ignored_load`). The server is killed on exit.
+worker holds; the answers must count it (empty `ignored_load`). `--database-url` runs the
+server on that (empty) database instead, e.g. a fresh Postgres one; the CPU figure is then
+keyspread's alone, not the database server's. The server is killed on exit.
 """
 import argparse, http.client, json, os, re, subprocess, tempfile, threading, time
 
@@ -23,11 +25,12 @@ parser.add_argument("--shards", type=int, default=10000)
 parser.add_argument("--workers", type=int, default=1000)
 parser.add_argument("--secs", type=int, default=15)
 parser.add_argument("--accounts", type=int, default=0)
+parser.add_argument("--database-url")
 args = parser.parse_args()
 binary, shards, workers, secs = args.binary, args.shards, args.workers, min(args.secs, 600)
 d = tempfile.mkdtemp()
 log = open(os.path.join(d, "log"), "w")
-env = dict(os.environ, DATABASE_URL=f"sqlite://{d}/k.db", KEYSPREAD_LISTEN="127.0.0.1:0",
+env = dict(os.environ, DATABASE_URL=args.database_url or f"sqlite://{d}/k.db", KEYSPREAD_LISTEN="127.0.0.1:0",
            KEYSPREAD_MUTATION_RATE="0", RUST_LOG="warn,keyspread=info")
 p = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=log)
 try:

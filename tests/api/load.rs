@@ -676,3 +676,42 @@ async fn accounts_whose_rate_faded_are_forgotten_at_the_next_report() {
         "busy records/s",
     );
 }
+
+#[tokio::test]
+async fn accounts_are_stored_by_their_exact_text_and_add_up_across_reports() {
+    let app = app(3600).await;
+    put_stream(&app, "s", 1).await;
+    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
+    let (id, _, epoch) = leases(&joined).remove(0);
+    // Multi-byte, quoted, longest (256 bytes) and look-alike names: each its own row.
+    let long = "é".repeat(128);
+    let names = ["zoë", "zoe", "o'brien \"q\"", "表-😀", long.as_str()];
+    let accounts: Vec<Value> = names
+        .iter()
+        .enumerate()
+        .map(|(i, a)| json!({"account": a, "records": 1000 * (i as u64 + 1), "bytes": 1}))
+        .collect();
+    let report = json!([entry(&id, epoch, 1000, 100_000, 100, json!(accounts))]);
+    beat_ok(&app, "w1", report.clone()).await;
+    beat_ok(&app, "w1", report).await;
+    let page = load(&app, "&limit=1000").await;
+    let stored: Vec<(String, f64)> = page["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let name = a["account"].as_str().unwrap().to_owned();
+            (name, f(&a["records_per_s"]))
+        })
+        .collect();
+    assert_eq!(stored.len(), names.len(), "{page}");
+    // Two reports of a one-second window with an hour's half-life: about twice one's share.
+    let one = f(&shard(&page, &id)["records_per_s"]) / 100_000.0;
+    for (i, name) in names.iter().enumerate() {
+        let (_, rate) = stored
+            .iter()
+            .find(|(a, _)| a == name)
+            .unwrap_or_else(|| panic!("no account {name:?} in {page}"));
+        assert_close(*rate, one * 1000.0 * (i as f64 + 1.0), name);
+    }
+}
