@@ -327,9 +327,10 @@ pub(crate) async fn load(
         .into_iter()
         .map(|(load, account, rate)| {
             let suggested = suggested_fanout(load, share);
+            let held = state.registry.lookup(&account);
             AccountLoadBody {
-                fanout: state.registry.lookup(&account).map(|a| a.fanout()),
-                max_fanout: None,
+                fanout: held.as_ref().map(|a| a.fanout()),
+                max_fanout: held.and_then(|a| a.max_fanout),
                 suggested_fanout: (suggested > 1).then_some(suggested),
                 records_per_s: rate.records_per_s,
                 bytes_per_s: rate.bytes_per_s,

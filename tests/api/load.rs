@@ -413,7 +413,20 @@ async fn accounts_come_heaviest_first_in_pages_with_their_suggested_fanout() {
         all[0]
     );
     assert_eq!(all[0]["fanout"], json!(1), "a9 holds one key");
+    assert_eq!(all[0]["max_fanout"], Value::Null, "a9 has not opted in");
     assert_eq!(all[1]["fanout"], Value::Null, "a8 holds none");
+    // An account that opted in to a load-raised fanout says how far.
+    let opted = app
+        .call(
+            reqwest::Method::PATCH,
+            "/keys/a9",
+            Some(json!({"max_fanout": 8})),
+        )
+        .await;
+    assert_eq!(opted.status, 200, "{}", opted.body);
+    let whole = load(&app, "&limit=1").await;
+    assert_eq!(whole["accounts"][0]["account"], "a9");
+    assert_eq!(whole["accounts"][0]["max_fanout"], 8, "{whole}");
 
     let mut paged = Vec::new();
     let mut query = "&limit=3".to_owned();
