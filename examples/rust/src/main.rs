@@ -145,7 +145,7 @@ async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
             made.status()
         );
     }
-    let plan = client.preview(NonZeroU64::new(3), None).await?.into_inner();
+    let plan = client.preview(None, NonZeroU64::new(3), None).await?.into_inner();
     let Some(first) = plan.moves.first() else {
         return Err(format!("preview: no moves in {plan:?}").into());
     };
