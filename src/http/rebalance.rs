@@ -190,7 +190,7 @@ impl RebalancePlan {
 pub struct ApplyRequest {
     /// The `plan_id` of a preview: `EVENT.MAP.MOVES.DIGEST`.
     #[schema(
-        pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,4}|100000|stream:[a-zA-Z0-9_.-]{1,128})\.[0-9]{1,9}\.[0-9a-fA-F]{16}$"
+        pattern = r"^[0-9]{1,18}\.([1-9][0-9]{0,3}|10000|stream:[a-zA-Z0-9_.-]{1,128}|load:[a-zA-Z0-9_.-]{1,128})\.[0-9]{1,9}\.[0-9a-fA-F]{16}$"
     )]
     pub plan_id: String,
     /// Seconds until producers switch to the new keys, 0..=86400: until then lookups

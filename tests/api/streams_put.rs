@@ -283,11 +283,18 @@ async fn a_stream_body_over_its_limit_gets_413_and_other_routes_keep_theirs() {
         ("/streams/big", "PUT", stream_limit + 1, true),
         ("/streams/big", "PUT", stream_limit, false),
         ("/keys/a", "POST", keyspread::http::BODY_LIMIT + 1, true),
+        // Heartbeats carry load reports of up to 1,000 accounts a shard.
         (
             "/streams/big/workers/w1",
             "PUT",
-            keyspread::http::BODY_LIMIT + 1,
+            keyspread::http::HEARTBEAT_BODY_LIMIT + 1,
             true,
+        ),
+        (
+            "/streams/big/workers/w1",
+            "PUT",
+            keyspread::http::HEARTBEAT_BODY_LIMIT,
+            false,
         ),
     ] {
         // The length declared and no body sent: the limit answers from the length alone.

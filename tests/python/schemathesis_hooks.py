@@ -29,6 +29,14 @@ each brought about here by the function named, with why the document cannot say 
   `oneOf` of two `required` lists, which utoipa's derive does not produce; the description
   says it.
 
+- GET /rebalance/preview with `by=load`: it plans over a registered stream's observed load,
+  so it takes `stream`, not `shards` (`preview`): two parameters again.
+- PATCH /keys/{account}: `max_fanout` is at least the account's fanout (`reweight`), which
+  is the account's, not the document's.
+- PUT /streams/{name}/workers/{worker}: a load entry names a shard of the stream's map and
+  the lease the worker holds on it (`heartbeat`): the stream's state, not the document's.
+- GET /load: `after` is a cursor an earlier page answered (`load_page`), opaque by design.
+
 A request that the schema allows but that breaks one of them is rightly refused (400 or 422),
 which the positive_data_acceptance check would report. So positive cases are brought within
 these rules before they are sent; negative cases are sent as generated. One more hook keeps
@@ -108,6 +116,26 @@ def allocate(case):
 def reweight(case):
     account_path(case)
     shares(case.body, patch=True)
+    body = case.body
+    if isinstance(body, dict) and isinstance(body.get("max_fanout"), (int, float)):
+        # At least any fanout the account may have.
+        body["max_fanout"] = MAX_FANOUT
+
+
+def preview(case):
+    map_params(case)
+    if case.query.get("by") == "load":
+        case.query.pop("shards", None)
+        case.query.setdefault("stream", "s")
+
+
+def heartbeat(case):
+    if isinstance(case.body, dict) and case.body.get("load"):
+        case.body["load"] = []
+
+
+def load_page(case):
+    case.query.pop("after", None)
 
 
 def map_params(case):
@@ -179,7 +207,9 @@ def put_stream(case):
 RULES = {
     ("GET", "/shard-of"): shard_of,
     ("GET", "/distribution"): map_params,
-    ("GET", "/rebalance/preview"): map_params,
+    ("GET", "/rebalance/preview"): preview,
+    ("GET", "/load"): load_page,
+    ("PUT", "/streams/{name}/workers/{worker}"): heartbeat,
     ("GET", "/keys"): list_keys,
     ("POST", "/keys/batch"): batch,
     ("GET", "/keys/{account}"): account_path,
