@@ -7,7 +7,8 @@ use super::{Error, Registry, Stream};
 use crate::keyspace::load::decay;
 use crate::keyspace::{Limits, Rate};
 use crate::store::leases::LeaseRow;
-use crate::store::load::{AccountRate, ShardRate};
+use crate::store::load::ShardRow;
+use crate::store::packed::{Entry, Packer, unpack};
 use crate::store::{StoreError, Tx};
 
 /// How reports are smoothed and weighed.
@@ -40,11 +41,6 @@ pub const MAX_WINDOW_MS: u64 = 3_600_000;
 
 /// Records/s and bytes/s below which an account's rate is forgotten.
 const FADED: f64 = 1e-3;
-
-/// Half-lives after which a shard's account rows are brought to a newer instant (one
-/// statement over the shard's rows, every few minutes at most), so that their stored
-/// numbers never grow far.
-const REBASE_HALF_LIVES: i64 = 1;
 
 /// What a worker read from one shard since its last report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,46 +209,49 @@ impl Registry {
         }
         for report in counted {
             let shard = report.shard_id.as_str();
-            let fresh = ShardRate {
-                rate: Rate {
-                    at_ms: now,
-                    ..Rate::default()
-                },
-                accounts_at: now,
+            let row = tx.shard_row(name, shard).await?;
+            let idle = Rate {
+                at_ms: now,
+                ..Rate::default()
             };
-            let mut stored = tx.shard_rate(name, shard).await?.unwrap_or(fresh);
-            let window = report.window_ms as i64;
-            stored.rate = stored
-                .rate
-                .observe(report.records, report.bytes, window, now, hl);
-            if now - stored.accounts_at > REBASE_HALF_LIVES * hl {
-                let factor = decay(now - stored.accounts_at, hl);
-                tx.rescale_account_load(name, shard, factor, now).await?;
-                stored.accounts_at = now;
-            }
-            tx.put_shard_rate(name, shard, stored).await?;
-            // What is worth 1 now, as of the rows' instant.
-            let grown = 1.0 / decay(now - stored.accounts_at, hl);
-            if !report.accounts.is_empty() {
-                fold_accounts(tx, name, &report, grown, hl).await?;
-            }
-            tx.prune_account_load(name, shard, FADED * grown).await?;
+            let rate = (row.as_ref().map_or(idle, |r| r.rate)).observe(
+                report.records,
+                report.bytes,
+                report.window_ms as i64,
+                now,
+                hl,
+            );
+            let unpacked;
+            let (as_of, old) = match &row {
+                Some(ShardRow {
+                    accounts: Some(packed),
+                    ..
+                }) => unpack(packed)?,
+                Some(row) => {
+                    unpacked = tx.take_unpacked_accounts(name, shard).await?;
+                    let entries = unpacked.iter().map(|(account, r, b)| Entry {
+                        account,
+                        records_per_s: *r,
+                        bytes_per_s: *b,
+                    });
+                    (row.accounts_at, entries.collect())
+                }
+                None => (now, Vec::new()),
+            };
+            let at = now.max(as_of);
+            let packed = fold_accounts(&old, decay(now - as_of, hl), &report, at, hl);
+            tx.put_shard_row(name, shard, rate, at, &packed).await?;
         }
         tx.mark_reported(name, stream.version, now).await?;
         Ok(ignored)
     }
 }
 
-/// Adds a report's accounts to their rates on its shard, each share grown by `grown` to
-/// the instant the shard's account rows are stored as of: one write, no read. An account
-/// named twice counts once, with both parts.
-async fn fold_accounts(
-    tx: &mut Tx,
-    stream: &str,
-    report: &LoadReport,
-    grown: f64,
-    hl: i64,
-) -> Result<(), StoreError> {
+/// `old` (a shard's account rates, in byte order of their names) decayed by `left`, with
+/// `report`'s accounts' shares added, packed as of `at`; rates that faded below [`FADED`]
+/// are left out. One pass over both, no read or write per account. An account named twice
+/// counts once, with both parts.
+fn fold_accounts(old: &[Entry<'_>], left: f64, report: &LoadReport, at: i64, hl: i64) -> Vec<u8> {
     let mut parts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for a in &report.accounts {
         let (r, b) = parts.entry(a.account.as_str()).or_default();
@@ -260,19 +259,48 @@ async fn fold_accounts(
         *b = b.saturating_add(a.bytes);
     }
     let window = report.window_ms as i64;
-    let rows: Vec<AccountRate> = parts
-        .into_iter()
-        .map(|(account, (r, b))| {
-            // The share this window adds now (see `Rate::observe`), grown.
-            let share = Rate::default().observe(r, b, window, 0, hl);
-            AccountRate {
-                account: account.to_owned(),
-                records_per_s: share.records_per_s * grown,
-                bytes_per_s: share.bytes_per_s * grown,
+    // The share a window adds now (see `Rate::observe`).
+    let share = |(r, b): (u64, u64)| Rate::default().observe(r, b, window, 0, hl);
+    let mut packed = Packer::new(at, old.len() + parts.len());
+    let mut push = |account: &str, records_per_s: f64, bytes_per_s: f64| {
+        if records_per_s >= FADED || bytes_per_s >= FADED {
+            packed.push(Entry {
+                account,
+                records_per_s,
+                bytes_per_s,
+            });
+        }
+    };
+    let mut old = old.iter().peekable();
+    let mut new = parts.into_iter().peekable();
+    loop {
+        let next_old = old.peek().map(|e| e.account);
+        let next_new = new.peek().map(|(a, _)| *a);
+        match (next_old, next_new) {
+            (None, None) => break,
+            (Some(o), n) if n.is_none_or(|n| o < n) => {
+                let e = old.next().expect("peeked");
+                push(o, e.records_per_s * left, e.bytes_per_s * left);
             }
-        })
-        .collect();
-    tx.add_account_rates(stream, &report.shard_id, &rows).await
+            (o, Some(n)) if o.is_none_or(|o| n < o) => {
+                let (_, part) = new.next().expect("peeked");
+                let add = share(part);
+                push(n, add.records_per_s, add.bytes_per_s);
+            }
+            (_, Some(n)) => {
+                let e = old.next().expect("peeked");
+                let (_, part) = new.next().expect("peeked");
+                let add = share(part);
+                push(
+                    n,
+                    e.records_per_s * left + add.records_per_s,
+                    e.bytes_per_s * left + add.bytes_per_s,
+                );
+            }
+            (Some(_), None) => unreachable!("an old entry alone takes the first arm"),
+        }
+    }
+    packed.finish()
 }
 
 impl Tx {

@@ -1,17 +1,12 @@
-//! The rows behind observed load: each shard's and each (account, shard)'s smoothed rate,
-//! and which streams have had reports.
+//! The rows behind observed load: each shard's smoothed rate with its accounts' rates
+//! packed beside it (see [`super::packed`]), and which streams have had reports.
 //!
-//! A shard's account rows are all stored as of one instant, its `accounts_at`: a report
-//! adds each account's share already grown to that instant (2^((now - accounts_at) /
-//! half-life) times what it is worth now), so folding needs no read of the old rates and
-//! no per-row decay. Every half-life or so the rows are brought to a newer instant in one
-//! statement, which keeps the numbers far from overflowing.
-//!
-//! A report's accounts are written as one batch: Postgres sends them as arrays (one
-//! statement, one round trip), SQLite a few hundred rows per statement (each statement is
-//! a hand-off to sqlx's connection thread; one per row cost more than the rest of the
-//! heartbeat).
+//! A report rewrites its shard's row, accounts and all, in one statement: the accounts'
+//! rates are decayed to the report's instant and its shares added in one pass, in Rust.
+//! Rows of `account_load` are what keyspreads that predate packing wrote: a shard whose
+//! row has no packed value yet is read from them, and packs them at its next report.
 
+use super::packed::unpack;
 use super::{Result, Tx};
 use crate::keyspace::Rate;
 
@@ -24,22 +19,13 @@ pub struct RateRow {
     pub rate: Rate,
 }
 
-/// Rows per SQLite upsert: 5 parameters each, well under its limit of 32,766.
-const SQLITE_CHUNK: usize = 500;
-
-/// What a report adds to an account's rates on a shard, as of the shard's `accounts_at`.
+/// A shard's stored row: its own rate, and its accounts' rates packed, if they are.
 #[derive(Debug, Clone, PartialEq)]
-pub struct AccountRate {
-    pub account: String,
-    pub records_per_s: f64,
-    pub bytes_per_s: f64,
-}
-
-/// A shard's own rate, and the instant its accounts' rows are stored as of.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ShardRate {
+pub struct ShardRow {
     pub rate: Rate,
+    /// The instant `account_load`'s rows of the shard are stored as of (unpacked rows).
     pub accounts_at: i64,
+    pub accounts: Option<Vec<u8>>,
 }
 
 /// Runs `$body` on the transaction's connection `$c`, whichever backend holds it (or
@@ -65,11 +51,15 @@ macro_rules! on_tx {
     };
 }
 
-const SHARD_RATES: &str =
-    "SELECT shard_id, records_per_s, bytes_per_s, at_ms FROM shard_load WHERE stream = $1";
-const ACCOUNT_RATES: &str = "SELECT a.shard_id, a.account, a.records_per_s, a.bytes_per_s, \
+const SHARD_RATES: &str = "SELECT shard_id, records_per_s, bytes_per_s, at_ms, accounts \
+    FROM shard_load WHERE stream = $1";
+/// Rows of shards not packed yet.
+const UNPACKED_RATES: &str = "SELECT a.shard_id, a.account, a.records_per_s, a.bytes_per_s, \
     s.accounts_at FROM account_load a JOIN shard_load s \
-    ON s.stream = a.stream AND s.shard_id = a.shard_id WHERE a.stream = $1";
+    ON s.stream = a.stream AND s.shard_id = a.shard_id \
+    WHERE a.stream = $1 AND s.accounts IS NULL";
+
+type ShardRateRow = (String, f64, f64, i64, Option<Vec<u8>>);
 
 fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> RateRow {
     RateRow {
@@ -83,20 +73,49 @@ fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> Ra
     }
 }
 
+/// `shards`' own rates (account empty) and their packed accounts', then `unpacked`.
+fn rate_rows(
+    shards: Vec<ShardRateRow>,
+    unpacked: Vec<(String, String, f64, f64, i64)>,
+) -> Result<Vec<RateRow>> {
+    let mut rows = Vec::with_capacity(shards.len() + unpacked.len());
+    let mut accounts = Vec::new();
+    for (shard, r, b, at, packed) in shards {
+        if let Some(packed) = packed {
+            let (as_of, entries) = unpack(&packed)?;
+            accounts.extend(entries.into_iter().map(|e| {
+                let account = e.account.to_owned();
+                rate_row(
+                    shard.clone(),
+                    account,
+                    e.records_per_s,
+                    e.bytes_per_s,
+                    as_of,
+                )
+            }));
+        }
+        rows.push(rate_row(shard, String::new(), r, b, at));
+    }
+    rows.extend(accounts);
+    rows.extend(
+        unpacked
+            .into_iter()
+            .map(|(s, a, r, b, at)| rate_row(s, a, r, b, at)),
+    );
+    Ok(rows)
+}
+
 impl Tx {
     /// Every stored rate of `stream`: its shards' (account empty), then its accounts'.
     pub async fn load_rows(&mut self, stream: &str) -> Result<Vec<RateRow>> {
-        on_tx!(self, c => {
-            let shards: Vec<(String, f64, f64, i64)> =
+        let (shards, unpacked) = on_tx!(self, c => {
+            let shards: Vec<ShardRateRow> =
                 sqlx::query_as(SHARD_RATES).bind(stream).fetch_all(&mut *c).await?;
-            let accounts: Vec<(String, String, f64, f64, i64)> =
-                sqlx::query_as(ACCOUNT_RATES).bind(stream).fetch_all(&mut *c).await?;
-            shards
-                .into_iter()
-                .map(|(s, r, b, at)| rate_row(s, String::new(), r, b, at))
-                .chain(accounts.into_iter().map(|(s, a, r, b, at)| rate_row(s, a, r, b, at)))
-                .collect::<Vec<_>>()
-        })
+            let unpacked: Vec<(String, String, f64, f64, i64)> =
+                sqlx::query_as(UNPACKED_RATES).bind(stream).fetch_all(&mut *c).await?;
+            (shards, unpacked)
+        })?;
+        rate_rows(shards, unpacked)
     }
 
     /// The `version` of the map `stream`'s load rows were last checked against, if any
@@ -148,142 +167,83 @@ impl Tx {
         })
     }
 
-    /// Deletes the account rows of `shard_id` whose stored rates (as of its `accounts_at`)
-    /// are both below `floor`: one range of the key.
-    pub async fn prune_account_load(
-        &mut self,
-        stream: &str,
-        shard_id: &str,
-        floor: f64,
-    ) -> Result<u64> {
-        on_tx!(self, c => sqlx::query(
-                "DELETE FROM account_load WHERE stream = $1 AND shard_id = $2 \
-                 AND records_per_s < $3 AND bytes_per_s < $3",
-            )
-            .bind(stream)
-            .bind(shard_id)
-            .bind(floor)
-            .execute(&mut *c)
-            .await?
-            .rows_affected())
-    }
-
-    /// Multiplies `shard_id`'s account rates by `factor`, as of the new `accounts_at`.
-    pub async fn rescale_account_load(
-        &mut self,
-        stream: &str,
-        shard_id: &str,
-        factor: f64,
-        accounts_at: i64,
-    ) -> Result<()> {
-        on_tx!(self, c => {
-            sqlx::query(
-                "UPDATE account_load SET records_per_s = records_per_s * $3, \
-                 bytes_per_s = bytes_per_s * $3 WHERE stream = $1 AND shard_id = $2",
-            )
-            .bind(stream)
-            .bind(shard_id)
-            .bind(factor)
-            .execute(&mut *c)
-            .await?;
-            sqlx::query("UPDATE shard_load SET accounts_at = $3 WHERE stream = $1 AND shard_id = $2")
-                .bind(stream)
-                .bind(shard_id)
-                .bind(accounts_at)
-                .execute(&mut *c)
-                .await?;
-        })
-    }
-
-    /// `shard_id`'s stored rate, if it has one.
-    pub async fn shard_rate(&mut self, stream: &str, shard_id: &str) -> Result<Option<ShardRate>> {
-        let row: Option<(f64, f64, i64, i64)> = on_tx!(self, c => sqlx::query_as(
-                "SELECT records_per_s, bytes_per_s, at_ms, accounts_at FROM shard_load \
+    /// `shard_id`'s stored row, if it has one.
+    pub async fn shard_row(&mut self, stream: &str, shard_id: &str) -> Result<Option<ShardRow>> {
+        type Row = (f64, f64, i64, i64, Option<Vec<u8>>);
+        let row: Option<Row> = on_tx!(self, c => sqlx::query_as(
+                "SELECT records_per_s, bytes_per_s, at_ms, accounts_at, accounts FROM shard_load \
                  WHERE stream = $1 AND shard_id = $2",
             )
             .bind(stream)
             .bind(shard_id)
             .fetch_optional(&mut *c)
             .await?)?;
-        Ok(row.map(|(r, b, at, accounts_at)| ShardRate {
+        Ok(row.map(|(r, b, at, accounts_at, accounts)| ShardRow {
             rate: Rate {
                 records_per_s: r,
                 bytes_per_s: b,
                 at_ms: at,
             },
             accounts_at,
+            accounts,
         }))
     }
 
-    pub async fn put_shard_rate(
+    /// Deletes `shard_id`'s unpacked account rows and answers them (as of the shard's
+    /// `accounts_at`), in byte order of the accounts' names.
+    pub async fn take_unpacked_accounts(
         &mut self,
         stream: &str,
         shard_id: &str,
-        shard: ShardRate,
-    ) -> Result<()> {
-        on_tx!(self, c => {
-            sqlx::query(
-                "INSERT INTO shard_load (stream, shard_id, records_per_s, bytes_per_s, at_ms, accounts_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream, shard_id) DO UPDATE SET \
-                 records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
-                 at_ms = excluded.at_ms, accounts_at = excluded.accounts_at",
+    ) -> Result<Vec<(String, f64, f64)>> {
+        let mut rows: Vec<(String, f64, f64)> = on_tx!(self, c => {
+            let rows = sqlx::query_as(
+                "SELECT account, records_per_s, bytes_per_s FROM account_load \
+                 WHERE stream = $1 AND shard_id = $2",
             )
             .bind(stream)
             .bind(shard_id)
-            .bind(shard.rate.records_per_s)
-            .bind(shard.rate.bytes_per_s)
-            .bind(shard.rate.at_ms)
-            .bind(shard.accounts_at)
-            .execute(&mut *c)
+            .fetch_all(&mut *c)
             .await?;
-        })
+            sqlx::query("DELETE FROM account_load WHERE stream = $1 AND shard_id = $2")
+                .bind(stream)
+                .bind(shard_id)
+                .execute(&mut *c)
+                .await?;
+            rows
+        })?;
+        rows.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        Ok(rows)
     }
 
-    /// Adds a report's shares to its accounts' rates on `shard_id` (as of the shard's
-    /// `accounts_at`), as one batch.
-    pub async fn add_account_rates(
+    /// Writes `shard_id`'s row: its rate, and its accounts packed as of the value's own
+    /// instant (which `accounts_at` takes too, for keyspreads that predate packing).
+    pub async fn put_shard_row(
         &mut self,
         stream: &str,
         shard_id: &str,
-        rows: &[AccountRate],
+        rate: Rate,
+        accounts_at: i64,
+        packed: &[u8],
     ) -> Result<()> {
-        const ADD: &str = " ON CONFLICT (stream, shard_id, account) DO UPDATE \
-            SET records_per_s = account_load.records_per_s + excluded.records_per_s, \
-            bytes_per_s = account_load.bytes_per_s + excluded.bytes_per_s";
-        on_tx!(self, c =>
-            sqlite: for chunk in rows.chunks(SQLITE_CHUNK) {
-                sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                    "INSERT INTO account_load (stream, shard_id, account, records_per_s, bytes_per_s) ",
-                )
-                .push_values(chunk, |mut row, r| {
-                    row.push_bind(stream)
-                        .push_bind(shard_id)
-                        .push_bind(r.account.as_str())
-                        .push_bind(r.records_per_s)
-                        .push_bind(r.bytes_per_s);
-                })
-                .push(ADD)
-                .build()
-                .execute(&mut *c)
-                .await?;
-            },
-            postgres: {
-                let accounts: Vec<&str> = rows.iter().map(|r| r.account.as_str()).collect();
-                let records: Vec<f64> = rows.iter().map(|r| r.records_per_s).collect();
-                let bytes: Vec<f64> = rows.iter().map(|r| r.bytes_per_s).collect();
-                sqlx::query(&format!(
-                    "INSERT INTO account_load (stream, shard_id, account, records_per_s, bytes_per_s) \
-                     SELECT $1, $2, a, r, b FROM UNNEST($3::text[], $4::float8[], $5::float8[]) \
-                     AS u(a, r, b){ADD}"
-                ))
-                .bind(stream)
-                .bind(shard_id)
-                .bind(&accounts)
-                .bind(&records)
-                .bind(&bytes)
-                .execute(&mut *c)
-                .await?;
-            }
-        )
+        on_tx!(self, c => {
+            sqlx::query(
+                "INSERT INTO shard_load (stream, shard_id, records_per_s, bytes_per_s, at_ms, \
+                 accounts_at, accounts) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (stream, shard_id) DO UPDATE SET \
+                 records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
+                 at_ms = excluded.at_ms, accounts_at = excluded.accounts_at, \
+                 accounts = excluded.accounts",
+            )
+            .bind(stream)
+            .bind(shard_id)
+            .bind(rate.records_per_s)
+            .bind(rate.bytes_per_s)
+            .bind(rate.at_ms)
+            .bind(accounts_at)
+            .bind(packed)
+            .execute(&mut *c)
+            .await?;
+        })
     }
 }

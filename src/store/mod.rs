@@ -8,6 +8,7 @@
 
 pub mod leases;
 pub mod load;
+pub mod packed;
 mod postgres;
 mod queries;
 mod raw_sqlite;

@@ -728,3 +728,83 @@ async fn accounts_are_stored_by_their_exact_text_and_add_up_across_reports() {
         assert_close(*rate, one * 1000.0 * (i as f64 + 1.0), name);
     }
 }
+
+/// Rates a keyspread from before packing stored one row per account are read as they
+/// were, and carried into the shard's packed row at its next report, counted once.
+#[tokio::test]
+async fn account_rows_stored_one_per_account_are_read_and_carried_into_the_next_report() {
+    let hl = 3_600_000;
+    let app = app(hl as u64 / 1000).await;
+    put_stream(&app, "s", 1).await;
+    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
+    let (id, _, epoch) = leases(&joined).remove(0);
+    let (_, t) = beat_ok(
+        &app,
+        "w1",
+        json!([entry(&id, epoch, 1000, 0, 0, json!([]))]),
+    )
+    .await;
+    // The shard as an older keyspread left it: its accounts in rows of their own.
+    let mut db = app.db().await;
+    let unpack = format!("UPDATE shard_load SET accounts = NULL, accounts_at = {t}");
+    db.execute(&unpack, &[]).await;
+    for (account, rate) in [("old-a", 2.5), ("old-b", 4.0)] {
+        let insert = format!(
+            "INSERT INTO account_load (stream, shard_id, account, records_per_s, bytes_per_s) \
+             VALUES ('s', $1, $2, {rate}, {rate})"
+        );
+        db.execute(&insert, &[&id, account]).await;
+    }
+    let rates = |page: &Value| -> Vec<(String, f64)> {
+        let accounts = page["accounts"].as_array().unwrap();
+        accounts
+            .iter()
+            .map(|a| {
+                (
+                    a["account"].as_str().unwrap().to_owned(),
+                    f(&a["records_per_s"]),
+                )
+            })
+            .collect()
+    };
+    let page = load(&app, "").await;
+    let got = rates(&page);
+    let names: Vec<&str> = got.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(names, ["old-b", "old-a"], "{page}");
+    let left = decay(ms(&page["at"]) - t, hl);
+    assert_close(got[0].1, 4.0 * left, "old-b before a report");
+    assert_close(got[1].1, 2.5 * left, "old-a before a report");
+
+    let accounts = json!([{"account": "old-a", "records": 3000, "bytes": 3000},
+                          {"account": "new", "records": 1000, "bytes": 1000}]);
+    let (_, t2) = beat_ok(
+        &app,
+        "w1",
+        json!([entry(&id, epoch, 1000, 4000, 4000, accounts)]),
+    )
+    .await;
+    // And once more with no accounts: what was carried over counts once.
+    beat_ok(
+        &app,
+        "w1",
+        json!([entry(&id, epoch, 1000, 0, 0, json!([]))]),
+    )
+    .await;
+    let page = load(&app, "").await;
+    let now = ms(&page["at"]);
+    let share = 1.0 - decay(1000, hl);
+    let want = [
+        ("old-b", 4.0 * decay(now - t, hl)),
+        (
+            "old-a",
+            2.5 * decay(now - t, hl) + 3000.0 * share * decay(now - t2, hl),
+        ),
+        ("new", 1000.0 * share * decay(now - t2, hl)),
+    ];
+    let got = rates(&page);
+    assert_eq!(got.len(), want.len(), "{page}");
+    for ((account, rate), (name, want)) in got.iter().zip(want) {
+        assert_eq!(account, name, "{page}");
+        assert_close(*rate, want, name);
+    }
+}
