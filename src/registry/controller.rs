@@ -4,13 +4,14 @@
 //! account moved twice within the cooldown, each move logged with `reason: load`.
 
 use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Committed, Error, Held, Registry, StreamLoad, Writer};
 use crate::keyspace::{
-    self, AccountId, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, ShardMap, plan_by_load,
+    self, AccountId, Allocator, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, ShardMap, plan_by_load,
 };
 use crate::store::{Change, Event, MoveReason, Tx};
 
@@ -254,7 +255,14 @@ impl Registry {
         if !load.reported {
             return Ok(Round::NoLoad("no load reported on the primary stream"));
         }
-        let fanouts = self.fanout_changes(&load);
+        // O(accounts reported): off the async workers, as the round's plan is.
+        let this = Arc::clone(self);
+        let (load, fanouts) = tokio::task::spawn_blocking(move || {
+            let fanouts = this.fanout_changes(&load);
+            (load, fanouts)
+        })
+        .await
+        .expect("fanout decisions do not panic");
         if let Some(why) = calm(&shard_skew(&load), config)
             && fanouts.is_empty()
         {
@@ -287,7 +295,8 @@ impl Registry {
             }
             let cooldown_from = at - config.move_cooldown_s as i64 * 1000;
             let cooling = tx.moved_by_load_since(cooldown_from).await?;
-            let plan = this.plan_by_load_locked(&mut w, &stream.map, &load, &cooling, &config)?;
+            let plan =
+                (this.plan_by_load_locked(&mut w, &stream.map, load, cooling, &config)).await?;
             let (before, after) = (plan.before, plan.after);
             // Never worse than leaving it off: a plan that does not lower the busiest shard
             // applies nothing.
@@ -317,30 +326,12 @@ impl Registry {
     /// to what their load suggests when above the hot share, back to 1 once cold for ten
     /// half-lives (a load that was at the hot share decays below 2^-10 of it no sooner).
     fn fanout_changes(&self, load: &StreamLoad) -> Vec<(AccountId, u32, u64)> {
-        let share = self.load_config().hot_account_share;
-        let mut totals: HashMap<&str, f64> = HashMap::new();
-        for a in &load.accounts {
-            *totals.entry(a.account.as_str()).or_default() += a.load.max(0.0);
-        }
         let capped = self
             .accounts
             .read()
             .expect("accounts lock poisoned")
             .capped();
-        capped
-            .into_iter()
-            .filter_map(|(id, fanout, weight, cap)| {
-                let load = totals.get(id.as_str()).copied().unwrap_or(0.0);
-                let target = if load > share {
-                    keyspace::suggested_fanout(load, share).min(cap).max(fanout)
-                } else if load < share / 1024.0 {
-                    1
-                } else {
-                    fanout
-                };
-                (target != fanout).then_some((id, target, weight.max(u64::from(target))))
-            })
-            .collect()
+        fanout_targets(load, capped, self.load_config().hot_account_share)
     }
 
     /// Sets each account's fanout (and its weight, at least the fanout), logging each. New
@@ -390,30 +381,30 @@ impl Registry {
     }
 
     /// Plans by load over `map` for every account as it is at the writer's state, leaving
-    /// the tree as it was. Accounts with pending moves or in `cooling` do not move. Blocks
-    /// the thread for O(keys) (the async workers are told so).
-    fn plan_by_load_locked(
-        &self,
+    /// the tree as it was. Accounts with pending moves or in `cooling` do not move. The
+    /// O(keys) work runs on a blocking thread that owns its inputs (the tree taken out of
+    /// the writer and put back), so a round never holds an async worker.
+    async fn plan_by_load_locked(
+        self: &Arc<Self>,
         w: &mut Writer,
         map: &ShardMap,
-        load: &StreamLoad,
-        cooling: &[String],
+        load: StreamLoad,
+        cooling: Vec<String>,
         config: &ControllerConfig,
     ) -> Result<LoadPlan, Error> {
-        tokio::task::block_in_place(|| {
-            let accounts = self.accounts_copy();
-            let keys = key_loads(map, load, &accounts);
-            let mut frozen = super::rebalance::pending(&accounts);
-            frozen.extend(cooling.iter().map(String::as_str));
-            let cap = config
-                .max_moves_per_round
-                .map_or((accounts.len() / 100).max(1), |n| n as usize);
-            let limits = LoadPlanLimits {
-                tolerance: config.load_tolerance,
-                max_moves: cap,
-            };
-            Ok(plan_by_load(&mut w.alloc, map, &keys, &frozen, limits))
+        let mut alloc = std::mem::replace(&mut w.alloc, Allocator::new(self.keyspace));
+        let (this, map, config) = (Arc::clone(self), map.clone(), config.clone());
+        let (alloc, plan) = tokio::task::spawn_blocking(move || {
+            let plan = catch_unwind(AssertUnwindSafe(|| {
+                let accounts = this.accounts_copy();
+                plan_round(&mut alloc, &map, &load, &accounts, &cooling, &config)
+            }));
+            (alloc, plan)
         })
+        .await
+        .expect("a planning thread returns its tree");
+        w.alloc = alloc;
+        Ok(plan.unwrap_or_else(|panicked| resume_unwind(panicked)))
     }
 
     /// Applies `moves` staged (switching at `switch_at`) in `tx`, logged with `reason`, and
@@ -446,6 +437,63 @@ impl Registry {
             .collect::<Result<Vec<_>, Error>>()?;
         self.apply_events(w, events)
     }
+}
+
+/// The fanouts to change of `capped` accounts (id, fanout, weight, `max_fanout`) by their
+/// `load` against the hot `share`, with each one's new weight (at least its fanout).
+pub fn fanout_targets(
+    load: &StreamLoad,
+    capped: Vec<(AccountId, u32, u64, u32)>,
+    share: f64,
+) -> Vec<(AccountId, u32, u64)> {
+    // Few accounts opt in: sum only theirs.
+    let of: HashMap<&str, usize> = (capped.iter().enumerate())
+        .map(|(i, (id, ..))| (id.as_str(), i))
+        .collect();
+    let mut totals = vec![0.0; capped.len()];
+    for a in &load.accounts {
+        if let Some(&i) = of.get(a.account.as_str()) {
+            totals[i] += a.load.max(0.0);
+        }
+    }
+    drop(of);
+    (capped.into_iter().zip(totals))
+        .filter_map(|((id, fanout, weight, cap), load)| {
+            let target = if load > share {
+                keyspace::suggested_fanout(load, share).min(cap).max(fanout)
+            } else if load < share / 1024.0 {
+                1
+            } else {
+                fanout
+            };
+            (target != fanout).then_some((id, target, weight.max(u64::from(target))))
+        })
+        .collect()
+}
+
+/// One round's plan, pure: each key's load (see [`key_loads`]), then a by-load plan over
+/// `map` of at most the round's cap of moves (`--max-moves-per-round`, else 1 % of the
+/// accounts), leaving `alloc` as it was. Accounts with a pending move or in `cooling`
+/// stay. O(keys); public so its cost can be measured alone.
+pub fn plan_round(
+    alloc: &mut Allocator,
+    map: &ShardMap,
+    load: &StreamLoad,
+    accounts: &[(AccountId, Held)],
+    cooling: &[String],
+    config: &ControllerConfig,
+) -> LoadPlan {
+    let keys = key_loads(map, load, accounts);
+    let mut frozen = super::rebalance::pending(accounts);
+    frozen.extend(cooling.iter().map(String::as_str));
+    let cap = config
+        .max_moves_per_round
+        .map_or((accounts.len() / 100).max(1), |n| n as usize);
+    let limits = LoadPlanLimits {
+        tolerance: config.load_tolerance,
+        max_moves: cap,
+    };
+    plan_by_load(alloc, map, &keys, &frozen, limits)
 }
 
 /// Why a stream of this skew needs no round, if it does not.

@@ -7,9 +7,9 @@ use super::{Error, Registry, Stream};
 use crate::keyspace::load::decay;
 use crate::keyspace::{Limits, Rate};
 use crate::store::leases::LeaseRow;
-use crate::store::load::ShardRow;
+use crate::store::load::{RateRow, ShardRow};
 use crate::store::packed::{Entry, Packer, unpack};
-use crate::store::{StoreError, Tx};
+use crate::store::{StoreError, StreamRow, Tx};
 
 /// How reports are smoothed and weighed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -305,7 +305,8 @@ fn fold_accounts(old: &[Entry<'_>], left: f64, report: &LoadReport, at: i64, hl:
 
 impl Tx {
     /// `stream`'s load as this transaction reads it, decayed to `now_ms`: its open shards
-    /// in key order, and its accounts' rates on the shards its map lists.
+    /// in key order, and its accounts' rates on the shards its map lists. The rows are
+    /// opened and ordered on a blocking thread: a million accounts' take a while.
     pub async fn stream_load(
         &mut self,
         stream: &str,
@@ -316,50 +317,68 @@ impl Tx {
             return Ok(StreamLoad::default());
         };
         let reported = self.load_map_version(stream).await?.is_some();
-        let (hl, limits) = (config.half_life_ms, config.limits);
-        let mut shard_rates: HashMap<String, Rate> = HashMap::new();
-        let mut accounts = Vec::new();
-        let listed: HashSet<&str> = match &row.listed {
-            Some(listed) => listed.iter().map(|s| s.id.as_str()).collect(),
-            None => row.shards.iter().map(|(id, ..)| id.as_str()).collect(),
-        };
-        for r in self.load_rows(stream).await? {
-            if !listed.contains(r.shard_id.as_str()) {
-                continue;
-            }
-            let rate = r.rate.at(now_ms, hl);
-            if r.account.is_empty() {
-                shard_rates.insert(r.shard_id, rate);
-            } else {
-                accounts.push(AccountLoad {
-                    load: rate.utilisation(limits),
-                    account: r.account,
-                    shard_id: r.shard_id,
-                    rate,
-                });
-            }
-        }
-        accounts.sort_by(|a, b| (&a.account, &a.shard_id).cmp(&(&b.account, &b.shard_id)));
-        let idle = Rate {
-            at_ms: now_ms,
-            ..Rate::default()
-        };
-        let shards = row
-            .shards
-            .iter()
-            .map(|(id, ..)| {
-                let rate = shard_rates.get(id).copied().unwrap_or(idle);
-                ShardLoad {
-                    shard_id: id.clone(),
-                    utilisation: rate.utilisation(limits),
-                    rate,
-                }
-            })
-            .collect();
-        Ok(StreamLoad {
-            shards,
-            accounts,
-            reported,
+        let rows = self.load_rows(stream).await?;
+        let config = *config;
+        tokio::task::spawn_blocking(move || {
+            let mut load = stream_load(&row, rows.into_rows()?, now_ms, &config);
+            load.reported = reported;
+            Ok(load)
         })
+        .await
+        .expect("reading load does not panic")
+    }
+}
+
+/// The load of the stream `row` from its stored `rates`, decayed to `now_ms`.
+fn stream_load(
+    row: &StreamRow,
+    rates: Vec<RateRow>,
+    now_ms: i64,
+    config: &LoadConfig,
+) -> StreamLoad {
+    let (hl, limits) = (config.half_life_ms, config.limits);
+    let mut shard_rates: HashMap<String, Rate> = HashMap::new();
+    let mut accounts = Vec::new();
+    let listed: HashSet<&str> = match &row.listed {
+        Some(listed) => listed.iter().map(|s| s.id.as_str()).collect(),
+        None => row.shards.iter().map(|(id, ..)| id.as_str()).collect(),
+    };
+    for r in rates {
+        if !listed.contains(r.shard_id.as_str()) {
+            continue;
+        }
+        let rate = r.rate.at(now_ms, hl);
+        if r.account.is_empty() {
+            shard_rates.insert(r.shard_id, rate);
+        } else {
+            accounts.push(AccountLoad {
+                load: rate.utilisation(limits),
+                account: r.account,
+                shard_id: r.shard_id,
+                rate,
+            });
+        }
+    }
+    accounts.sort_by(|a, b| (&a.account, &a.shard_id).cmp(&(&b.account, &b.shard_id)));
+    let idle = Rate {
+        at_ms: now_ms,
+        ..Rate::default()
+    };
+    let shards = row
+        .shards
+        .iter()
+        .map(|(id, ..)| {
+            let rate = shard_rates.get(id).copied().unwrap_or(idle);
+            ShardLoad {
+                shard_id: id.clone(),
+                utilisation: rate.utilisation(limits),
+                rate,
+            }
+        })
+        .collect();
+    StreamLoad {
+        shards,
+        accounts,
+        reported: false,
     }
 }

@@ -24,8 +24,9 @@ mod metrics;
 mod rebalance;
 mod streams;
 
-use accounts::{Accounts, Held};
-pub use controller::{ControllerConfig, Round};
+use accounts::Accounts;
+pub use accounts::Held;
+pub use controller::{ControllerConfig, Round, fanout_targets, plan_round};
 pub use follow::POLL;
 pub use leases::{
     Checkpointed, DEFAULT_JOIN_BATCH_MS, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease,

@@ -73,49 +73,52 @@ fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> Ra
     }
 }
 
-/// `shards`' own rates (account empty) and their packed accounts', then `unpacked`.
-fn rate_rows(
+/// A stream's stored rates as read, before their packed values are opened.
+#[derive(Debug, Default)]
+pub struct LoadRows {
     shards: Vec<ShardRateRow>,
     unpacked: Vec<(String, String, f64, f64, i64)>,
-) -> Result<Vec<RateRow>> {
-    let mut rows = Vec::with_capacity(shards.len() + unpacked.len());
-    let mut accounts = Vec::new();
-    for (shard, r, b, at, packed) in shards {
-        if let Some(packed) = packed {
-            let (as_of, entries) = unpack(&packed)?;
-            accounts.extend(entries.into_iter().map(|e| {
-                let account = e.account.to_owned();
-                rate_row(
-                    shard.clone(),
-                    account,
-                    e.records_per_s,
-                    e.bytes_per_s,
-                    as_of,
-                )
-            }));
+}
+
+impl LoadRows {
+    /// Every rate: the shards' own (account empty), then their accounts'. O(accounts):
+    /// at a million, call it off the async workers.
+    pub fn into_rows(self) -> Result<Vec<RateRow>> {
+        let mut rows = Vec::with_capacity(self.shards.len() + self.unpacked.len());
+        let mut accounts = Vec::new();
+        for (shard, r, b, at, packed) in self.shards {
+            if let Some(packed) = packed {
+                let (as_of, entries) = unpack(&packed)?;
+                accounts.extend(entries.into_iter().map(|e| {
+                    let account = e.account.to_owned();
+                    rate_row(
+                        shard.clone(),
+                        account,
+                        e.records_per_s,
+                        e.bytes_per_s,
+                        as_of,
+                    )
+                }));
+            }
+            rows.push(rate_row(shard, String::new(), r, b, at));
         }
-        rows.push(rate_row(shard, String::new(), r, b, at));
+        rows.extend(accounts);
+        let unpacked = self.unpacked.into_iter();
+        rows.extend(unpacked.map(|(s, a, r, b, at)| rate_row(s, a, r, b, at)));
+        Ok(rows)
     }
-    rows.extend(accounts);
-    rows.extend(
-        unpacked
-            .into_iter()
-            .map(|(s, a, r, b, at)| rate_row(s, a, r, b, at)),
-    );
-    Ok(rows)
 }
 
 impl Tx {
-    /// Every stored rate of `stream`: its shards' (account empty), then its accounts'.
-    pub async fn load_rows(&mut self, stream: &str) -> Result<Vec<RateRow>> {
-        let (shards, unpacked) = on_tx!(self, c => {
+    /// Every stored rate of `stream`, as read (see [`LoadRows::into_rows`]).
+    pub async fn load_rows(&mut self, stream: &str) -> Result<LoadRows> {
+        on_tx!(self, c => {
             let shards: Vec<ShardRateRow> =
                 sqlx::query_as(SHARD_RATES).bind(stream).fetch_all(&mut *c).await?;
             let unpacked: Vec<(String, String, f64, f64, i64)> =
                 sqlx::query_as(UNPACKED_RATES).bind(stream).fetch_all(&mut *c).await?;
-            (shards, unpacked)
-        })?;
-        rate_rows(shards, unpacked)
+            LoadRows { shards, unpacked }
+        })
     }
 
     /// The `version` of the map `stream`'s load rows were last checked against, if any

@@ -484,6 +484,19 @@ async fn a_hot_shard_gets_moves_by_load_within_the_cap_and_the_cooldown() {
     }
 }
 
+/// A round plans on a blocking thread of its own, never in place on an async worker: on a
+/// runtime of one thread, which refuses work blocking in place, rounds still move keys.
+#[tokio::test(flavor = "current_thread")]
+async fn a_round_plans_off_the_async_workers() {
+    let app = controlled(|c| c.controller.max_moves_per_round = Some(2)).await;
+    report(&app, [600, 100, 100, 100]).await;
+    rounds(&app, 2).await;
+    assert!(
+        !load_moves(&app).await.is_empty(),
+        "rounds on a one-thread runtime move keys off the hot shard"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inside_the_band_or_below_the_floor_nothing_moves() {
     let even = controlled(|_| {}).await;
