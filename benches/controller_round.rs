@@ -1,0 +1,178 @@
+//! One load controller round's pure work at scale: 1,000,000 accounts over a uniform map of
+//! 1,024 shards, Zipf(1.1) loads at 0.7 of the shards' capacity (accounts above half a shard
+//! fanned out to ⌈load ÷ 0.5⌉ keys), every account named in the shards' reports, 1 % of the
+//! accounts in cooldown, one in a thousand opted in to a raised fanout. A round copies the
+//! accounts, weighs each key by its account's load (`key_loads`), plans by load under the
+//! default band and cap (1 % of the accounts), and decides the fanouts: what the controller
+//! runs on its blocking thread. Single-threaded; run pinned to one core:
+//! `taskset -c 1 cargo bench --bench controller_round` (`-- --accounts N` for other sizes).
+
+mod common;
+use common::SplitMix64;
+
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode};
+use keyspread::keyspace::{AccountId, Allocator, Keyspace, Rate, ShardMap, suggested_fanout};
+use keyspread::registry::{
+    AccountLoad, ControllerConfig, Held, ShardLoad, StreamLoad, fanout_targets, plan_round,
+};
+use keyspread::store::HashKeys;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    (args.iter().position(|a| a == name))
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Everything a round reads, as the controller holds it.
+struct Round {
+    alloc: Allocator,
+    map: ShardMap,
+    accounts: Vec<(AccountId, Held)>,
+    load: StreamLoad,
+    cooling: Vec<String>,
+    capped: Vec<(AccountId, u32, u64, u32)>,
+}
+
+fn set_up(accounts: usize, shards: u64) -> Round {
+    let map = ShardMap::uniform(Keyspace::KINESIS, shards).expect("shard count");
+    let mut rng = SplitMix64(7);
+    let mut ranks: Vec<usize> = (1..=accounts).collect();
+    for i in (1..ranks.len()).rev() {
+        ranks.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let harmonic: f64 = (1..=accounts).map(|r| (r as f64).powf(-1.1)).sum();
+    let scale = 0.7 * shards as f64 / harmonic;
+    let mut alloc = Allocator::new(Keyspace::KINESIS);
+    alloc.balance_on(Some(map.clone()));
+    let mut held = Vec::with_capacity(accounts);
+    let mut utilisation = vec![0.0; map.len()];
+    let mut entries = Vec::with_capacity(accounts + 1000);
+    let mut capped = Vec::new();
+    for (a, &rank) in ranks.iter().enumerate() {
+        let load = scale * (rank as f64).powf(-1.1);
+        let fanout = suggested_fanout(load, 0.5);
+        let keys = alloc
+            .allocate_keys(&vec![1; fanout as usize])
+            .expect("room");
+        let id = AccountId::parse(format!("acct-{:07}", a + 1)).expect("an account id");
+        // The account's entry on each shard its keys are on (its keys share its load).
+        let mut on: Vec<usize> = keys.iter().map(|&k| map.index_of(k)).collect();
+        for &s in &on {
+            utilisation[s] += load / f64::from(fanout);
+        }
+        on.sort_unstable();
+        for (s, n) in dedup_counts(&on) {
+            let share = load * n as f64 / f64::from(fanout);
+            entries.push(AccountLoad {
+                account: id.as_str().to_owned(),
+                shard_id: map.shard(s).id,
+                rate: Rate::default(),
+                load: share,
+            });
+        }
+        if a % 1000 == 0 {
+            capped.push((id.clone(), fanout, u64::from(fanout), 16));
+        }
+        held.push((
+            id,
+            Held {
+                keys: HashKeys::from_vec(keys),
+                weight: u64::from(fanout),
+                created_at: 0,
+                switching: Vec::new(),
+                max_fanout: None,
+            },
+        ));
+    }
+    entries.sort_by(|a, b| (&a.account, &a.shard_id).cmp(&(&b.account, &b.shard_id)));
+    let load = StreamLoad {
+        shards: (0..map.len())
+            .map(|s| ShardLoad {
+                shard_id: map.shard(s).id,
+                rate: Rate::default(),
+                utilisation: utilisation[s],
+            })
+            .collect(),
+        accounts: entries,
+        reported: true,
+    };
+    let cooling = (held.iter().step_by(100))
+        .map(|(id, _)| id.as_str().to_owned())
+        .collect();
+    Round {
+        alloc,
+        map,
+        accounts: held,
+        load,
+        cooling,
+        capped,
+    }
+}
+
+/// Each distinct value of sorted `xs` with how often it occurs.
+fn dedup_counts(xs: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &x in xs {
+        match out.last_mut() {
+            Some((last, n)) if *last == x => *n += 1,
+            _ => out.push((x, 1)),
+        }
+    }
+    out
+}
+
+fn main() {
+    let accounts = arg("--accounts", 1_000_000) as usize;
+    let shards = arg("--shards", 1024);
+    let started = Instant::now();
+    let mut r = set_up(accounts, shards);
+    let keys: usize = r.accounts.iter().map(|(_, h)| h.keys.len()).sum();
+    eprintln!(
+        "set up {keys} keys of {accounts} accounts, {} load entries, in {:.1} s",
+        r.load.accounts.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let config = ControllerConfig::default();
+    let plan = plan_round(
+        &mut r.alloc,
+        &r.map,
+        &r.load,
+        &r.accounts,
+        &r.cooling,
+        &config,
+    );
+    println!(
+        "controller_round: {keys} keys, {shards} shards: {} moves, busiest ÷ mean {:.3} -> {:.3}",
+        plan.moves.len(),
+        plan.before.max_over_mean,
+        plan.after.max_over_mean
+    );
+    let mut c = Criterion::default().configure_from_args();
+    let mut group = c.benchmark_group("controller_round");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
+    group.bench_function(format!("{accounts}_accounts_{shards}_shards"), |b| {
+        b.iter(|| {
+            // The controller copies the accounts out of their lock first.
+            let accounts = r.accounts.clone();
+            let plan = plan_round(
+                &mut r.alloc,
+                &r.map,
+                &r.load,
+                &accounts,
+                &r.cooling,
+                &config,
+            );
+            let fanouts = fanout_targets(&r.load, r.capped.clone(), 0.5);
+            (plan.moves.len(), fanouts.len())
+        })
+    });
+    group.finish();
+    c.final_summary();
+}
