@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode};
 use keyspread::keyspace::{AccountId, Allocator, Keyspace, Rate, ShardMap, suggested_fanout};
 use keyspread::registry::{
-    AccountLoad, ControllerConfig, Held, ShardLoad, StreamLoad, fanout_targets, plan_round,
+    AccountLoad, ControllerConfig, Held, ShardLoad, StreamLoad, fanout_targets, key_loads,
+    plan_round,
 };
 use keyspread::store::HashKeys;
 
@@ -149,6 +150,27 @@ fn main() {
         plan.moves.len(),
         plan.before.max_over_mean,
         plan.after.max_over_mean
+    );
+    // Where a round's time goes, part by part (3 runs each, the median).
+    let part = |name: &str, mut run: Box<dyn FnMut() + '_>| {
+        let mut times: Vec<f64> = (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                run();
+                started.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        println!("controller_round part: {name} {:.0} ms", times[1]);
+    };
+    part("copy the accounts", Box::new(|| drop(r.accounts.clone())));
+    part(
+        "key loads",
+        Box::new(|| drop(key_loads(&r.map, &r.load, &r.accounts))),
+    );
+    part(
+        "fanout decisions",
+        Box::new(|| drop(fanout_targets(&r.load, r.capped.clone(), 0.5))),
     );
     let mut c = Criterion::default().configure_from_args();
     let mut group = c.benchmark_group("controller_round");

@@ -13,7 +13,10 @@ grows. With `--accounts N`, each steady heartbeat also carries a load report of 
 (the same N names each time, as a worker's top accounts of a shard) on the first shard the
 worker holds; the answers must count it (empty `ignored_load`). `--database-url` runs the
 server on that (empty) database instead, e.g. a fresh Postgres one; the CPU figure is then
-keyspread's alone, not the database server's. The server is killed on exit.
+keyspread's alone, not the database server's. `--read-load N` then times N reads of the
+stream's whole load (`GET /load?stream=s&limit=1`: every shard's and account's rate, what a
+controller round reads, twice), one at a time, with the server's CPU per read. The server is
+killed on exit.
 """
 import argparse, http.client, json, os, re, subprocess, tempfile, threading, time
 
@@ -26,6 +29,8 @@ parser.add_argument("--workers", type=int, default=1000)
 parser.add_argument("--secs", type=int, default=15)
 parser.add_argument("--accounts", type=int, default=0)
 parser.add_argument("--database-url")
+parser.add_argument("--read-load", type=int, default=0, metavar="N",
+                    help="then time N reads of GET /load (a controller round reads the same)")
 args = parser.parse_args()
 binary, shards, workers, secs = args.binary, args.shards, args.workers, min(args.secs, 600)
 d = tempfile.mkdtemp()
@@ -102,5 +107,13 @@ try:
     assert sum(ignored) == 0, f"{sum(ignored)} load entries ignored"
     print(f"shards {shards} workers {workers} accounts per heartbeat {args.accounts}: {n} heartbeats in {t1-t0:.1f}s = {n/(t1-t0):.0f}/s, "
           f"{sum(leases)/n:.1f} leases each, server CPU {(c1-c0)/(t1-t0)*100:.0f}% of a core, {(c1-c0)/n*1000:.2f} ms CPU per heartbeat")
+    if args.read_load:
+        times = []; c0 = cpu()
+        for _ in range(args.read_load):
+            t = time.time(); s, b = call("GET", "/load?stream=s&limit=1"); times.append(time.time() - t)
+            assert s == 200, b
+        c1 = cpu(); times.sort()
+        print(f"GET /load over {shards} shards: median {times[len(times)//2]*1000:.0f} ms, min {times[0]*1000:.0f} ms, "
+              f"max {times[-1]*1000:.0f} ms, server CPU {(c1-c0)/len(times)*1000:.0f} ms per read ({len(times)} reads)")
 finally:
     p.kill(); p.wait()

@@ -4,3 +4,5 @@
 -- `account_load` rows, if any, are packed then and deleted. The table stays for
 -- keyspreads that predate this (migrations only add).
 ALTER TABLE shard_load ADD COLUMN accounts BYTEA;
+-- Stored out of line uncompressed: rates compress poorly, and each report rewrites them.
+ALTER TABLE shard_load ALTER COLUMN accounts SET STORAGE EXTERNAL;

@@ -3,7 +3,7 @@
 //! one replica acts per round (the database decides which), at most a cap of moves, no
 //! account moved twice within the cooldown, each move logged with `reason: load`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use super::{Committed, Error, Held, Registry, StreamLoad, Writer};
 use crate::keyspace::{
-    self, AccountId, Allocator, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, ShardMap, plan_by_load,
+    self, AccountId, Allocator, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, ShardMap,
+    plan_by_load_keys,
 };
 use crate::store::{Change, Event, MoveReason, Tx};
 
@@ -122,56 +123,74 @@ fn shard_utilisation(map: &ShardMap, load: &StreamLoad) -> Vec<f64> {
 /// named there) is shared by weight among the keys measured there of accounts no report
 /// names. A key a pending move is switching is measured where producers still send it and
 /// counted where it goes.
-pub(super) fn key_loads<'a>(
+pub fn key_loads<'a>(
     map: &ShardMap,
     load: &StreamLoad,
     accounts: &'a [(AccountId, Held)],
 ) -> Vec<KeyLoad<'a>> {
-    let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
+    let index: Fast<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
+    let index = |id: &str| index.get(id).copied();
     let mut remainder = shard_utilisation(map, load);
-    let mut named: HashMap<&str, f64> = HashMap::new();
-    for a in &load.accounts {
-        *named.entry(a.account.as_str()).or_default() += a.load.max(0.0);
-        if let Some(&i) = index.get(&a.shard_id) {
-            remainder[i] -= a.load.max(0.0);
+    // Entries come by account: each account's are summed before one insert.
+    let mut named: Fast<&str, f64> = Fast::default();
+    named.reserve(load.accounts.len());
+    let mut entries = load.accounts.iter().peekable();
+    while let Some(first) = entries.next() {
+        let mut total = 0.0;
+        let mut entry = first;
+        loop {
+            total += entry.load.max(0.0);
+            if let Some(i) = index(&entry.shard_id) {
+                remainder[i] -= entry.load.max(0.0);
+            }
+            match entries.next_if(|e| e.account == first.account) {
+                Some(next) => entry = next,
+                None => break,
+            }
         }
+        *named.entry(first.account.as_str()).or_default() += total;
     }
-    // Where each unnamed key is measured, and the unnamed weight measured per shard.
-    let mut keys: Vec<(KeyLoad<'a>, usize)> = Vec::new();
+    // Each key, where it is measured if its account is not named, and the unnamed weight
+    // measured per shard.
+    let mut keys: Vec<KeyLoad<'a>> = Vec::with_capacity(accounts.len());
+    let mut unnamed: Vec<(usize, usize)> = Vec::new();
     let mut unnamed_weight = vec![0u64; map.len()];
     for (id, held) in accounts {
         let fanout = held.keys.len() as u32;
         let total = named.get(id.as_str()).copied();
         for (i, &key) in held.keys.as_slice().iter().enumerate() {
-            let sent = (held.switching.iter())
-                .find(|s| s.index == i as u32)
-                .map_or(key, |s| s.from);
-            let measured = map.index_of(sent);
             let weight = keyspace::key_weight(held.weight, fanout, i as u32);
             if total.is_none() {
+                let sent = (held.switching.iter())
+                    .find(|s| s.index == i as u32)
+                    .map_or(key, |s| s.from);
+                let measured = map.index_of(sent);
                 unnamed_weight[measured] += weight;
+                unnamed.push((keys.len(), measured));
             }
-            let k = KeyLoad {
+            keys.push(KeyLoad {
                 account: id.as_str(),
                 index: i as u32,
                 fanout,
                 key,
                 weight,
                 load: total.map_or(0.0, |t| t / f64::from(fanout)),
-            };
-            keys.push((k, measured));
+            });
         }
     }
-    keys.into_iter()
-        .map(|(mut k, measured)| {
-            if !named.contains_key(k.account) && unnamed_weight[measured] > 0 {
-                k.load = remainder[measured].max(0.0) * k.weight as f64
-                    / unnamed_weight[measured] as f64;
-            }
-            k
-        })
-        .collect()
+    for (k, measured) in unnamed {
+        let k = &mut keys[k];
+        if unnamed_weight[measured] > 0 {
+            k.load =
+                remainder[measured].max(0.0) * k.weight as f64 / unnamed_weight[measured] as f64;
+        }
+    }
+    keys
 }
+
+/// A hash map for the round's million lookups: foldhash, not SipHash (no key here comes
+/// from a request the round answers).
+type Fast<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 impl Registry {
     /// The band by-load plans stop inside: `(1 + tolerance) × mean`.
@@ -484,7 +503,8 @@ pub fn plan_round(
     config: &ControllerConfig,
 ) -> LoadPlan {
     let keys = key_loads(map, load, accounts);
-    let mut frozen = super::rebalance::pending(accounts);
+    let mut frozen: HashSet<&str, foldhash::fast::RandomState> =
+        super::rebalance::pending(accounts).into_iter().collect();
     frozen.extend(cooling.iter().map(String::as_str));
     let cap = config
         .max_moves_per_round
@@ -493,7 +513,7 @@ pub fn plan_round(
         tolerance: config.load_tolerance,
         max_moves: cap,
     };
-    plan_by_load(alloc, map, &keys, &frozen, limits)
+    plan_by_load_keys(alloc, map, &keys, &|k| frozen.contains(k.account), limits)
 }
 
 /// Why a stream of this skew needs no round, if it does not.
