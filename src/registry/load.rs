@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{Error, Registry, Stream};
-use crate::keyspace::load::decay;
+use crate::keyspace::load::{decay, held_ms};
 use crate::keyspace::{Limits, Rate};
 use crate::store::leases::LeaseRow;
 use crate::store::load::{AccountRate, ShardRate};
@@ -219,9 +219,11 @@ impl Registry {
                     ..Rate::default()
                 },
                 accounts_at: now,
+                window_ms: 0,
             };
             let mut stored = tx.shard_rate(name, shard).await?.unwrap_or(fresh);
             let window = report.window_ms as i64;
+            stored.window_ms = window;
             stored.rate = stored
                 .rate
                 .observe(report.records, report.bytes, window, now, hl);
@@ -295,11 +297,12 @@ impl Tx {
             Some(listed) => listed.iter().map(|s| s.id.as_str()).collect(),
             None => row.shards.iter().map(|(id, ..)| id.as_str()).collect(),
         };
-        for r in self.load_rows(stream).await? {
-            if !listed.contains(r.shard_id.as_str()) {
-                continue;
-            }
-            let rate = r.rate.at(now_ms, hl);
+        let mut rows = self.load_rows(stream).await?;
+        rows.retain(|r| listed.contains(r.shard_id.as_str()));
+        let latest = rows.iter().map(|r| r.reported_ms).max().unwrap_or(now_ms);
+        for r in rows {
+            let held = held_ms(r.reported_ms, r.window_ms, latest);
+            let rate = r.rate.held(now_ms, held, hl);
             if r.account.is_empty() {
                 shard_rates.insert(r.shard_id, rate);
             } else {

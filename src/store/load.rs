@@ -22,6 +22,10 @@ pub struct RateRow {
     /// Empty for a shard's own rate.
     pub account: String,
     pub rate: Rate,
+    /// When the shard's last counted report was folded in, and the window it covered: its
+    /// rates stay current for up to one window (see [`crate::keyspace::load::held_ms`]).
+    pub reported_ms: i64,
+    pub window_ms: i64,
 }
 
 /// Rows per SQLite upsert: 5 parameters each, well under its limit of 32,766.
@@ -40,6 +44,8 @@ pub struct AccountRate {
 pub struct ShardRate {
     pub rate: Rate,
     pub accounts_at: i64,
+    /// The window the last counted report covered.
+    pub window_ms: i64,
 }
 
 /// Runs `$body` on the transaction's connection `$c`, whichever backend holds it (or
@@ -65,13 +71,16 @@ macro_rules! on_tx {
     };
 }
 
-const SHARD_RATES: &str =
-    "SELECT shard_id, records_per_s, bytes_per_s, at_ms FROM shard_load WHERE stream = $1";
+const SHARD_RATES: &str = "SELECT shard_id, records_per_s, bytes_per_s, at_ms, at_ms, window_ms \
+    FROM shard_load WHERE stream = $1";
 const ACCOUNT_RATES: &str = "SELECT a.shard_id, a.account, a.records_per_s, a.bytes_per_s, \
-    s.accounts_at FROM account_load a JOIN shard_load s \
+    s.accounts_at, s.at_ms, s.window_ms FROM account_load a JOIN shard_load s \
     ON s.stream = a.stream AND s.shard_id = a.shard_id WHERE a.stream = $1";
 
-fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> RateRow {
+/// A row as read: shard, account, records/s, bytes/s, as of, reported at, window.
+type Row = (String, String, f64, f64, i64, i64, i64);
+
+fn rate_row((shard_id, account, r, b, at_ms, reported_ms, window_ms): Row) -> RateRow {
     RateRow {
         shard_id,
         account,
@@ -80,6 +89,8 @@ fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> Ra
             bytes_per_s: b,
             at_ms,
         },
+        reported_ms,
+        window_ms,
     }
 }
 
@@ -87,14 +98,15 @@ impl Tx {
     /// Every stored rate of `stream`: its shards' (account empty), then its accounts'.
     pub async fn load_rows(&mut self, stream: &str) -> Result<Vec<RateRow>> {
         on_tx!(self, c => {
-            let shards: Vec<(String, f64, f64, i64)> =
+            let shards: Vec<(String, f64, f64, i64, i64, i64)> =
                 sqlx::query_as(SHARD_RATES).bind(stream).fetch_all(&mut *c).await?;
-            let accounts: Vec<(String, String, f64, f64, i64)> =
+            let accounts: Vec<Row> =
                 sqlx::query_as(ACCOUNT_RATES).bind(stream).fetch_all(&mut *c).await?;
             shards
                 .into_iter()
-                .map(|(s, r, b, at)| rate_row(s, String::new(), r, b, at))
-                .chain(accounts.into_iter().map(|(s, a, r, b, at)| rate_row(s, a, r, b, at)))
+                .map(|(s, r, b, at, reported, window)| (s, String::new(), r, b, at, reported, window))
+                .chain(accounts)
+                .map(rate_row)
                 .collect::<Vec<_>>()
         })
     }
@@ -197,21 +209,22 @@ impl Tx {
 
     /// `shard_id`'s stored rate, if it has one.
     pub async fn shard_rate(&mut self, stream: &str, shard_id: &str) -> Result<Option<ShardRate>> {
-        let row: Option<(f64, f64, i64, i64)> = on_tx!(self, c => sqlx::query_as(
-                "SELECT records_per_s, bytes_per_s, at_ms, accounts_at FROM shard_load \
+        let row: Option<(f64, f64, i64, i64, i64)> = on_tx!(self, c => sqlx::query_as(
+                "SELECT records_per_s, bytes_per_s, at_ms, accounts_at, window_ms FROM shard_load \
                  WHERE stream = $1 AND shard_id = $2",
             )
             .bind(stream)
             .bind(shard_id)
             .fetch_optional(&mut *c)
             .await?)?;
-        Ok(row.map(|(r, b, at, accounts_at)| ShardRate {
+        Ok(row.map(|(r, b, at, accounts_at, window_ms)| ShardRate {
             rate: Rate {
                 records_per_s: r,
                 bytes_per_s: b,
                 at_ms: at,
             },
             accounts_at,
+            window_ms,
         }))
     }
 
@@ -223,10 +236,12 @@ impl Tx {
     ) -> Result<()> {
         on_tx!(self, c => {
             sqlx::query(
-                "INSERT INTO shard_load (stream, shard_id, records_per_s, bytes_per_s, at_ms, accounts_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream, shard_id) DO UPDATE SET \
+                "INSERT INTO shard_load \
+                 (stream, shard_id, records_per_s, bytes_per_s, at_ms, accounts_at, window_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream, shard_id) DO UPDATE SET \
                  records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
-                 at_ms = excluded.at_ms, accounts_at = excluded.accounts_at",
+                 at_ms = excluded.at_ms, accounts_at = excluded.accounts_at, \
+                 window_ms = excluded.window_ms",
             )
             .bind(stream)
             .bind(shard_id)
@@ -234,6 +249,7 @@ impl Tx {
             .bind(shard.rate.bytes_per_s)
             .bind(shard.rate.at_ms)
             .bind(shard.accounts_at)
+            .bind(shard.window_ms)
             .execute(&mut *c)
             .await?;
         })
