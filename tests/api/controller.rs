@@ -484,6 +484,66 @@ async fn a_hot_shard_gets_moves_by_load_within_the_cap_and_the_cooldown() {
     }
 }
 
+/// The shard index of `account`'s key 0 on `s`.
+async fn shard_of(app: &TestApp, account: &str) -> usize {
+    let on = app
+        .get(&format!("/shard-of?account={account}&stream=s"))
+        .await;
+    on.body["shard_index"].as_u64().expect("a shard index") as usize
+}
+
+/// A hot account moved by load, then reported where it landed as the best key to move off
+/// a busier shard still: it stays put for the cooldown (other keys move instead), and with
+/// no cooldown it moves again. Answers the times the hot account moved.
+async fn hot_account_moves(cooldown_s: u64) -> usize {
+    let app = controlled(|c| {
+        c.load_half_life_s = 1;
+        c.controller.max_moves_per_round = Some(1);
+        c.controller.move_cooldown_s = cooldown_s;
+    })
+    .await;
+    app.allocate("hot").await;
+    let api = Api::new(app.client.clone(), vec![app.url("")]);
+    let mut rates = [100; 4];
+    let first = shard_of(&app, "hot").await;
+    rates[first] = 200;
+    report_with(&api, rates, &[("hot", 150)]).await;
+    rounds(&app, 2).await;
+    let moved = |moves: Vec<(String, String)>| moves.iter().filter(|(_, a)| a == "hot").count();
+    assert_eq!(
+        moved(load_moves(&app).await),
+        1,
+        "the hot account moves first: {:?}",
+        load_moves(&app).await
+    );
+    // The first report fades (half-life 1 s); then the hot account's new shard is the
+    // busiest, and moving it is the best move there.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let landed = shard_of(&app, "hot").await;
+    assert_ne!(landed, first);
+    let mut rates = [100; 4];
+    rates[landed] = 250;
+    report_with(&api, rates, &[("hot", 150)]).await;
+    rounds(&app, 3).await;
+    let moves = load_moves(&app).await;
+    assert!(moves.len() >= 2, "the busy shard gets a move: {moves:?}");
+    moved(moves)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_moved_by_load_stays_for_the_cooldown() {
+    assert_eq!(
+        hot_account_moves(600).await,
+        1,
+        "moved again within the cooldown"
+    );
+    assert_eq!(
+        hot_account_moves(0).await,
+        2,
+        "without a cooldown it moves again"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inside_the_band_or_below_the_floor_nothing_moves() {
     let even = controlled(|_| {}).await;
