@@ -420,20 +420,7 @@ async fn load_moves(app: &TestApp) -> Vec<(String, String)> {
 
 /// A counter of `/metrics`.
 async fn counter(app: &TestApp, name: &str) -> u64 {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&format!("{name} ")))
-        .expect(name);
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    app.metric(name).await as u64
 }
 
 /// Waits until the controller has run `n` more rounds here.
