@@ -650,6 +650,120 @@ async fn opted_in_accounts_fan_out_when_hot_and_back_when_cold() {
     assert!(counter(&app, "keyspread_controller_fanouts_total").await >= 2);
 }
 
+/// The `allocate` events of `account`'s keys above key 0, as (index, switch_at).
+async fn new_keys(app: &TestApp, account: &str) -> Vec<(u64, serde_json::Value)> {
+    let events = app.get("/events?limit=1000").await.body;
+    (events["events"].as_array().unwrap().iter())
+        .filter(|e| e["kind"] == "allocate" && e["account"] == account && e["index"] != 0)
+        .map(|e| (e["index"].as_u64().unwrap(), e["switch_at"].clone()))
+        .collect()
+}
+
+/// Growing a fanout moves sub-keys to the new keys, so the controller stages it as it
+/// stages moves: every answer keeps to the keys in force until the switch (lookups,
+/// shard-of, across a restart), `next` and `GET /moves` announce the new keys with the
+/// keys their sub-keys come from, and from the switch on the new keys are in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_raised_by_load_takes_over_at_its_switch_on_every_answer() {
+    let app = controlled(|c| c.controller.switch_after_ms = Some(8_000)).await;
+    app.post("/keys/hot", Some(json!({"fanout": 1, "weight": 1})))
+        .await;
+    let cap = Some(json!({"max_fanout": 4}));
+    let set = app.call(reqwest::Method::PATCH, "/keys/hot", cap).await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    let key0 = app.get("/keys/hot").await.body["hash_key"].clone();
+    let api = Api::new(app.client.clone(), vec![app.url("")]);
+    report_with(&api, [100, 100, 100, 100], &[("hot", 1200)]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while new_keys(&app, "hot").await.is_empty() {
+        assert!(Instant::now() < deadline, "no fanout raised");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logged = new_keys(&app, "hot").await;
+    assert_eq!(logged.len(), 2, "raised to 3 keys: {logged:?}");
+    let switch_at = logged[0].1.clone();
+    assert!(
+        switch_at.is_string(),
+        "a new key says when it takes over: {logged:?}"
+    );
+
+    let lookup = app.get("/keys/hot").await;
+    let before = &lookup.body;
+    assert_eq!(before["fanout"], 1, "{before}");
+    assert_eq!(before["hash_keys"], json!([key0]), "{before}");
+    let next = &before["next"];
+    assert_eq!(next["switch_at"], switch_at, "{before}");
+    let all = next["hash_keys"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 3, "{before}");
+    assert_eq!(all[0], key0);
+    // "order-1" is index 2 of 3 keys (DESIGN's vectors), and 0 of 1.
+    let of = app
+        .get("/shard-of?account=hot&sub_key=order-1&stream=s")
+        .await;
+    assert_eq!(of.status, 200, "{}", of.body);
+    assert_eq!(of.body["index"], 0, "{}", of.body);
+    let moves = app.get("/moves").await.body;
+    let announced: Vec<_> = (moves["items"].as_array().unwrap().iter())
+        .filter(|m| m["account"] == "hot")
+        .collect();
+    assert_eq!(announced.len(), 2, "{moves}");
+    for m in &announced {
+        let i = m["index"].as_u64().unwrap() as usize;
+        assert_eq!(m["to"], all[i], "{m}");
+        assert_eq!(m["from_keys"], json!([key0]), "{m}");
+        assert_eq!(m["switch_at"], switch_at, "{m}");
+    }
+    // A growth asked for while the new keys wait is refused, saying until when.
+    let grow = Some(json!({"fanout": 4, "weight": 4}));
+    let refused = app.call(reqwest::Method::PATCH, "/keys/hot", grow).await;
+    let until = switch_at.as_str().unwrap();
+    assert_problem(
+        &refused,
+        409,
+        &format!("growing: its new keys take over at {until}"),
+    );
+
+    let app = app.restart().await;
+    let again = app.get("/keys/hot").await;
+    assert_eq!(again.body["hash_keys"], json!([key0]), "{}", again.body);
+    assert_eq!(
+        again.body["next"]["hash_keys"],
+        json!(all),
+        "{}",
+        again.body
+    );
+
+    let at = keyspread_ms(&switch_at);
+    while (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64 <= at + 100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = app.get("/keys/hot").await.body;
+    assert_eq!(after["fanout"], 3, "{after}");
+    assert_eq!(after["hash_keys"], json!(all), "{after}");
+    assert!(after.get("next").is_none_or(|n| n.is_null()), "{after}");
+    let of = app
+        .get("/shard-of?account=hot&sub_key=order-1&stream=s")
+        .await;
+    assert_eq!(of.body["index"], 2, "{}", of.body);
+    let moves = app.get("/moves").await.body;
+    assert!(
+        !moves["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["account"] == "hot"),
+        "{moves}"
+    );
+}
+
+/// Unix milliseconds of an RFC 3339 timestamp.
+fn keyspread_ms(text: &serde_json::Value) -> i64 {
+    use time::format_description::well_known::Rfc3339;
+    let text = text.as_str().expect("a timestamp");
+    let t = time::OffsetDateTime::parse(text, &Rfc3339).unwrap_or_else(|e| panic!("{text}: {e}"));
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preview_by_load_moves_keys_off_the_busiest_shard_and_applies() {
     let app = controlled(|c| c.controller = Default::default()).await;
