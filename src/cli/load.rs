@@ -1,8 +1,9 @@
 //! `keyspread simulate load`: Zipf-shaped load whose hot accounts rotate, over three schemes:
 //! MD5 of the account names (Kinesis's default), keyspread's placement alone (balanced by
-//! key count, never moved), and the closed loop (fanout raised for hot accounts, a by-load
-//! plan each round under a move cap and a cooldown); and, to tell the two halves of the
-//! loop apart, the fanout changes alone.
+//! key count, never moved), and the closed loop under the server's controller rules (a
+//! by-load plan each round under a move cap and a cooldown per account, then fanout raised
+//! for hot accounts); and, to tell the two halves of the loop apart, the fanout changes
+//! alone.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
