@@ -5,6 +5,8 @@
 //! for hot accounts); and, to tell the two halves of the loop apart, the fanout changes
 //! alone.
 
+#[cfg(test)]
+use std::collections::HashMap;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
@@ -101,9 +103,10 @@ pub struct LoadRound {
     pub looped: f64,
     /// The loop's busiest shard over the mean as its plan saw it (smoothed loads).
     pub seen: f64,
-    /// Keys the loop moved at the end of the round, and the accounts they belong to.
+    /// Keys the loop moved at the end of the round, and the accounts (by index) they belong
+    /// to.
     pub moved: usize,
-    pub accounts_moved: usize,
+    pub accounts_moved: Vec<usize>,
     /// Keys added by raised fanouts and released by lowered ones at the end of the round.
     pub added: usize,
     pub released: usize,
@@ -211,7 +214,7 @@ pub fn load_rounds(
             looped: LoadSkew::of(&truth).max_over_mean,
             seen: looped.skew(&map, &seen),
             moved: 0,
-            accounts_moved: 0,
+            accounts_moved: Vec::new(),
             added: 0,
             released: 0,
             keys,
@@ -274,14 +277,14 @@ fn refan(
 /// The loop's by-load plan at the end of `round`, applied as the server's controller does:
 /// at most 1 % of the accounts' keys move (at least 1), none of an account moved in the
 /// last `COOLDOWN` rounds, and nothing unless the plan lowers the busiest shard. Answers
-/// the keys moved and the accounts they belong to.
+/// the keys moved and the accounts they belong to, by index.
 fn rebalance(
     scheme: &mut Keys,
     map: &ShardMap,
     names: &[String],
     loads: &[f64],
     round: u32,
-) -> Result<(usize, usize), keyspace::Error> {
+) -> Result<(usize, Vec<usize>), keyspace::Error> {
     let Keys { alloc, accounts } = scheme;
     let mut keys = Vec::new();
     let mut frozen: HashSet<&str> = HashSet::new();
@@ -307,10 +310,10 @@ fn rebalance(
     };
     let plan = plan_by_load(alloc, map, &keys, &frozen, limits);
     if plan.after.max >= plan.before.max {
-        return Ok((0, 0));
+        return Ok((0, Vec::new()));
     }
     plan.apply(alloc)?;
-    let mut moved = HashSet::new();
+    let mut moved = std::collections::BTreeSet::new();
     for m in &plan.moves {
         // Names are "acct-N", account N at N - 1.
         let a = m.account["acct-".len()..].parse::<usize>().expect("a name") - 1;
@@ -318,7 +321,7 @@ fn rebalance(
         accounts[a].moved_in = Some(round);
         moved.insert(a);
     }
-    Ok((plan.moves.len(), moved.len()))
+    Ok((plan.moves.len(), moved.into_iter().collect()))
 }
 
 /// Zipf loads over the accounts, summing to `UTILISATION` × shards, by rank; ranks drawn
@@ -416,7 +419,7 @@ pub fn simulate_load(
             r.seen,
             r.moved,
             share(r),
-            r.accounts_moved,
+            r.accounts_moved.len(),
             r.added,
             r.released,
             r.keys
@@ -493,4 +496,45 @@ fn median(xs: &[f64]) -> f64 {
 
 fn worst(xs: &[f64]) -> f64 {
     xs.iter().copied().fold(f64::NAN, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_keeps_the_servers_cooldown_and_move_cap() {
+        let sim = LoadSimulation {
+            accounts: 3000,
+            shards: 32,
+            zipf: 1.1,
+            rounds: 30,
+            shift_every: 15,
+            seed: 7,
+            half_life_rounds: 2,
+        };
+        let rounds = load_rounds(sim, &mut |_| {}).unwrap();
+        let mut last: HashMap<usize, usize> = HashMap::new();
+        let mut again = 0;
+        for (round, r) in rounds.iter().enumerate() {
+            // At most 1 % of the accounts' count of keys moves (the server's default cap).
+            assert!(r.moved <= 30, "round {round}: {} moves", r.moved);
+            for &a in &r.accounts_moved {
+                // An account moved in round t stays through round t + 10 (600 s), all of
+                // its keys, however many of them moved.
+                if let Some(&before) = last.get(&a) {
+                    assert!(
+                        round - before > 10,
+                        "account {a} moved in {before} and {round}"
+                    );
+                    again += 1;
+                }
+                last.insert(a, round);
+            }
+        }
+        assert!(
+            again > 0,
+            "no account moved twice: the cooldown was not exercised"
+        );
+    }
 }
