@@ -8,6 +8,11 @@ consumer reads every shard and hands X's records from B on only once A has been 
 arrival time T plus a clock-skew allowance: any record of X a producer with a slow clock
 still sent to A comes out first.
 
+A fanout the load controller raises is staged the same way: the account's new keys take
+over at T, and sub-keys come to a new key from any of the keys the account sent before, so
+X's records on the new key's shard wait until each of those shards is read past T (`GET
+/moves` lists them as the move's `from_keys`).
+
 It learns of moves from `GET /moves` (the moves not switched yet) every round, and keeps
 each until its boundary is behind it; a move is announced `switch_after_s` before its
 switch, so a consumer that polls more often than that knows of it before the first record
@@ -105,7 +110,10 @@ class OrderAwareConsumer:
             if not isinstance(page, MovesPage):
                 raise RuntimeError(f"GET /moves failed: {page}")
             for m in page.items:
-                self.remember(m.event_id, m.account, m.from_, m.to, m.applied_at, m.switch_at)
+                # A new key of a fanout raised by load takes sub-keys from every key the
+                # account sends until the switch: wait for each of their shards.
+                for source in m.from_keys or [m.from_]:
+                    self.remember(m.event_id, m.account, source, m.to, m.applied_at, m.switch_at)
             if not page.next_:
                 return
             after = page.next_
@@ -118,15 +126,22 @@ class OrderAwareConsumer:
             for e in page.events:
                 if e.kind == EventKind.MOVE and e.switch_at:
                     self.remember(e.id, e.account, e.key_before, e.key_after, e.at, e.switch_at)
+                elif e.kind == EventKind.ALLOCATE and e.switch_at:
+                    # A new key of a fanout raised by load: the log does not say which keys
+                    # its sub-keys come from, so every other shard is read to the switch.
+                    for source in self.shards.ids():
+                        self.remember(e.id, e.account, None, e.key_after, e.at, e.switch_at,
+                                      source_shard=source)
             self.after_event = page.next_
             if len(page.events) < 1000:
                 return
 
-    def remember(self, event_id, account, from_key, to_key, applied_at, switch_at):
-        if any(m.event_id == event_id for m in self.moves.get(account, ())):
+    def remember(self, event_id, account, from_key, to_key, applied_at, switch_at, source_shard=None):
+        source = source_shard if source_shard is not None else self.shards.of(from_key)
+        if any(m.event_id == event_id and m.source == source for m in self.moves.get(account, ())):
             return
         self.moves[account].append(Move(
-            event_id, account, self.shards.of(from_key), self.shards.of(to_key),
+            event_id, account, source, self.shards.of(to_key),
             applied_at.timestamp(), switch_at.timestamp(),
         ))
 

@@ -110,9 +110,7 @@ class OrderSafeProducer:
 
     def put(self, account, data, sub_key=None):
         """Queues `data` for `account` (under `sub_key`'s key, if the account has several)."""
-        fanout = len(self.lookups.assignment(account).hash_keys)
-        index = sub_key_index(sub_key, fanout) if sub_key is not None and fanout > 1 else 0
-        self.queues.setdefault((account, index), collections.deque()).append(data)
+        self.queues.setdefault((account, sub_key), collections.deque()).append(data)
 
     def pending(self):
         return sum(len(q) for q in self.queues.values())
@@ -120,37 +118,38 @@ class OrderSafeProducer:
     def send_once(self):
         """One PutRecords call carrying the head record of up to 500 account keys.
 
+        A record's key is chosen when it is sent, by its sub-key and the keys in force then
+        (a fanout that grows at a switch moves sub-keys at that instant, like a move).
         Answers how many of them Kinesis took; the failed ones stay at their queues' heads.
         """
-        heads = []
-        for (account, index), queue in self.queues.items():
-            if queue:
-                heads.append((account, index, queue[0]))
+        heads, entries, used = [], [], set()
+        for (account, sub_key), queue in self.queues.items():
+            if not queue:
+                continue
+            keys = self.lookups.keys(account, guard=SWITCH_GUARD)
+            if keys is None:
+                continue
+            index = sub_key_index(sub_key, len(keys)) if sub_key is not None and len(keys) > 1 else 0
+            if (account, index) in used:
+                continue  # one record per account key in a call
+            used.add((account, index))
+            heads.append((account, sub_key))
+            entries.append({
+                "Data": queue[0],
+                "PartitionKey": account[:256],
+                "ExplicitHashKey": keys[index],
+            })
             if len(heads) == MAX_RECORDS_PER_CALL:
                 break
         if not heads:
             return 0
-        sending, entries = [], []
-        for account, index, data in heads:
-            keys = self.lookups.keys(account, guard=SWITCH_GUARD)
-            if keys is None:
-                continue
-            sending.append((account, index, data))
-            entries.append({
-                "Data": data,
-                "PartitionKey": account[:256],
-                "ExplicitHashKey": keys[index % len(keys)],
-            })
-        heads = sending
-        if not heads:
-            return 0
         answer = self.kinesis.put_records(StreamName=self.stream, Records=entries)
         taken = 0
-        for (account, index, _), result in zip(heads, answer["Records"]):
+        for queue_key, result in zip(heads, answer["Records"]):
             if "ErrorCode" in result:
                 self.resent += 1
                 continue
-            self.queues[(account, index)].popleft()
+            self.queues[queue_key].popleft()
             taken += 1
         self.sent += taken
         # Keys with nothing left to send leave the rotation.

@@ -106,49 +106,10 @@ enum SimulateCommand {
     /// The closed loop at scale: accounts whose load follows a Zipf law, the hot ones
     /// changing every few rounds, over three schemes side by side: MD5 of the account names
     /// (Kinesis's default), keyspread's placement without the loop (never moves), and
-    /// keyspread with the loop (each round: fanout raised for hot accounts, then at most 1 %
-    /// of the keys moved by load). Prints the busiest shard over the mean per round and a
-    /// summary. Deterministic for a given --seed.
-    Load {
-        /// Accounts, "acct-1".."acct-N", one key each to start with.
-        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_ACCOUNTS", default_value_t = 100_000,
-              value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-        accounts: u32,
-        /// Shards of the uniform map.
-        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_SHARDS", default_value_t = 1024,
-              value_parser = clap::value_parser!(u64).range(1..=u64::from(keyspread::keyspace::MAX_SHARDS)))]
-        shards: u64,
-        /// Zipf exponent s, 0 to 5: the account ranked r carries load in proportion to 1/r^s
-        /// (0: all alike; 1.1: a few accounts carry most). Total load is 0.7 of the shards'
-        /// capacity.
-        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_ZIPF", default_value_t = 1.1,
-              value_parser = zipf_exponent, allow_negative_numbers = true)]
-        zipf: f64,
-        /// Rounds to run (a round is one controller interval).
-        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_ROUNDS", default_value_t = 60,
-              value_parser = clap::value_parser!(u32).range(1..=100_000))]
-        rounds: u32,
-        /// Every this many rounds the ranks are dealt again: other accounts turn hot.
-        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_SHIFT_EVERY", default_value_t = 20,
-              value_parser = clap::value_parser!(u32).range(1..=100_000))]
-        shift_every: u32,
-        /// Seed of the rank shuffles.
-        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_SEED", default_value_t = 1)]
-        seed: u64,
-        /// Half-life, in rounds, of the smoothing the loop's fanout and plans see, as the
-        /// server smooths reports (120 s at 60-s rounds: 2); 0: each round's exact loads.
-        #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_HALF_LIFE_ROUNDS", default_value_t = 2,
-              value_parser = clap::value_parser!(u32).range(0..=1000))]
-        half_life_rounds: u32,
-    },
-}
-
-/// A Zipf exponent: a finite number from 0 to 5.
-fn zipf_exponent(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if (0.0..=5.0).contains(&x) => Ok(x),
-        _ => Err(format!("{s:?} is not a number from 0 to 5")),
-    }
+    /// keyspread with the loop under the server's controller rules (each round: a plan by
+    /// load, then fanout raised for hot accounts). Prints the busiest shard over the mean per
+    /// round and a summary. Deterministic for a given --seed.
+    Load(cli::LoadSimulation),
 }
 
 /// The database a subcommand works on directly. Not `Debug`: the URL may hold a password.
@@ -229,27 +190,10 @@ async fn main() -> ExitCode {
             cli::simulate_leases(shards, workers as usize, trials).map_err(|e| e.to_string()),
         ),
         Command::Simulate {
-            what:
-                Some(SimulateCommand::Load {
-                    accounts,
-                    shards,
-                    zipf,
-                    rounds,
-                    shift_every,
-                    seed,
-                    half_life_rounds,
-                }),
+            what: Some(SimulateCommand::Load(sim)),
             ..
         } => {
-            let sim = cli::LoadSimulation {
-                accounts,
-                shards,
-                zipf,
-                rounds,
-                shift_every,
-                seed,
-                half_life_rounds,
-            };
+            let rounds = sim.rounds;
             let started = std::time::Instant::now();
             let mut progress = |round: u32| {
                 if (round + 1).is_multiple_of(10) || round + 1 == rounds {

@@ -1,15 +1,18 @@
 //! `keyspread simulate load`: Zipf-shaped load whose hot accounts rotate, over three schemes:
 //! MD5 of the account names (Kinesis's default), keyspread's placement alone (balanced by
-//! key count, never moved), and the closed loop (fanout raised for hot accounts, a by-load
-//! plan each round under a move cap and a cooldown); and, to tell the two halves of the
-//! loop apart, the fanout changes alone.
+//! key count, never moved), and the closed loop under the server's controller rules (a
+//! by-load plan each round under a move cap and a cooldown per account, then fanout raised
+//! for hot accounts); and, to tell the two halves of the loop apart, the fanout changes
+//! alone.
 
-use std::collections::{HashMap, HashSet};
+#[cfg(test)]
+use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use crate::keyspace::{
     self, Allocator, HashKey, KeyLoad, Keyspace, LoadPlanLimits, LoadSkew, MAX_FANOUT, ShardMap,
-    plan_by_load_keys, suggested_fanout,
+    plan_by_load, suggested_fanout,
 };
 
 /// Total load as a share of all shards' capacity: mean utilisation 0.7.
@@ -18,26 +21,76 @@ const UTILISATION: f64 = 0.7;
 const HOT_SHARE: f64 = 0.5;
 /// The loop's band: the busiest shard within 10 % of the mean (`--load-tolerance`).
 const TOLERANCE: f64 = 0.10;
-/// Rounds an account that moved stays put, and rounds an account stays cold before its
-/// fanout is lowered.
+/// Rounds after a round that moved an account during which it stays: `--move-cooldown-s`
+/// (600) at 60-s rounds, counted inclusively as the server does (an account moved at `t` is
+/// frozen while its move is at or after `now - 600 s`).
 const COOLDOWN: u32 = 10;
-/// Rounds after each rotation (and the start) before the figures count as converged.
-pub const SETTLING: u32 = 3;
+/// Rounds the controller takes to act on a settled picture, after the smoothing has caught up.
+pub const CONTROLLER_ROUNDS: u32 = 3;
 
-/// What to simulate.
-#[derive(Debug, Clone, Copy)]
+/// What to simulate: `keyspread simulate load`'s arguments.
+#[derive(Debug, Clone, Copy, clap::Args)]
 pub struct LoadSimulation {
+    /// Accounts, "acct-1".."acct-N", one key each to start with.
+    #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_ACCOUNTS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub accounts: u32,
+    /// Shards of the uniform map.
+    #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_SHARDS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=u64::from(crate::keyspace::MAX_SHARDS)))]
     pub shards: u64,
-    /// Account of rank r carries load ∝ 1 / r^zipf.
+    /// Zipf exponent s, 0 to 5: the account ranked r carries load in proportion to 1/r^s
+    /// (0: all alike; 1.1: a few accounts carry most). Total load is 0.7 of the shards'
+    /// capacity.
+    #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_ZIPF", default_value_t = 1.1,
+          value_parser = zipf_exponent, allow_negative_numbers = true)]
     pub zipf: f64,
+    /// Rounds to run (a round is one controller interval).
+    #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_ROUNDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub rounds: u32,
-    /// Ranks are reshuffled at round 0 and every `shift_every` rounds after.
+    /// Every this many rounds the ranks are dealt again: other accounts turn hot.
+    #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_SHIFT_EVERY", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub shift_every: u32,
+    /// Seed of the rank shuffles.
+    #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_SEED", default_value_t = 1)]
     pub seed: u64,
-    /// Fanout and plans see loads smoothed as the server smooths reports (EWMA with this
-    /// half-life, in rounds); 0: each round's exact loads. Figures always use exact loads.
+    /// Half-life, in rounds, of the smoothing the loop's fanout and plans see, as the
+    /// server smooths reports (120 s at 60-s rounds: 2); 0: each round's exact loads.
+    #[arg(long, env = "KEYSPREAD_SIMULATE_LOAD_HALF_LIFE_ROUNDS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub half_life_rounds: u32,
+}
+
+/// A Zipf exponent: a finite number from 0 to 5.
+fn zipf_exponent(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=5.0).contains(&x) => Ok(x),
+        _ => Err(format!("{s:?} is not a number from 0 to 5")),
+    }
+}
+
+impl LoadSimulation {
+    /// Rounds after the start and after each rotation before a round counts as converged:
+    /// those the smoothed loads take to come within 5 % of the truth, ⌈log2 20 × half-life⌉,
+    /// and the controller's rounds after that.
+    pub fn settling(&self) -> u32 {
+        (20f64.log2() * f64::from(self.half_life_rounds)).ceil() as u32 + CONTROLLER_ROUNDS
+    }
+
+    /// Whether `round` counts as converged.
+    pub fn converged(&self, round: u32) -> bool {
+        round % self.shift_every >= self.settling()
+    }
+
+    /// The share of a load the smoothing keeps from one round to the next.
+    fn kept(&self) -> f64 {
+        match self.half_life_rounds {
+            0 => 0.0,
+            h => 0.5f64.powf(1.0 / f64::from(h)),
+        }
+    }
 }
 
 /// One round: each scheme's busiest shard over the mean, and what the loop changed.
@@ -48,22 +101,24 @@ pub struct LoadRound {
     /// keyspread with hot accounts' fanout raised (and lowered) as the loop does, no moves.
     pub fanned: f64,
     pub looped: f64,
-    /// Keys the loop moved at the end of the round.
+    /// The loop's busiest shard over the mean as its plan saw it (smoothed loads).
+    pub seen: f64,
+    /// Keys the loop moved at the end of the round, and the accounts (by index) they belong
+    /// to.
     pub moved: usize,
+    pub accounts_moved: Vec<usize>,
     /// Keys added by raised fanouts and released by lowered ones at the end of the round.
     pub added: usize,
     pub released: usize,
-    /// The loop's keys its plan moved some of (after the fanout changes).
+    /// The loop's keys when it planned.
     pub keys: usize,
 }
 
 /// One account as a scheme holds it.
 struct Account {
     keys: Vec<HashKey>,
-    cold_rounds: u32,
-    /// `(index, round)` of each key that moved: a moved key stays for the cooldown; the
-    /// account's other keys, and those a fanout raise adds, may move.
-    moved_at: Vec<(u32, u32)>,
+    /// The last round the loop moved any of its keys in.
+    moved_in: Option<u32>,
 }
 
 /// keyspread's keys for every account: placed one each by the allocator to start with.
@@ -80,8 +135,7 @@ impl Keys {
             .map(|_| {
                 Ok(Account {
                     keys: vec![alloc.allocate(1)?],
-                    cold_rounds: 0,
-                    moved_at: Vec::new(),
+                    moved_in: None,
                 })
             })
             .collect::<Result<_, keyspace::Error>>()?;
@@ -110,6 +164,17 @@ impl Keys {
     }
 }
 
+/// An exponentially weighted view of `truth`, as the server keeps of reports.
+fn smooth(seen: &mut Vec<f64>, truth: &[f64], kept: f64) {
+    if seen.is_empty() {
+        // The stream steady at the first round's loads before the start.
+        seen.extend_from_slice(truth);
+    }
+    for (s, t) in seen.iter_mut().zip(truth) {
+        *s = *s * kept + t * (1.0 - kept);
+    }
+}
+
 /// The simulation's per-round figures; `progress` hears of each round done.
 pub fn load_rounds(
     sim: LoadSimulation,
@@ -126,128 +191,108 @@ pub fn load_rounds(
     let mut looped = Keys::new(&map, names.len())?;
     let mut zipf = Zipf::new(sim, map.len());
     let mut rounds = Vec::with_capacity(sim.rounds as usize);
-    // What the server would report: each round's loads folded in with the half-life (the
-    // stream steady at round 0's loads before the start).
-    let mut seen: Vec<f64> = Vec::new();
-    let kept = match sim.half_life_rounds {
-        0 => 0.0,
-        h => 0.5f64.powf(1.0 / f64::from(h)),
-    };
+    // What the server would hold from reports: each account's load, and each shard's
+    // utilisation as the loop's keys brought it, folded in with the half-life.
+    let (mut seen, mut shards_seen) = (Vec::new(), Vec::new());
     for round in 0..sim.rounds {
         if round.is_multiple_of(sim.shift_every) {
             zipf.shuffle();
         }
         let loads = &zipf.loads;
-        if seen.is_empty() {
-            seen = loads.clone();
-        }
-        for (s, l) in seen.iter_mut().zip(loads) {
-            *s = *s * kept + l * (1.0 - kept);
-        }
+        let truth = looped.per_shard(&map, loads);
+        smooth(&mut seen, loads, sim.kept());
+        smooth(&mut shards_seen, &truth, sim.kept());
         let mut by_md5 = vec![0.0; map.len()];
         for (&shard, load) in md5.iter().zip(loads) {
             by_md5[shard] += load;
         }
-        let figures = (
-            LoadSkew::of(&by_md5).max_over_mean,
-            placed.skew(&map, loads),
-            fanned.skew(&map, loads),
-            looped.skew(&map, loads),
-        );
-        refan(&mut fanned, &seen, None)?;
-        let (added, released) = refan(&mut looped, &seen, Some(&map))?;
         let keys = looped.len();
-        let moved = rebalance(&mut looped, &map, &names, &seen, round)?;
-        rounds.push(LoadRound {
-            md5: figures.0,
-            placed: figures.1,
-            fanned: figures.2,
-            looped: figures.3,
-            moved,
-            added,
-            released,
+        let mut r = LoadRound {
+            md5: LoadSkew::of(&by_md5).max_over_mean,
+            placed: placed.skew(&map, loads),
+            fanned: fanned.skew(&map, loads),
+            looped: LoadSkew::of(&truth).max_over_mean,
+            seen: looped.skew(&map, &seen),
+            moved: 0,
+            accounts_moved: Vec::new(),
+            added: 0,
+            released: 0,
             keys,
-        });
+        };
+        refan(&mut fanned, &seen, None)?;
+        // The controller's round: a plan by load when the shards it measures are outside
+        // the band, then the fanout changes, their new keys placed by those measurements.
+        if !LoadSkew::of(&shards_seen).within(TOLERANCE) {
+            (r.moved, r.accounts_moved) = rebalance(&mut looped, &map, &names, &seen, round)?;
+        }
+        (r.added, r.released) = refan(&mut looped, &seen, Some(&shards_seen))?;
+        rounds.push(r);
         progress(round);
     }
     Ok(rounds)
 }
 
-/// Raises the fanout of every account whose keys would carry more than the hot share, and
-/// lowers it for one whose fanout has been above what its load needs for `COOLDOWN` rounds.
-/// With `by_load`, new keys go where the loads are least (heaviest keys first), else where
-/// the key count is. Answers the keys added and released.
+/// Changes fanouts as the server's controller does for accounts that opted in with
+/// `max_fanout` (here every account, up to [`MAX_FANOUT`]): raised to what its load
+/// suggests when above the hot share (never lowered while hot), back to 1 once its load is
+/// below 1/1024 of the hot share (cold for ten half-lives). With `by_load`, new keys go to
+/// the least-utilised shards by the measured utilisation (each counting its share for the
+/// next), else where the key count is. Answers the keys added and released.
 fn refan(
     scheme: &mut Keys,
     loads: &[f64],
-    by_load: Option<&ShardMap>,
+    by_load: Option<&[f64]>,
 ) -> Result<(usize, usize), keyspace::Error> {
     let (mut added, mut released) = (0, 0);
-    let mut raised = Vec::new();
-    for (a, (account, &load)) in scheme.accounts.iter_mut().zip(loads).enumerate() {
-        let want = suggested_fanout(load, HOT_SHARE).min(MAX_FANOUT) as usize;
-        let have = account.keys.len();
-        if want > have {
-            raised.push((load / want as f64, a, want));
-            account.cold_rounds = 0;
-        } else if want < have {
-            account.cold_rounds += 1;
-            if account.cold_rounds >= COOLDOWN {
-                for key in account.keys.drain(want..) {
-                    scheme.alloc.remove(key)?;
-                }
-                released += have - want;
-                account.cold_rounds = 0;
-                account
-                    .moved_at
-                    .retain(|&(index, _)| (index as usize) < want);
-            }
-        } else {
-            account.cold_rounds = 0;
-        }
-    }
-    raised.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
-    let mut per_shard = by_load.map(|map| scheme.per_shard(map, loads));
+    let mut utilisation = by_load.map(<[f64]>::to_vec);
     let Keys { alloc, accounts } = scheme;
-    for (key_load, a, want) in raised {
-        let account = &mut accounts[a];
+    for (account, &load) in accounts.iter_mut().zip(loads) {
         let have = account.keys.len();
-        let new = vec![1; want - have];
-        match (&mut per_shard, by_load) {
-            (Some(per_shard), Some(map)) => {
-                // The account's keys it holds now carry their new, smaller share.
-                for key in &account.keys {
-                    per_shard[map.index_of(*key)] += key_load - loads[a] / have as f64;
-                }
-                alloc.extend_by_load(&mut account.keys, &new, per_shard, key_load)?;
+        let want = if load > HOT_SHARE {
+            (suggested_fanout(load, HOT_SHARE).min(MAX_FANOUT) as usize).max(have)
+        } else if load < HOT_SHARE / 1024.0 {
+            1
+        } else {
+            have
+        };
+        if want < have {
+            for key in account.keys.drain(want..) {
+                alloc.remove(key)?;
             }
-            _ => alloc.extend_keys(&mut account.keys, &new)?,
+            released += have - want;
+        } else if want > have {
+            let new = vec![1; want - have];
+            match &mut utilisation {
+                Some(util) => {
+                    alloc.extend_by_load(&mut account.keys, &new, util, load / want as f64)?
+                }
+                None => alloc.extend_keys(&mut account.keys, &new)?,
+            }
+            added += want - have;
         }
-        added += want - have;
     }
     Ok((added, released))
 }
 
-/// The loop's by-load plan at the end of `round`, applied: at most 1 % of the keys move, no
-/// account that moved in the last `COOLDOWN` rounds. Answers the keys moved.
+/// The loop's by-load plan at the end of `round`, applied as the server's controller does:
+/// at most 1 % of the accounts' keys move (at least 1), none of an account moved in the
+/// last `COOLDOWN` rounds, and nothing unless the plan lowers the busiest shard. Answers
+/// the keys moved and the accounts they belong to, by index.
 fn rebalance(
     scheme: &mut Keys,
     map: &ShardMap,
     names: &[String],
     loads: &[f64],
     round: u32,
-) -> Result<usize, keyspace::Error> {
+) -> Result<(usize, Vec<usize>), keyspace::Error> {
     let Keys { alloc, accounts } = scheme;
     let mut keys = Vec::new();
-    // The keys that stay: each moved within the cooldown.
-    let mut frozen: HashSet<(&str, u32)> = HashSet::new();
+    let mut frozen: HashSet<&str> = HashSet::new();
     for (a, account) in accounts.iter().enumerate() {
-        let fanout = account.keys.len() as u32;
-        for &(index, at) in &account.moved_at {
-            if round < at + COOLDOWN {
-                frozen.insert((&names[a], index));
-            }
+        if account.moved_in.is_some_and(|at| round - at <= COOLDOWN) {
+            frozen.insert(&names[a]);
         }
+        let fanout = account.keys.len() as u32;
         for (index, key) in account.keys.iter().enumerate() {
             keys.push(KeyLoad {
                 account: &names[a],
@@ -261,22 +306,22 @@ fn rebalance(
     }
     let limits = LoadPlanLimits {
         tolerance: TOLERANCE,
-        max_moves: (keys.len() / 100).max(1),
+        max_moves: (accounts.len() / 100).max(1),
     };
-    let stays = |k: &KeyLoad| frozen.contains(&(k.account, k.index));
-    let plan = plan_by_load_keys(alloc, map, &keys, &stays, limits);
-    plan.apply(alloc)?;
-    let by_name: HashMap<&str, usize> = (names.iter().enumerate())
-        .map(|(a, name)| (name.as_str(), a))
-        .collect();
-    for m in &plan.moves {
-        let a = by_name[m.account.as_str()];
-        accounts[a].keys[m.index as usize] = m.to;
-        let moved_at = &mut accounts[a].moved_at;
-        moved_at.retain(|&(index, _)| index != m.index);
-        moved_at.push((m.index, round));
+    let plan = plan_by_load(alloc, map, &keys, &frozen, limits);
+    if plan.after.max >= plan.before.max {
+        return Ok((0, Vec::new()));
     }
-    Ok(plan.moves.len())
+    plan.apply(alloc)?;
+    let mut moved = std::collections::BTreeSet::new();
+    for m in &plan.moves {
+        // Names are "acct-N", account N at N - 1.
+        let a = m.account["acct-".len()..].parse::<usize>().expect("a name") - 1;
+        accounts[a].keys[m.index as usize] = m.to;
+        accounts[a].moved_in = Some(round);
+        moved.insert(a);
+    }
+    Ok((plan.moves.len(), moved.into_iter().collect()))
 }
 
 /// Zipf loads over the accounts, summing to `UTILISATION` × shards, by rank; ranks drawn
@@ -326,58 +371,83 @@ impl Zipf {
     }
 }
 
-/// Whether `round` counts as converged: `SETTLING` rounds or more after the last rotation.
-pub fn converged(round: u32, shift_every: u32) -> bool {
-    round % shift_every >= SETTLING
-}
-
 /// The per-round table and the summary, as Markdown.
 pub fn simulate_load(
     sim: LoadSimulation,
     progress: &mut dyn FnMut(u32),
 ) -> Result<String, keyspace::Error> {
     let rounds = load_rounds(sim, progress)?;
+    let settling = sim.settling();
     let mut out = format!(
         "{} accounts over {} shards, loads Zipf({}) at {UTILISATION} of capacity, the hot \
-         accounts rotating every {} rounds; {}; the loop: fanout up to {MAX_FANOUT} so no key \
-         carries more than {HOT_SHARE} of a shard (new keys on the least-loaded shards), \
-         then a plan by load, band {TOLERANCE}, at most 1 % of keys moved per round, a moved \
-         key stays {COOLDOWN} rounds\n\n\
-         | round | MD5 of the names | keyspread without the loop | fanout alone | with the loop | keys moved | keys added | keys released | keys planned over |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+         accounts rotating every {} rounds (a round: one controller interval, 60 s).\n\
+         Smoothing: {}.\n\
+         Converged: rounds {settling} or more after the start and after each rotation \
+         (⌈log2 20 × half-life⌉ = {} rounds for the smoothed loads to come within 5 % of \
+         the truth, then {CONTROLLER_ROUNDS} controller rounds); rounds marked *.\n\
+         The loop, as the server's controller: each round, when the measured shards are \
+         outside the band {TOLERANCE}, a plan by load of at most 1 % of the accounts' \
+         count of key moves (at least 1), no account moved within {COOLDOWN} rounds \
+         before (600 s), applied only if it lowers the busiest shard; then every account \
+         (all opted in, max_fanout {MAX_FANOUT}) above {HOT_SHARE} of a shard gets its \
+         fanout raised to keep each key within {HOT_SHARE} (new keys on the least-utilised \
+         shards as measured), one below 1/1024 of that back to 1.\n\n\
+         | round | MD5 of the names | keyspread without the loop | fanout alone | with the loop | as the loop saw it | keys moved | % of keys | accounts moved | keys added | keys released | keys |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         sim.accounts,
         sim.shards,
         sim.zipf,
         sim.shift_every,
         match sim.half_life_rounds {
-            0 => "fanout and plans see each round's exact loads".to_owned(),
-            h => format!("fanout and plans see loads smoothed with a half-life of {h} rounds"),
+            0 => "none, fanout and plans see each round's exact loads".to_owned(),
+            h => format!(
+                "fanout and plans see loads smoothed with a half-life of {h} rounds, as \
+                 the server's --load-half-life-s"
+            ),
         },
+        settling - CONTROLLER_ROUNDS,
     );
     for (i, r) in rounds.iter().enumerate() {
+        let mark = if sim.converged(i as u32) { "*" } else { "" };
         let _ = writeln!(
             out,
-            "| {i} | {:.2} | {:.2} | {:.3} | {:.3} | {} | {} | {} | {} |",
-            r.md5, r.placed, r.fanned, r.looped, r.moved, r.added, r.released, r.keys
+            "| {i}{mark} | {:.2} | {:.2} | {:.3} | {:.3} | {:.3} | {} | {:.2} | {} | {} | {} | {} |",
+            r.md5,
+            r.placed,
+            r.fanned,
+            r.looped,
+            r.seen,
+            r.moved,
+            share(r),
+            r.accounts_moved.len(),
+            r.added,
+            r.released,
+            r.keys
         );
     }
     let settled: Vec<&LoadRound> = (rounds.iter().enumerate())
-        .filter(|(i, _)| converged(*i as u32, sim.shift_every))
+        .filter(|(i, _)| sim.converged(*i as u32))
         .map(|(_, r)| r)
         .collect();
+    if settled.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nno round counts as converged: {settling} rounds of settling need --shift-every \
+             above {settling}"
+        );
+        return Ok(out);
+    }
     let _ = write!(
         out,
-        "\nbusiest shard ÷ mean after convergence ({} rounds: those {SETTLING} or more after \
-         the start and after each rotation); keys moved over all {} rounds\n\n\
+        "\nbusiest shard ÷ mean after convergence ({} rounds); keys moved over all {} rounds, \
+         as a share of the keys\n\n\
          | scheme | max ÷ mean, median | worst | keys moved per round, median | worst |\n\
          | --- | ---: | ---: | ---: | ---: |\n",
         settled.len(),
         rounds.len(),
     );
     let moved: Vec<f64> = rounds.iter().map(|r| r.moved as f64).collect();
-    let share: Vec<f64> = (rounds.iter())
-        .map(|r| 100.0 * r.moved as f64 / r.keys as f64)
-        .collect();
+    let shares: Vec<f64> = rounds.iter().map(share).collect();
     let none: &[f64] = &[0.0];
     let figure = |f: fn(&LoadRound) -> f64| -> Vec<f64> { settled.iter().map(|r| f(r)).collect() };
     let rows = [
@@ -395,7 +465,7 @@ pub fn simulate_load(
         (
             "keyspread with the loop",
             figure(|r| r.looped),
-            [&moved[..], &share[..]],
+            [&moved[..], &shares[..]],
         ),
     ];
     for (scheme, ratios, [moved, share]) in rows {
@@ -413,6 +483,11 @@ pub fn simulate_load(
     Ok(out)
 }
 
+/// Keys moved in a round as a percentage of the keys.
+fn share(r: &LoadRound) -> f64 {
+    100.0 * r.moved as f64 / r.keys as f64
+}
+
 fn median(xs: &[f64]) -> f64 {
     let mut sorted = xs.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -421,4 +496,45 @@ fn median(xs: &[f64]) -> f64 {
 
 fn worst(xs: &[f64]) -> f64 {
     xs.iter().copied().fold(f64::NAN, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_keeps_the_servers_cooldown_and_move_cap() {
+        let sim = LoadSimulation {
+            accounts: 3000,
+            shards: 32,
+            zipf: 1.1,
+            rounds: 30,
+            shift_every: 15,
+            seed: 7,
+            half_life_rounds: 2,
+        };
+        let rounds = load_rounds(sim, &mut |_| {}).unwrap();
+        let mut last: HashMap<usize, usize> = HashMap::new();
+        let mut again = 0;
+        for (round, r) in rounds.iter().enumerate() {
+            // At most 1 % of the accounts' count of keys moves (the server's default cap).
+            assert!(r.moved <= 30, "round {round}: {} moves", r.moved);
+            for &a in &r.accounts_moved {
+                // An account moved in round t stays through round t + 10 (600 s), all of
+                // its keys, however many of them moved.
+                if let Some(&before) = last.get(&a) {
+                    assert!(
+                        round - before > 10,
+                        "account {a} moved in {before} and {round}"
+                    );
+                    again += 1;
+                }
+                last.insert(a, round);
+            }
+        }
+        assert!(
+            again > 0,
+            "no account moved twice: the cooldown was not exercised"
+        );
+    }
 }

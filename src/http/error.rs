@@ -175,6 +175,15 @@ impl From<registry::Error> for ApiError {
                 ApiError::unprocessable(err.to_string())
             }
             E::Conflict => ApiError::new(StatusCode::CONFLICT, "conflict", err.to_string()),
+            E::FanoutGrowing { account, switch_at } => ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!(
+                    "account {account}'s fanout is growing: its new keys take over at {}; \
+                     change its fanout after that",
+                    super::timestamp_ms(switch_at)
+                ),
+            ),
             E::Unavailable => ApiError::unavailable(
                 "the database cannot take changes right now (unreachable, or held up by \
                  another writer): send the change again later",

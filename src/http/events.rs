@@ -89,7 +89,8 @@ pub struct EventBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard_count: Option<u64>,
     /// For `move`: when producers switch from `key_before` to `key_after` (RFC 3339,
-    /// milliseconds, UTC); the account holds both keys until then.
+    /// milliseconds, UTC); the account holds both keys until then. For an `allocate` of a
+    /// key a fanout raised by load added: when producers start sending it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     pub switch_at: Option<String>,
@@ -115,6 +116,10 @@ impl From<LoggedEvent> for EventBody {
                 });
                 (Some(super::timestamp_ms(*switch_at)), reason, None)
             }
+            Change::Allocate {
+                switch_at: Some(switch_at),
+                ..
+            } => (Some(super::timestamp_ms(*switch_at)), None, None),
             Change::MaxFanout { max_fanout, .. } => (None, None, Some(*max_fanout)),
             _ => (None, None, None),
         };

@@ -46,7 +46,9 @@ pub struct Assignment {
     /// within a sub-key goes under `hash_keys[index]` with `index` the sub-key's jump hash
     /// (see the README's "Hot accounts"); any other record under any of them.
     pub hash_keys: Vec<HashKey>,
-    /// How many keys the account holds, 1..=1024.
+    /// How many keys the account holds, 1..=1024: the length of `hash_keys`. (While new
+    /// keys of a fanout raised by load wait for their switch, the keys in force now; `next`
+    /// lists them all.)
     #[schema(minimum = 1, maximum = 1024)]
     pub fanout: u32,
     /// The account's weight; key `i` carries ⌊weight/fanout⌋, plus 1 when
@@ -86,7 +88,7 @@ impl Assignment {
         Assignment {
             hash_key: keys.keys.as_slice()[0],
             hash_keys: keys.keys.as_slice().to_vec(),
-            fanout: a.fanout(),
+            fanout: keys.keys.len() as u32,
             account: a.account.into_string(),
             weight: a.weight,
             created_at: super::timestamp(a.created_at),
@@ -138,7 +140,7 @@ impl<'a> AssignmentRef<'a> {
             account: a.account.as_str(),
             hash_key: keys.keys.as_slice()[0],
             hash_keys: keys.keys.as_slice(),
-            fanout: a.fanout(),
+            fanout: keys.keys.len() as u32,
             weight: a.weight,
             created_at: super::Timestamp(a.created_at),
             max_fanout: a.max_fanout,

@@ -298,7 +298,8 @@ pub(crate) async fn load(
     };
     ranked.sort_by(heaviest_first);
     if let Some(cursor) = &after {
-        // Every rate decays by the same factor, so the order a cursor was taken in holds.
+        // Between reports every rate decays by the same factor (see `held_ms`), so the order
+        // a cursor was taken in holds.
         let then = cursor.load * decay(now - cursor.at_ms, hl);
         let tie = |load: f64| (load - then).abs() <= 1e-9 * load.abs().max(then.abs());
         ranked.retain(|(load, account, _)| {

@@ -333,10 +333,15 @@ pub struct PendingMoveBody {
     pub account: String,
     /// Which of the account's keys moves (0 unless it has several).
     pub index: u32,
-    /// The key producers send until `switch_at`.
+    /// The key producers send until `switch_at`; for a new key (a fanout the load
+    /// controller raised), the account's key 0.
     pub from: HashKey,
     /// The key producers send from `switch_at` on.
     pub to: HashKey,
+    /// Whose shards a consumer reads up to `switch_at` before the account's records on
+    /// `to`'s shard: `[from]` for a move; for a new key, every key the account sends until
+    /// the switch (sub-keys come to the new key from any of them).
+    pub from_keys: Vec<HashKey>,
     /// RFC 3339, milliseconds, UTC.
     #[schema(format = DateTime)]
     pub switch_at: String,
@@ -399,10 +404,21 @@ pub(super) async fn moves_page(
     };
     let items = rows
         .into_iter()
-        .map(|m| PendingMoveBody {
+        .map(|m| {
+            let from_keys = match m.from {
+                Some(from) => vec![from],
+                None => (state.registry.lookup(m.account.as_str()))
+                    .map(|a| a.keys_at(now).keys.as_slice().to_vec())
+                    .unwrap_or_default(),
+            };
+            (m, from_keys)
+        })
+        .filter(|(_, from_keys)| !from_keys.is_empty())
+        .map(|(m, from_keys)| PendingMoveBody {
             account: m.account.into_string(),
             index: m.index,
-            from: m.from,
+            from: from_keys[0],
+            from_keys,
             to: m.to,
             switch_at: super::timestamp_ms(m.switch_at),
             event_id: m.event_id,

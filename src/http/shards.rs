@@ -149,23 +149,25 @@ async fn shard_of(
                 .lookup(account.as_str())
                 .ok_or_else(|| ApiError::not_found(format!("account {account} has no hash key")))?;
             let asked = q.index.is_some() || q.sub_key.is_some();
+            // The keys producers send now: the old one until a pending move switches, and
+            // not yet the new keys of a fanout raised by load.
+            let keys = a.keys_at(crate::registry::now_ms()).keys;
+            let fanout = keys.len() as u32;
             let i = match (q.index, q.sub_key) {
                 (None, None) => 0,
-                (Some(i), None) if i < a.fanout() => i,
+                (Some(i), None) if i < fanout => i,
                 (Some(i), None) => {
                     return Err(ApiError::bad_request(format!(
-                        "account {account} has {} keys: index must be below that, got {i}",
-                        a.fanout()
+                        "account {account} has {fanout} keys: index must be below that, got {i}"
                     )));
                 }
-                (None, Some(sub_key)) => keyspace::sub_key_index(&sub_key, a.fanout()),
+                (None, Some(sub_key)) => keyspace::sub_key_index(&sub_key, fanout),
                 (Some(_), Some(_)) => {
                     return Err(ApiError::bad_request("give `index` or `sub_key`, not both"));
                 }
             };
             index = asked.then_some(i);
-            // The key producers send now: the old one until a pending move switches.
-            a.keys_at(crate::registry::now_ms()).keys.as_slice()[i as usize]
+            keys.as_slice()[i as usize]
         }
         (None, None, Some(pk)) => keyspace::md5_hash(&pk, keyspace),
         _ => {

@@ -208,7 +208,8 @@ mod tests {
     use proptest::prelude::*;
 
     /// Every assignment of `shards` shards to `workers` workers.
-    fn all_assignments(shards: usize, workers: usize) -> Vec<Owners> {
+    /// Every assignment of `shards` shards to `workers` workers (workers^shards of them).
+    pub(super) fn all_assignments(shards: usize, workers: usize) -> Vec<Owners> {
         let mut out = vec![Vec::new()];
         for _ in 0..shards {
             out = out

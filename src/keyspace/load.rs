@@ -72,6 +72,16 @@ impl Rate {
 
     /// The share of a shard's write limit this rate uses: the larger of records/s over
     /// the records limit and bytes/s over the bytes limit.
+    /// The rate at `now_ms` of a shard (or one of its accounts) whose rates are current
+    /// for `held_ms` after its last report (see [`held_ms`]) and decay with the clock after
+    /// that.
+    pub fn held(self, now_ms: i64, held_ms: i64, half_life_ms: i64) -> Rate {
+        Rate {
+            at_ms: now_ms.max(self.at_ms),
+            ..self.at(now_ms - held_ms.max(0), half_life_ms)
+        }
+    }
+
     pub fn utilisation(&self, limits: Limits) -> f64 {
         (self.records_per_s / limits.records_per_s).max(self.bytes_per_s / limits.bytes_per_s)
     }
@@ -88,6 +98,18 @@ impl Rate {
             at_ms: a.at_ms.max(b.at_ms),
         }
     }
+}
+
+/// How long a shard's rates stay current after its last report (at `reported_ms`, covering
+/// `window_ms`) when the stream's newest report came at `latest_ms`: until the next report
+/// is due, one window later, or the newest report if sooner. So every shard that reports
+/// reads as of the stream's newest report and all of them decay together from there; one
+/// whose reports stopped decays from one window after its last. Decayed each from its own
+/// report instead, shards reported a moment ago would outweigh shards about to report by
+/// up to 2^(window / half-life) at one steady rate, and plans would follow the phase of the
+/// workers' heartbeats.
+pub fn held_ms(reported_ms: i64, window_ms: i64, latest_ms: i64) -> i64 {
+    window_ms.min(latest_ms - reported_ms).max(0)
 }
 
 #[cfg(test)]
@@ -159,6 +181,33 @@ mod tests {
             prop_assert!(seen.records_per_s >= 0.0 && seen.bytes_per_s >= 0.0);
             prop_assert!(seen.utilisation(Limits::default()) >= 0.0);
             prop_assert_eq!(rate.observe(0, 0, window, now, hl), rate.at(now, hl));
+        }
+
+        /// Two shards at one steady rate read the same whenever each reported within a
+        /// window of the stream's newest report, and decay together from it; a shard whose
+        /// reports stopped decays from one window after its last.
+        #[test]
+        fn shards_reported_within_a_window_read_as_of_the_newest_report(
+            rate in rate(), window in 1i64..=HOUR, gap in 0i64..HOUR, later in 0i64..HOUR,
+            hl in 1i64..=86_400_000,
+        ) {
+            let first = rate.at_ms;
+            let latest = first + gap;
+            let now = latest + later;
+            // The second shard reported at `latest` with the same figures.
+            let second = Rate { at_ms: latest, ..rate };
+            let a = rate.held(now, held_ms(first, window, latest), hl);
+            let b = second.held(now, held_ms(latest, window, latest), hl);
+            prop_assert_eq!(b, second.at(now, hl));
+            if gap <= window {
+                prop_assert!(close(a.records_per_s, b.records_per_s), "{a:?} {b:?}");
+                prop_assert!(close(a.bytes_per_s, b.bytes_per_s));
+            } else {
+                let decayed = rate.at(now - window, hl);
+                prop_assert!(close(a.records_per_s, decayed.records_per_s), "{a:?} {decayed:?}");
+                prop_assert!(a.records_per_s <= b.records_per_s);
+            }
+            prop_assert_eq!(a.at_ms, now);
         }
 
         /// A steady stream of reports at rate r brings any starting rate to r.

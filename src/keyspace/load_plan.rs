@@ -5,7 +5,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
-use super::rebalance::{Move, apply_moves, undo_moves};
+use super::rebalance::{Move, apply_moves, plan_move, undo_moves};
 use super::shards::ShardMap;
 use super::{Allocator, HashKey, MAX_FANOUT};
 
@@ -486,7 +486,7 @@ impl<'k, 'a> State<'k, 'a> {
             alloc.insert(k.key, weight).expect("key was just freed");
             return None;
         };
-        alloc.insert(to, weight).expect("walk picks a free key");
+        plan_move(alloc, k.key, to, weight);
         if let Some(held) = self.fanned.get_mut(k.account) {
             held[k.index as usize] = to;
         }
@@ -807,6 +807,12 @@ mod tests {
             let mut loads = vec![0.0; map.len()];
             for k in &keys {
                 loads[map.index_of(at[&(k.account, k.index)])] += k.load;
+            }
+            // Staged, a move's old key stays its account's until the switch: no other move
+            // of the plan may land on it.
+            let vacated: HashSet<HashKey> = plan.moves.iter().map(|m| m.from).collect();
+            for m in &plan.moves {
+                prop_assert!(!vacated.contains(&m.to), "{} lands on a key the plan vacates", m.account);
             }
             let after = LoadSkew::of(&loads);
             prop_assert!((after.max - plan.after.max).abs() < 1e-9);

@@ -75,10 +75,19 @@ pub(super) fn apply_moves(moves: &[Move], alloc: &mut Allocator) -> Result<(), E
     Ok(())
 }
 
-/// Reverts [`apply_moves`].
+/// Moves `from` to `to` while planning: `from` stays taken (reserved) until the plan is
+/// undone, as a staged move's old key stays its account's until the switch, so no later
+/// move of the same plan lands on it.
+pub(super) fn plan_move(alloc: &mut Allocator, from: HashKey, to: HashKey, weight: u64) {
+    alloc.insert(to, weight).expect("walk picks a free key");
+    alloc.reserve(from).expect("key was just freed");
+}
+
+/// Reverts the moves a planner made with [`plan_move`].
 pub(super) fn undo_moves(moves: &[Move], alloc: &mut Allocator) {
     for m in moves.iter().rev() {
         alloc.remove(m.to).expect("planned key is held");
+        alloc.unreserve(m.from).expect("vacated key is reserved");
         alloc
             .insert(m.from, m.weight)
             .expect("original key is free");
@@ -242,6 +251,7 @@ fn mend(alloc: &mut Allocator, keys: &mut [HashKey]) -> Option<Vec<(usize, HashK
         let Ok(to) = alloc.next_key_for(avoid, i, HashKey(0), max) else {
             for &(_, from, to) in moved.iter().rev() {
                 let weight = alloc.remove(to).expect("placed");
+                alloc.unreserve(from).expect("vacated");
                 alloc.insert(from, weight).expect("freed");
             }
             for &(index, from, _) in &moved {
@@ -251,7 +261,7 @@ fn mend(alloc: &mut Allocator, keys: &mut [HashKey]) -> Option<Vec<(usize, HashK
         };
         let from = keys[i];
         let weight = alloc.remove(from).expect("holding is held");
-        alloc.insert(to, weight).expect("walk picks a free key");
+        plan_move(alloc, from, to, weight);
         keys[i] = to;
         moved.push((i, from, to));
     }
@@ -335,9 +345,7 @@ fn place(
         };
         match picked {
             Ok(to) => {
-                alloc
-                    .insert(to, holding.weight)
-                    .expect("walk picks a free key");
+                plan_move(alloc, holding.key, to, holding.weight);
                 outcome = Placed::Moved(Move {
                     account: holding.account.to_owned(),
                     index: holding.index,
@@ -480,7 +488,11 @@ mod tests {
                 prop_assert!(plan.moves.len() as u64 <= excess);
             }
             prop_assert!(plan.after.max_weight <= plan.before.max_weight);
+            // A staged move's old key stays its account's until the switch.
+            let vacated: std::collections::HashSet<HashKey> =
+                plan.moves.iter().map(|m| m.from).collect();
             for m in &plan.moves {
+                prop_assert!(!vacated.contains(&m.to), "{:?} lands on a vacated key", m);
                 let target = map.shard(m.to_shard);
                 prop_assert!(target.start <= m.to && m.to <= target.end);
                 prop_assert_eq!(map.index_of(m.from), m.from_shard);

@@ -163,7 +163,8 @@ pub fn key_loads<'a>(
             if total.is_none() {
                 let sent = (held.switching.iter())
                     .find(|s| s.index == i as u32)
-                    .map_or(key, |s| s.from);
+                    .and_then(|s| s.from)
+                    .unwrap_or(key);
                 let measured = map.index_of(sent);
                 unnamed_weight[measured] += weight;
                 unnamed.push((keys.len(), measured));
@@ -291,6 +292,7 @@ impl Registry {
             });
         }
         let this = Arc::clone(self);
+        let new_keys_after_ms = config.switch_after_ms.unwrap_or(60_000);
         let config = config.clone();
         let round: Round = super::detached(async move {
             let mut w = this.writer.lock().await;
@@ -336,7 +338,7 @@ impl Registry {
         })
         .await?;
         if round != Round::Claimed {
-            self.change_fanouts(&load, fanouts).await;
+            self.change_fanouts(&load, fanouts, new_keys_after_ms).await;
         }
         Ok(round)
     }
@@ -355,15 +357,25 @@ impl Registry {
 
     /// Sets each account's fanout (and its weight, at least the fanout), logging each. New
     /// keys go to the least-utilised shards their account leaves open, each counting its
-    /// share of the account's load there for the next.
+    /// share of the account's load there for the next, and take over `new_keys_after_ms`
+    /// later (staged, as moves are). An account with a key still switching waits for a
+    /// later round.
     async fn change_fanouts(
         self: &Arc<Self>,
         load: &StreamLoad,
         changes: Vec<(AccountId, u32, u64)>,
+        new_keys_after_ms: i64,
     ) {
         let map = self.primary_stream().map(|stream| stream.map);
         let mut utilisation = map.as_ref().map(|map| shard_utilisation(map, load));
+        let now = super::now_ms();
         for (account, fanout, weight) in changes {
+            let switching = self
+                .lookup(account.as_str())
+                .is_some_and(|a| a.switching.iter().any(|s| s.switch_at > now));
+            if switching {
+                continue;
+            }
             let change = super::Update {
                 weight: Some(weight),
                 fanout: Some(fanout),
@@ -381,6 +393,7 @@ impl Registry {
             let by_load = utilisation.clone().map(|shard_loads| super::LoadPlacement {
                 shard_loads,
                 key_load,
+                new_keys_after_ms,
             });
             match self.update_placed(account.clone(), change, by_load).await {
                 Ok(a) => {
@@ -580,7 +593,7 @@ mod tests {
                     1,
                     vec![Switch {
                         index: 0,
-                        from: HashKey(s1),
+                        from: Some(HashKey(s1)),
                         switch_at: 1,
                     }],
                 ),

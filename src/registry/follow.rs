@@ -248,7 +248,9 @@ pub(super) fn end_due(
     now: i64,
 ) -> Result<(), Error> {
     for switch in accounts.end_switches(now) {
-        alloc.unreserve(switch.from)?;
+        if let Some(from) = switch.from {
+            alloc.unreserve(from)?;
+        }
     }
     Ok(())
 }
@@ -284,11 +286,22 @@ fn apply_change(
             index,
             key,
             weight,
+            switch_at,
         } => {
             alloc.insert(key, weight)?;
             accounts
-                .add(account, index, key, weight, at)
+                .add(account.clone(), index, key, weight, at)
                 .map_err(corrupt)?;
+            // A key a fanout raise added takes over at its switch; until then producers
+            // send over the account's other keys. Its value is held from the start.
+            if let Some(switch_at) = switch_at.filter(|&t| t > at) {
+                let switch = Switch {
+                    index,
+                    from: None,
+                    switch_at,
+                };
+                accounts.stage(&account, switch);
+            }
         }
         Change::Release {
             account,
@@ -297,8 +310,11 @@ fn apply_change(
         } => {
             let weight = alloc.remove(key)?;
             accounts.release(&account, index, weight).map_err(corrupt)?;
-            if let Some(switch) = accounts.unstage(&account, index) {
-                alloc.unreserve(switch.from)?;
+            if let Some(Switch {
+                from: Some(from), ..
+            }) = accounts.unstage(&account, index)
+            {
+                alloc.unreserve(from)?;
             }
         }
         Change::Move {
@@ -314,8 +330,12 @@ fn apply_change(
             accounts.move_key(&account, index, to);
             // A key moved again before its switch (never by a plan, which leaves switching
             // accounts be) switches from where the table says it is: `from`.
-            if let Some(earlier) = accounts.unstage(&account, index) {
-                alloc.unreserve(earlier.from)?;
+            if let Some(Switch {
+                from: Some(earlier),
+                ..
+            }) = accounts.unstage(&account, index)
+            {
+                alloc.unreserve(earlier)?;
             }
             // Held from the move's own time, so that every replica, and a replay of the
             // log, holds it alike; the first event or decision at or after the switch
@@ -324,7 +344,7 @@ fn apply_change(
                 alloc.reserve(from)?;
                 let switch = Switch {
                     index,
-                    from,
+                    from: Some(from),
                     switch_at,
                 };
                 accounts.stage(&account, switch);

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{Error, Registry, Stream};
-use crate::keyspace::load::decay;
+use crate::keyspace::load::{decay, held_ms};
 use crate::keyspace::{Limits, Rate};
 use crate::store::leases::LeaseRow;
 use crate::store::load::{RateRow, ShardRow};
@@ -240,7 +240,9 @@ impl Registry {
             };
             let at = now.max(as_of);
             let packed = fold_accounts(&old, decay(now - as_of, hl), &report, at, hl);
-            tx.put_shard_row(name, shard, rate, at, &packed).await?;
+            let window = report.window_ms as i64;
+            tx.put_shard_row(name, shard, (rate, window), at, &packed)
+                .await?;
         }
         tx.mark_reported(name, stream.version, now).await?;
         Ok(ignored)
@@ -343,11 +345,12 @@ fn stream_load(
         Some(listed) => listed.iter().map(|s| s.id.as_str()).collect(),
         None => row.shards.iter().map(|(id, ..)| id.as_str()).collect(),
     };
+    let mut rates = rates;
+    rates.retain(|r| listed.contains(r.shard_id.as_str()));
+    let latest = rates.iter().map(|r| r.reported_ms).max().unwrap_or(now_ms);
     for r in rates {
-        if !listed.contains(r.shard_id.as_str()) {
-            continue;
-        }
-        let rate = r.rate.at(now_ms, hl);
+        let held = held_ms(r.reported_ms, r.window_ms, latest);
+        let rate = r.rate.held(now_ms, held, hl);
         if r.account.is_empty() {
             shard_rates.insert(r.shard_id, rate);
         } else {

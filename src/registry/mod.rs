@@ -78,6 +78,10 @@ pub enum Error {
     /// A fanout above the account's cap, or a cap below its fanout.
     #[error("{0}")]
     FanoutCap(String),
+    #[error(
+        "account {account}'s fanout is growing: its new keys take over at {switch_at} (Unix ms); change its fanout after that"
+    )]
+    FanoutGrowing { account: AccountId, switch_at: i64 },
     #[error("the database refused the change because another writer changed the same rows")]
     Conflict,
     #[error("the database is unreachable; changes are refused until it is back")]
@@ -165,6 +169,10 @@ pub struct Registry {
 pub struct LoadPlacement {
     pub shard_loads: Vec<f64>,
     pub key_load: f64,
+    /// The new keys take over this long after the change (0: at once). Growing the fanout
+    /// moves sub-keys to the new keys; staged, every producer moves them at one instant a
+    /// consumer can wait for, as with a staged move.
+    pub new_keys_after_ms: i64,
 }
 
 /// What [`Registry::update`] changes: each field given replaces the account's.
@@ -263,7 +271,9 @@ impl Registry {
         let mut accounts = accounts.await.expect("the filing thread answers")?;
         // Pending moves hold their old keys until they switch.
         for m in moves {
-            alloc.reserve(m.from)?;
+            if let Some(from) = m.from {
+                alloc.reserve(from)?;
+            }
             let switch = Switch {
                 index: m.index,
                 from: m.from,
@@ -425,6 +435,7 @@ impl Registry {
                     index: row.index,
                     key: row.hash_key,
                     weight: row.weight,
+                    switch_at: None,
                 },
             });
             this.apply_events(&mut w, events.collect())?;
@@ -641,6 +652,17 @@ impl Registry {
                 a.max_fanout = cap;
                 return Ok(a);
             }
+            if let Some(switch_at) = (a.switching.iter())
+                .filter(|s| s.from.is_none() && s.switch_at > at)
+                .map(|s| s.switch_at)
+                .max()
+                && fanout != a.fanout()
+            {
+                return Err(Error::FanoutGrowing {
+                    account: a.account,
+                    switch_at,
+                });
+            }
             let held = held_rows(&w.alloc, &a);
             let kept = held.len().min(fanout as usize);
             let share = |i: usize| keyspace::key_weight(weight, fanout, i as u32);
@@ -661,18 +683,24 @@ impl Registry {
                 .filter(|s| (s.index as usize) < kept)
                 .copied()
                 .collect();
+            let mut takes_over_at = None;
             let new_keys: Vec<(HashKey, HashKey)> = match switching.is_empty() {
                 true => {
                     match by_load {
                         Some(LoadPlacement {
                             mut shard_loads,
                             key_load,
-                        }) => w.alloc.extend_by_load(
-                            &mut keys,
-                            &weights,
-                            &mut shard_loads,
-                            key_load,
-                        )?,
+                            new_keys_after_ms,
+                        }) => {
+                            takes_over_at = (new_keys_after_ms > 0 && fanout as usize > kept)
+                                .then_some(at + new_keys_after_ms);
+                            w.alloc.extend_by_load(
+                                &mut keys,
+                                &weights,
+                                &mut shard_loads,
+                                key_load,
+                            )?
+                        }
                         None => w.alloc.extend_keys(&mut keys, &weights)?,
                     }
                     keys[kept..].iter().map(|&k| (k, k)).collect()
@@ -735,6 +763,12 @@ impl Registry {
                 },
             }));
             let ids = tx.insert_many(&added, at).await?;
+            if let Some(switch_at) = takes_over_at {
+                let staged: Vec<(&str, u32, i64)> = (ids.iter().zip(&added))
+                    .map(|(&id, row)| (row.account.as_str(), row.index, id))
+                    .collect();
+                tx.stage_new_keys(&staged, switch_at).await?;
+            }
             events.extend(ids.into_iter().zip(&added).map(|(id, row)| Event {
                 id,
                 at,
@@ -743,6 +777,7 @@ impl Registry {
                     index: row.index,
                     key: row.hash_key,
                     weight: row.weight,
+                    switch_at: takes_over_at,
                 },
             }));
             let ids = tx
@@ -778,8 +813,15 @@ impl Registry {
                 switching: (switching.into_iter())
                     .chain(staged.iter().map(|m| Switch {
                         index: m.index,
-                        from: m.from,
+                        from: Some(m.from),
                         switch_at,
+                    }))
+                    .chain(takes_over_at.into_iter().flat_map(|switch_at| {
+                        added.iter().map(move |row| Switch {
+                            index: row.index,
+                            from: None,
+                            switch_at,
+                        })
                     }))
                     .collect(),
                 max_fanout: cap,

@@ -77,7 +77,9 @@ impl Registry {
         let now = now_ms();
         for (_, held) in &mut accounts {
             for switch in held.switching.extract_if(.., |s| s.switch_at <= now) {
-                alloc.unreserve(switch.from)?;
+                if let Some(from) = switch.from {
+                    alloc.unreserve(from)?;
+                }
             }
         }
         let plan = plan_for(
@@ -226,7 +228,9 @@ impl Registry {
         let now = now_ms();
         for (_, held) in &mut accounts {
             for switch in held.switching.extract_if(.., |s| s.switch_at <= now) {
-                alloc.unreserve(switch.from)?;
+                if let Some(from) = switch.from {
+                    alloc.unreserve(from)?;
+                }
             }
         }
         let limits = self.admin_load_limits(&accounts);

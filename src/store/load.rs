@@ -17,6 +17,10 @@ pub struct RateRow {
     /// Empty for a shard's own rate.
     pub account: String,
     pub rate: Rate,
+    /// When the shard's last counted report was folded in, and the window it covered: its
+    /// rates stay current for up to one window (see [`crate::keyspace::load::held_ms`]).
+    pub reported_ms: i64,
+    pub window_ms: i64,
 }
 
 /// A shard's stored row: its own rate, and its accounts' rates packed, if they are.
@@ -25,6 +29,8 @@ pub struct ShardRow {
     pub rate: Rate,
     /// The instant `account_load`'s rows of the shard are stored as of (unpacked rows).
     pub accounts_at: i64,
+    /// The window the last counted report covered.
+    pub window_ms: i64,
     pub accounts: Option<Vec<u8>>,
 }
 
@@ -51,17 +57,20 @@ macro_rules! on_tx {
     };
 }
 
-const SHARD_RATES: &str = "SELECT shard_id, records_per_s, bytes_per_s, at_ms, accounts \
-    FROM shard_load WHERE stream = $1";
+const SHARD_RATES: &str = "SELECT shard_id, records_per_s, bytes_per_s, at_ms, window_ms, \
+    accounts FROM shard_load WHERE stream = $1";
 /// Rows of shards not packed yet.
 const UNPACKED_RATES: &str = "SELECT a.shard_id, a.account, a.records_per_s, a.bytes_per_s, \
-    s.accounts_at FROM account_load a JOIN shard_load s \
+    s.accounts_at, s.at_ms, s.window_ms FROM account_load a JOIN shard_load s \
     ON s.stream = a.stream AND s.shard_id = a.shard_id \
     WHERE a.stream = $1 AND s.accounts IS NULL";
 
-type ShardRateRow = (String, f64, f64, i64, Option<Vec<u8>>);
+type ShardRateRow = (String, f64, f64, i64, i64, Option<Vec<u8>>);
 
-fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> RateRow {
+/// An account row as read: shard, account, records/s, bytes/s, as of, reported at, window.
+type Row = (String, String, f64, f64, i64, i64, i64);
+
+fn rate_row((shard_id, account, r, b, at_ms, reported_ms, window_ms): Row) -> RateRow {
     RateRow {
         shard_id,
         account,
@@ -70,6 +79,8 @@ fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> Ra
             bytes_per_s: b,
             at_ms,
         },
+        reported_ms,
+        window_ms,
     }
 }
 
@@ -77,7 +88,7 @@ fn rate_row(shard_id: String, account: String, r: f64, b: f64, at_ms: i64) -> Ra
 #[derive(Debug, Default)]
 pub struct LoadRows {
     shards: Vec<ShardRateRow>,
-    unpacked: Vec<(String, String, f64, f64, i64)>,
+    unpacked: Vec<Row>,
 }
 
 impl LoadRows {
@@ -86,25 +97,18 @@ impl LoadRows {
     pub fn into_rows(self) -> Result<Vec<RateRow>> {
         let mut rows = Vec::with_capacity(self.shards.len() + self.unpacked.len());
         let mut accounts = Vec::new();
-        for (shard, r, b, at, packed) in self.shards {
+        for (shard, r, b, at, window, packed) in self.shards {
             if let Some(packed) = packed {
                 let (as_of, entries) = unpack(&packed)?;
                 accounts.extend(entries.into_iter().map(|e| {
-                    let account = e.account.to_owned();
-                    rate_row(
-                        shard.clone(),
-                        account,
-                        e.records_per_s,
-                        e.bytes_per_s,
-                        as_of,
-                    )
+                    let (account, r, b) = (e.account.to_owned(), e.records_per_s, e.bytes_per_s);
+                    rate_row((shard.clone(), account, r, b, as_of, at, window))
                 }));
             }
-            rows.push(rate_row(shard, String::new(), r, b, at));
+            rows.push(rate_row((shard, String::new(), r, b, at, at, window)));
         }
         rows.extend(accounts);
-        let unpacked = self.unpacked.into_iter();
-        rows.extend(unpacked.map(|(s, a, r, b, at)| rate_row(s, a, r, b, at)));
+        rows.extend(self.unpacked.into_iter().map(rate_row));
         Ok(rows)
     }
 }
@@ -115,7 +119,7 @@ impl Tx {
         on_tx!(self, c => {
             let shards: Vec<ShardRateRow> =
                 sqlx::query_as(SHARD_RATES).bind(stream).fetch_all(&mut *c).await?;
-            let unpacked: Vec<(String, String, f64, f64, i64)> =
+            let unpacked: Vec<Row> =
                 sqlx::query_as(UNPACKED_RATES).bind(stream).fetch_all(&mut *c).await?;
             LoadRows { shards, unpacked }
         })
@@ -172,24 +176,27 @@ impl Tx {
 
     /// `shard_id`'s stored row, if it has one.
     pub async fn shard_row(&mut self, stream: &str, shard_id: &str) -> Result<Option<ShardRow>> {
-        type Row = (f64, f64, i64, i64, Option<Vec<u8>>);
-        let row: Option<Row> = on_tx!(self, c => sqlx::query_as(
-                "SELECT records_per_s, bytes_per_s, at_ms, accounts_at, accounts FROM shard_load \
-                 WHERE stream = $1 AND shard_id = $2",
+        type Stored = (f64, f64, i64, i64, i64, Option<Vec<u8>>);
+        let row: Option<Stored> = on_tx!(self, c => sqlx::query_as(
+                "SELECT records_per_s, bytes_per_s, at_ms, accounts_at, window_ms, accounts \
+                 FROM shard_load WHERE stream = $1 AND shard_id = $2",
             )
             .bind(stream)
             .bind(shard_id)
             .fetch_optional(&mut *c)
             .await?)?;
-        Ok(row.map(|(r, b, at, accounts_at, accounts)| ShardRow {
-            rate: Rate {
-                records_per_s: r,
-                bytes_per_s: b,
-                at_ms: at,
-            },
-            accounts_at,
-            accounts,
-        }))
+        Ok(
+            row.map(|(r, b, at, accounts_at, window_ms, accounts)| ShardRow {
+                rate: Rate {
+                    records_per_s: r,
+                    bytes_per_s: b,
+                    at_ms: at,
+                },
+                accounts_at,
+                window_ms,
+                accounts,
+            }),
+        )
     }
 
     /// Deletes `shard_id`'s unpacked account rows and answers them (as of the shard's
@@ -219,24 +226,25 @@ impl Tx {
         Ok(rows)
     }
 
-    /// Writes `shard_id`'s row: its rate, and its accounts packed as of the value's own
-    /// instant (which `accounts_at` takes too, for keyspreads that predate packing).
+    /// Writes `shard_id`'s row: its rate and the window its last report covered, and its
+    /// accounts packed as of the value's own instant (which `accounts_at` takes too, for
+    /// keyspreads that predate packing).
     pub async fn put_shard_row(
         &mut self,
         stream: &str,
         shard_id: &str,
-        rate: Rate,
+        (rate, window_ms): (Rate, i64),
         accounts_at: i64,
         packed: &[u8],
     ) -> Result<()> {
         on_tx!(self, c => {
             sqlx::query(
                 "INSERT INTO shard_load (stream, shard_id, records_per_s, bytes_per_s, at_ms, \
-                 accounts_at, accounts) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 accounts_at, window_ms, accounts) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                  ON CONFLICT (stream, shard_id) DO UPDATE SET \
                  records_per_s = excluded.records_per_s, bytes_per_s = excluded.bytes_per_s, \
                  at_ms = excluded.at_ms, accounts_at = excluded.accounts_at, \
-                 accounts = excluded.accounts",
+                 window_ms = excluded.window_ms, accounts = excluded.accounts",
             )
             .bind(stream)
             .bind(shard_id)
@@ -244,6 +252,7 @@ impl Tx {
             .bind(rate.bytes_per_s)
             .bind(rate.at_ms)
             .bind(accounts_at)
+            .bind(window_ms)
             .bind(packed)
             .execute(&mut *c)
             .await?;

@@ -101,11 +101,13 @@ pub struct Assignment {
 }
 
 /// One key of an account moving under a staged move: producers send `from` until
-/// `switch_at`, then the key's new value.
+/// `switch_at`, then the key's new value. With no `from`, the key is new (a fanout the load
+/// controller raised): until `switch_at` producers send over the account's other keys, as
+/// if the fanout had not grown, so that no sub-key changes shard before the switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Switch {
     pub index: u32,
-    pub from: HashKey,
+    pub from: Option<HashKey>,
     /// Unix milliseconds.
     pub switch_at: i64,
 }
@@ -147,11 +149,19 @@ impl Assignment {
         };
         let keys_after = |moment: i64| {
             let mut keys = self.hash_keys.as_slice().to_vec();
+            let mut fanout = keys.len();
             for s in ahead(moment) {
-                if let Some(key) = keys.get_mut(s.index as usize) {
-                    *key = s.from;
+                match s.from {
+                    Some(from) => {
+                        if let Some(key) = keys.get_mut(s.index as usize) {
+                            *key = from;
+                        }
+                    }
+                    // New keys are the last ones; key 0 is never new.
+                    None => fanout = fanout.min((s.index as usize).max(1)),
                 }
             }
+            keys.truncate(fanout);
             HashKeys::from_vec(keys)
         };
         KeysAt {
@@ -250,12 +260,13 @@ pub struct StreamRow {
 }
 
 /// A staged move not yet switched: a key of `account` is `to` in the table, and producers
-/// send `from` until `switch_at`.
+/// send `from` until `switch_at`; with no `from`, `to` is a new key (a fanout raised by
+/// load) that producers start sending at `switch_at`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingMove {
     pub account: AccountId,
     pub index: u32,
-    pub from: HashKey,
+    pub from: Option<HashKey>,
     pub to: HashKey,
     /// Unix milliseconds.
     pub switch_at: i64,
@@ -297,6 +308,9 @@ pub enum Change {
         key: HashKey,
         /// The key's share of the account's weight.
         weight: u64,
+        /// For a key a fanout raised by load added: when producers start sending it (Unix
+        /// milliseconds); until then they send over the account's other keys.
+        switch_at: Option<i64>,
     },
     Release {
         account: AccountId,
@@ -771,6 +785,16 @@ impl Tx {
         in_tx!(self, apply_moves(moves, at, switch_at, reason))
     }
 
+    /// Makes the new keys `(account, index, allocate event id)` take over at `switch_at`
+    /// (Unix milliseconds): until then producers send over the account's other keys.
+    pub async fn stage_new_keys(
+        &mut self,
+        staged: &[(&str, u32, i64)],
+        switch_at: i64,
+    ) -> Result<()> {
+        in_tx!(self, stage_new_keys(staged, switch_at))
+    }
+
     /// Sets (or with `None` clears) `account`'s cap on a fanout raised by load and logs a
     /// `max_fanout` event; answers its id, or [`StoreError::Stale`] if the account has no
     /// key 0.
@@ -1003,6 +1027,7 @@ impl EventRow {
                 index,
                 key: some_key(key_after)?,
                 weight: some_weight()?,
+                switch_at,
             },
             "release" => Change::Release {
                 account: account()?,

@@ -81,13 +81,14 @@ macro_rules! queries {
                     )?;
                     let from: Option<Vec<u8>> = r.try_get(5)?;
                     let switch_at: Option<i64> = r.try_get(6)?;
-                    let switch = match (from, switch_at) {
-                        (Some(from), Some(switch_at)) => Some(Switch {
+                    // A switch_at with no old key: a key a fanout raise added, taking over then.
+                    let switch = match switch_at {
+                        Some(switch_at) => Some(Switch {
                             index: row.index,
-                            from: decode_key(&from)?,
+                            from: from.as_deref().map(decode_key).transpose()?,
                             switch_at,
                         }),
-                        _ => None,
+                        None => None,
                     };
                     let cap: Option<i64> = r.try_get(7)?;
                     let cap = cap
@@ -118,12 +119,10 @@ macro_rules! queries {
                     let index = u32::try_from(idx)
                         .map_err(|_| StoreError::Corrupt(format!("account {account}: key index {idx}")))?;
                     let from: Option<Vec<u8>> = r.try_get(2)?;
-                    let from = from
-                        .ok_or_else(|| StoreError::Corrupt(format!("account {account}: a switch with no old key")))?;
                     Ok(PendingMove {
                         account: decode_account(account)?,
                         index,
-                        from: decode_key(&from)?,
+                        from: from.as_deref().map(decode_key).transpose()?,
                         to: decode_key(&r.try_get::<Vec<u8>, _>(3)?)?,
                         switch_at: r.try_get(4)?,
                         event_id: r.try_get(5)?,
@@ -263,6 +262,31 @@ macro_rules! queries {
                 ids.push(id);
             }
             Ok(ids)
+        }
+
+        /// Makes new keys (just inserted, each with its `allocate` event) take over at
+        /// `switch_at`: producers keep to the account's other keys until then.
+        pub async fn stage_new_keys(conn: &mut Conn, staged: &[(&str, u32, i64)], switch_at: i64) -> Result<()> {
+            for &(account, index, event_id) in staged {
+                let done = sqlx::query(
+                    "UPDATE assignments SET switch_at = $1, moved_by = $2 \
+                     WHERE account = $3 AND idx = $4 AND prev_hash_key IS NULL",
+                )
+                .bind(switch_at)
+                .bind(event_id)
+                .bind(account)
+                .bind(i64::from(index))
+                .execute(&mut *conn)
+                .await?;
+                crate::store::changed_one(done.rows_affected())?;
+                let done = sqlx::query("UPDATE events SET switch_at = $1 WHERE id = $2 AND kind = 'allocate'")
+                    .bind(switch_at)
+                    .bind(event_id)
+                    .execute(&mut *conn)
+                    .await?;
+                crate::store::changed_one(done.rows_affected())?;
+            }
+            Ok(())
         }
 
         pub async fn load_streams(conn: &mut Conn) -> Result<Vec<StreamRow>> {

@@ -420,20 +420,7 @@ async fn load_moves(app: &TestApp) -> Vec<(String, String)> {
 
 /// A counter of `/metrics`.
 async fn counter(app: &TestApp, name: &str) -> u64 {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&format!("{name} ")))
-        .expect(name);
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    app.metric(name).await as u64
 }
 
 /// Waits until the controller has run `n` more rounds here.
@@ -494,6 +481,66 @@ async fn a_round_plans_off_the_async_workers() {
     assert!(
         !load_moves(&app).await.is_empty(),
         "rounds on a one-thread runtime move keys off the hot shard"
+    );
+}
+
+/// The shard index of `account`'s key 0 on `s`.
+async fn shard_of(app: &TestApp, account: &str) -> usize {
+    let on = app
+        .get(&format!("/shard-of?account={account}&stream=s"))
+        .await;
+    on.body["shard_index"].as_u64().expect("a shard index") as usize
+}
+
+/// A hot account moved by load, then reported where it landed as the best key to move off
+/// a busier shard still: it stays put for the cooldown (other keys move instead), and with
+/// no cooldown it moves again. Answers the times the hot account moved.
+async fn hot_account_moves(cooldown_s: u64) -> usize {
+    let app = controlled(|c| {
+        c.load_half_life_s = 1;
+        c.controller.max_moves_per_round = Some(1);
+        c.controller.move_cooldown_s = cooldown_s;
+    })
+    .await;
+    app.allocate("hot").await;
+    let api = Api::new(app.client.clone(), vec![app.url("")]);
+    let mut rates = [100; 4];
+    let first = shard_of(&app, "hot").await;
+    rates[first] = 200;
+    report_with(&api, rates, &[("hot", 150)]).await;
+    rounds(&app, 2).await;
+    let moved = |moves: Vec<(String, String)>| moves.iter().filter(|(_, a)| a == "hot").count();
+    assert_eq!(
+        moved(load_moves(&app).await),
+        1,
+        "the hot account moves first: {:?}",
+        load_moves(&app).await
+    );
+    // The first report fades (half-life 1 s); then the hot account's new shard is the
+    // busiest, and moving it is the best move there.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let landed = shard_of(&app, "hot").await;
+    assert_ne!(landed, first);
+    let mut rates = [100; 4];
+    rates[landed] = 250;
+    report_with(&api, rates, &[("hot", 150)]).await;
+    rounds(&app, 3).await;
+    let moves = load_moves(&app).await;
+    assert!(moves.len() >= 2, "the busy shard gets a move: {moves:?}");
+    moved(moves)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_moved_by_load_stays_for_the_cooldown() {
+    assert_eq!(
+        hot_account_moves(600).await,
+        1,
+        "moved again within the cooldown"
+    );
+    assert_eq!(
+        hot_account_moves(0).await,
+        2,
+        "without a cooldown it moves again"
     );
 }
 
@@ -614,6 +661,120 @@ async fn opted_in_accounts_fan_out_when_hot_and_back_when_cold() {
     assert_eq!(fanout("cold").await, 1, "lowered once cold");
     assert_eq!(fanout("shy").await, 1, "never without max_fanout");
     assert!(counter(&app, "keyspread_controller_fanouts_total").await >= 2);
+}
+
+/// The `allocate` events of `account`'s keys above key 0, as (index, switch_at).
+async fn new_keys(app: &TestApp, account: &str) -> Vec<(u64, serde_json::Value)> {
+    let events = app.get("/events?limit=1000").await.body;
+    (events["events"].as_array().unwrap().iter())
+        .filter(|e| e["kind"] == "allocate" && e["account"] == account && e["index"] != 0)
+        .map(|e| (e["index"].as_u64().unwrap(), e["switch_at"].clone()))
+        .collect()
+}
+
+/// Growing a fanout moves sub-keys to the new keys, so the controller stages it as it
+/// stages moves: every answer keeps to the keys in force until the switch (lookups,
+/// shard-of, across a restart), `next` and `GET /moves` announce the new keys with the
+/// keys their sub-keys come from, and from the switch on the new keys are in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_raised_by_load_takes_over_at_its_switch_on_every_answer() {
+    let app = controlled(|c| c.controller.switch_after_ms = Some(8_000)).await;
+    app.post("/keys/hot", Some(json!({"fanout": 1, "weight": 1})))
+        .await;
+    let cap = Some(json!({"max_fanout": 4}));
+    let set = app.call(reqwest::Method::PATCH, "/keys/hot", cap).await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    let key0 = app.get("/keys/hot").await.body["hash_key"].clone();
+    let api = Api::new(app.client.clone(), vec![app.url("")]);
+    report_with(&api, [100, 100, 100, 100], &[("hot", 1200)]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while new_keys(&app, "hot").await.is_empty() {
+        assert!(Instant::now() < deadline, "no fanout raised");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logged = new_keys(&app, "hot").await;
+    assert_eq!(logged.len(), 2, "raised to 3 keys: {logged:?}");
+    let switch_at = logged[0].1.clone();
+    assert!(
+        switch_at.is_string(),
+        "a new key says when it takes over: {logged:?}"
+    );
+
+    let lookup = app.get("/keys/hot").await;
+    let before = &lookup.body;
+    assert_eq!(before["fanout"], 1, "{before}");
+    assert_eq!(before["hash_keys"], json!([key0]), "{before}");
+    let next = &before["next"];
+    assert_eq!(next["switch_at"], switch_at, "{before}");
+    let all = next["hash_keys"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 3, "{before}");
+    assert_eq!(all[0], key0);
+    // "order-1" is index 2 of 3 keys (DESIGN's vectors), and 0 of 1.
+    let of = app
+        .get("/shard-of?account=hot&sub_key=order-1&stream=s")
+        .await;
+    assert_eq!(of.status, 200, "{}", of.body);
+    assert_eq!(of.body["index"], 0, "{}", of.body);
+    let moves = app.get("/moves").await.body;
+    let announced: Vec<_> = (moves["items"].as_array().unwrap().iter())
+        .filter(|m| m["account"] == "hot")
+        .collect();
+    assert_eq!(announced.len(), 2, "{moves}");
+    for m in &announced {
+        let i = m["index"].as_u64().unwrap() as usize;
+        assert_eq!(m["to"], all[i], "{m}");
+        assert_eq!(m["from_keys"], json!([key0]), "{m}");
+        assert_eq!(m["switch_at"], switch_at, "{m}");
+    }
+    // A growth asked for while the new keys wait is refused, saying until when.
+    let grow = Some(json!({"fanout": 4, "weight": 4}));
+    let refused = app.call(reqwest::Method::PATCH, "/keys/hot", grow).await;
+    let until = switch_at.as_str().unwrap();
+    assert_problem(
+        &refused,
+        409,
+        &format!("growing: its new keys take over at {until}"),
+    );
+
+    let app = app.restart().await;
+    let again = app.get("/keys/hot").await;
+    assert_eq!(again.body["hash_keys"], json!([key0]), "{}", again.body);
+    assert_eq!(
+        again.body["next"]["hash_keys"],
+        json!(all),
+        "{}",
+        again.body
+    );
+
+    let at = keyspread_ms(&switch_at);
+    while (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64 <= at + 100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = app.get("/keys/hot").await.body;
+    assert_eq!(after["fanout"], 3, "{after}");
+    assert_eq!(after["hash_keys"], json!(all), "{after}");
+    assert!(after.get("next").is_none_or(|n| n.is_null()), "{after}");
+    let of = app
+        .get("/shard-of?account=hot&sub_key=order-1&stream=s")
+        .await;
+    assert_eq!(of.body["index"], 2, "{}", of.body);
+    let moves = app.get("/moves").await.body;
+    assert!(
+        !moves["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["account"] == "hot"),
+        "{moves}"
+    );
+}
+
+/// Unix milliseconds of an RFC 3339 timestamp.
+fn keyspread_ms(text: &serde_json::Value) -> i64 {
+    use time::format_description::well_known::Rfc3339;
+    let text = text.as_str().expect("a timestamp");
+    let t = time::OffsetDateTime::parse(text, &Rfc3339).unwrap_or_else(|e| panic!("{text}: {e}"));
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

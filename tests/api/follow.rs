@@ -10,20 +10,7 @@ use crate::helpers::{TestApp, spawn_app};
 
 /// `keyspread_replica_lag_events` as `/metrics` reports it.
 async fn lag(app: &TestApp) -> i64 {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("keyspread_replica_lag_events "))
-        .expect("a lag line");
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    app.metric("keyspread_replica_lag_events").await as i64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -509,6 +509,18 @@ impl TestApp {
         self.call(reqwest::Method::DELETE, path, None).await
     }
 
+    /// The value of an unlabelled series of `/metrics`, panicking when it is not there.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = (self.client.get(self.url("/metrics")).send().await)
+            .expect("GET /metrics sent")
+            .text()
+            .await
+            .expect("a /metrics body");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    }
+
     /// Allocates `account` and answers its hash key, asserting a 200 or 201.
     pub async fn allocate(&self, account: &str) -> String {
         let answer = self.post(&format!("/keys/{account}"), None).await;

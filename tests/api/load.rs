@@ -124,7 +124,8 @@ async fn two_reports_smooth_as_the_formula_says_and_touch_only_their_shard() {
     let epoch = held[0].2;
     assert_eq!(joined["ignored_load"], json!([]));
 
-    // Shard B first: A's report later must leave B's figures to decay alone.
+    // Shard B first: A's reports later must leave B's figures alone; within B's 10-s
+    // window B reads as of the newest report, like A.
     let (_, t_b) = beat_ok(
         &app,
         "w1",
@@ -150,10 +151,13 @@ async fn two_reports_smooth_as_the_formula_says_and_touch_only_their_shard() {
     )
     .await;
 
+    assert!(t2 - t_b < 10_000, "B's window covers A's reports");
     let page = load(&app, "").await;
     let at = ms(&page["at"]);
     let first_rate = 500.0 * (1.0 - decay(10_000, hl));
     let second = first_rate * decay(t2 - t1, hl) + 500.0 * (1.0 - decay(5_000, hl));
+    // Every shard reads as of the stream's newest report (t2: B's 10-s window covers it)
+    // and decays from there.
     let now = second * decay(at - t2, hl);
     assert_close(f(&shard(&page, &a)["records_per_s"]), now, "A records/s");
     assert_close(
@@ -168,11 +172,11 @@ async fn two_reports_smooth_as_the_formula_says_and_touch_only_their_shard() {
     );
     assert_close(
         f(&shard(&page, &b)["records_per_s"]),
-        b_rate * decay(at - t_b, hl),
+        b_rate * decay(at - t2, hl),
         "B records/s",
     );
-    let max_over_mean =
-        now.max(b_rate * decay(at - t_b, hl)) * 2.0 / (now + b_rate * decay(at - t_b, hl));
+    let b_now = b_rate * decay(at - t2, hl);
+    let max_over_mean = now.max(b_now) * 2.0 / (now + b_now);
     assert_close(f(&page["max_over_mean"]), max_over_mean, "max_over_mean");
 
     let hot = (400.0 * (1.0 - decay(10_000, hl)) * decay(t2 - t1, hl)
@@ -218,6 +222,41 @@ async fn load_decays_with_the_database_clock() {
         );
     }
     assert!(f(&shard(&second, &id)["records_per_s"]) < reported / 2.0 + 1e-9);
+}
+
+/// Two shards read at the same steady rate weigh the same whenever their reports came:
+/// a report is current until the next is due, so the phase of the heartbeats moves nothing.
+#[tokio::test]
+async fn shards_at_one_rate_weigh_the_same_whatever_the_phase_of_their_reports() {
+    let app = app(1).await;
+    put_stream(&app, "s", 2).await;
+    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
+    let held = leases(&joined);
+    assert_eq!(held.len(), 2, "{joined}");
+    let report = |(id, _, epoch): &(String, String, u64)| {
+        json!([entry(
+            id,
+            *epoch,
+            2000,
+            400,
+            4000,
+            json!([{"account": id, "records": 400, "bytes": 4000}])
+        )])
+    };
+    beat_ok(&app, "w1", report(&held[0])).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    beat_ok(&app, "w1", report(&held[1])).await;
+    let page = load(&app, "").await;
+    let (a, b) = (shard(&page, &held[0].0), shard(&page, &held[1].0));
+    assert_close(f(&a["records_per_s"]), f(&b["records_per_s"]), "records/s");
+    assert_close(f(&page["max_over_mean"]), 1.0, "max_over_mean");
+    let accounts = page["accounts"].as_array().unwrap();
+    assert_eq!(accounts.len(), 2, "{page}");
+    assert_close(
+        f(&accounts[0]["load"]),
+        f(&accounts[1]["load"]),
+        "account load",
+    );
 }
 
 #[tokio::test]

@@ -143,21 +143,25 @@ def ratios(counts, names):
 def windows(handed, produced, shard_ids, workers, settle_s):
     """Per full window: records per shard and per worker, their max / mean, and whether judged."""
     start, rotated, end = produced["started"], produced["rotated_at"], produced["started"] + produced["seconds"]
-    by_window = collections.defaultdict(lambda: (collections.Counter(), collections.Counter()))
+    by_window = collections.defaultdict(lambda: (collections.Counter(), collections.Counter(),
+                                                 collections.defaultdict(set)))
     for r in handed:
         i = int((r["arrival"] - start) // WINDOW)
         by_window[i][0][r["shard"]] += 1
         by_window[i][1][r["worker"]] += 1
+        by_window[i][2][r["worker"]].add(shard_ids.index(r["shard"]))
     out = []
     for i in range(int((end - start) // WINDOW)):
-        shards, by_worker = by_window[i]
+        shards, by_worker, read_by = by_window[i]
         t = i * WINDOW
         after_rotation = rotated is not None and start + t >= rotated
         judged = t >= settle_s and (not after_rotation or start + t >= rotated + settle_s) \
             and (after_rotation or rotated is None or start + t + WINDOW <= rotated)
         out.append({"t": t, "records": sum(shards.values()), "shard": ratios(shards, shard_ids),
                     "worker": ratios(by_worker, workers), "judged": judged,
-                    "per_shard": [shards.get(s, 0) for s in shard_ids]})
+                    "per_shard": [shards.get(s, 0) for s in shard_ids],
+                    "per_worker": [by_worker.get(w, 0) for w in workers],
+                    "shards_read": [sorted(read_by.get(w, ())) for w in workers]})
     return out
 
 
@@ -262,7 +266,8 @@ def run(args):
     }
     for w in figures["windows"]:
         print(f"{args.scheme:>5} t={w['t']:>3}s records={w['records']:>5} busiest shard/mean={w['shard']} "
-              f"busiest worker/mean={w['worker']}{' (judged)' if w['judged'] else ''} per shard={w['per_shard']}",
+              f"busiest worker/mean={w['worker']}{' (judged)' if w['judged'] else ''} "
+              f"per shard={w['per_shard']} per worker={w['per_worker']} shards read={w['shards_read']}",
               flush=True)
     if args.out:
         with open(args.out, "w") as f:

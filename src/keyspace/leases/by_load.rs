@@ -144,29 +144,13 @@ fn clean(load: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::super::moves;
+    use super::super::tests::all_assignments;
     use super::*;
     use proptest::prelude::*;
 
     const TOL: f64 = 0.10;
 
     /// Every assignment of `shards` shards to `workers` workers.
-    fn all_assignments(shards: usize, workers: usize) -> Vec<Owners> {
-        let mut out = vec![Vec::new()];
-        for _ in 0..shards {
-            out = out
-                .into_iter()
-                .flat_map(|prefix: Owners| {
-                    (0..workers).map(move |w| {
-                        let mut next = prefix.clone();
-                        next.push(Some(w));
-                        next
-                    })
-                })
-                .collect();
-        }
-        out
-    }
-
     /// Loads as reports give them: many shards idle or nearly, some hot.
     fn load() -> impl Strategy<Value = f64> {
         prop_oneof![Just(0.0), 0.0..0.02f64, 0.0..1.0f64, 1.0..3.0f64,]
