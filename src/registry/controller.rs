@@ -292,20 +292,30 @@ impl Registry {
             });
         }
         let this = Arc::clone(self);
-        let new_keys_after_ms = config.switch_after_ms.unwrap_or(60_000);
-        let config = config.clone();
-        let round: Round = super::detached(async move {
+        let interval_ms = config.auto_rebalance_interval_s as i64 * 1000;
+        let name = stream.name.clone();
+        let claimed = super::detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
-            let interval_ms = config.auto_rebalance_interval_s as i64 * 1000;
             // Claimed a little before the interval is up, so that a replica's own ticks,
             // a few milliseconds early by the database's clock, still find their round.
-            if !tx
-                .claim_round(&stream.name, at, interval_ms * 9 / 10)
-                .await?
-            {
-                return Ok(Round::Claimed);
-            }
+            let claimed = tx.claim_round(&name, at, interval_ms * 9 / 10).await?;
+            this.commit(&mut w, tx, Committed::Moves(0)).await?;
+            Ok::<_, Error>(claimed)
+        })
+        .await?;
+        if !claimed {
+            return Ok(Round::Claimed);
+        }
+        // Fanouts first: a raise's new keys go where the load is least now, and the plan
+        // below counts them where they go (their accounts, switching, stay put).
+        let new_keys_after_ms = config.switch_after_ms.unwrap_or(60_000);
+        self.change_fanouts(&load, fanouts, new_keys_after_ms).await;
+        let this = Arc::clone(self);
+        let config = config.clone();
+        super::detached(async move {
+            let mut w = this.writer.lock().await;
+            let (mut tx, at) = this.begin(&mut w).await?;
             let load = tx
                 .stream_load(&stream.name, at, &this.load_config())
                 .await?;
@@ -336,11 +346,7 @@ impl Registry {
                 moves: n,
             })
         })
-        .await?;
-        if round != Round::Claimed {
-            self.change_fanouts(&load, fanouts, new_keys_after_ms).await;
-        }
-        Ok(round)
+        .await
     }
 
     /// The fanouts to change by load, of the accounts that opted in with `max_fanout`: up

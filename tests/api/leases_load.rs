@@ -162,3 +162,30 @@ async fn a_hot_worker_gives_up_the_fewest_leases_and_inside_the_band_nothing_mov
     let later = group(&app).await;
     assert_eq!(settled_owners(&later), owners, "{later}");
 }
+
+/// Workers that report reading nothing (a fleet up before its producers) weigh nothing:
+/// every assignment would be inside the band, so a worker that joins would get a single
+/// lease and keep it. Until some load is seen, shards weigh their keys, as without reports:
+/// a joining worker gets its share.
+#[tokio::test]
+async fn a_worker_joining_a_group_that_reads_nothing_yet_gets_its_share() {
+    let app = spawn_app_with(|c| c.lease_join_batch_ms = 0).await;
+    let put = app
+        .call(Method::PUT, "/streams/s", Some(json!({"shard_count": 8})))
+        .await;
+    assert!(matches!(put.status, 200 | 201), "{}", put.body);
+    let joined = heartbeat(&app, "w0", vec![]).await;
+    let leases = joined["leases"].as_array().unwrap().clone();
+    assert_eq!(leases.len(), 8, "{joined}");
+    heartbeat(&app, "w0", leases.iter().map(|l| report(l, 0.0)).collect()).await;
+    for _ in 0..3 {
+        for w in ["w0", "w1"] {
+            heartbeat(&app, w, vec![]).await;
+        }
+    }
+    let owners = settled_owners(&group(&app).await);
+    for w in ["w0", "w1"] {
+        let held = owners.values().filter(|o| *o == w).count();
+        assert_eq!(held, 4, "8 shards over 2 workers: {owners:?}");
+    }
+}

@@ -6,7 +6,8 @@ with Zipf(1.1) record rates through the order-safe producer, the hot accounts ro
 the midpoint; 4 lease workers (examples/lease_worker.py, in threads of this process) read
 the stream and hand every batch to the order-aware consumer's logic
 (examples/order_aware_consumer.py), which keeps each account in order across keyspread's
-moves. Schemes:
+moves. The fleet is up (every worker holding its share of the shards) before the generator
+starts, as a consumer fleet is before its producers write. Schemes:
 
 - `md5`: no ExplicitHashKey, Kinesis places each account by the MD5 of its name;
 - `plain`: keyspread's keys (accounts allocated by count, nobody's load known), no reports;
@@ -134,6 +135,21 @@ def generate(args):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def settled(keyspread, stream, timeout=60):
+    """Waits until the fleet is up: every worker joined and holding its share of the
+    shards, as a consumer fleet is before producers write."""
+    deadline = time.time() + timeout
+    while True:
+        group = keyspread.call("GET", f"/streams/{stream}/leases")
+        counts = sorted(len(w["shards"]) for w in group["workers"])
+        shards = len(group["shards"])
+        if len(counts) == WORKERS and counts[0] == counts[-1] == shards // WORKERS:
+            return
+        if time.time() > deadline:
+            raise SystemExit(f"the workers did not settle in {timeout} s: {group}")
+        time.sleep(0.2)
+
+
 def ratios(counts, names):
     values = [counts.get(n, 0) for n in names]
     mean = sum(values) / len(values)
@@ -232,6 +248,7 @@ def run(args):
     cpu_before = os.times()
     for t in threads:
         t.start()
+    settled(keyspread, args.stream)
     produced = generate(args)
     produced["seconds"] = args.seconds
     # What keyspread made of the reports, while the load still runs at full rate.
