@@ -220,12 +220,15 @@ pub fn load_rounds(
             keys,
         };
         refan(&mut fanned, &seen, None)?;
-        // The controller's round: a plan by load when the shards it measures are outside
-        // the band, then the fanout changes, their new keys placed by those measurements.
+        // The controller's round: the fanout changes, their new keys placed by the shards'
+        // measured utilisation; then a plan by load when those measurements are outside the
+        // band, counting the new keys where they go (their accounts, switching, stay put).
+        let raised;
+        (r.added, r.released, raised) = refan(&mut looped, &seen, Some(&shards_seen))?;
         if !LoadSkew::of(&shards_seen).within(TOLERANCE) {
-            (r.moved, r.accounts_moved) = rebalance(&mut looped, &map, &names, &seen, round)?;
+            (r.moved, r.accounts_moved) =
+                rebalance(&mut looped, &map, &names, &seen, round, &raised)?;
         }
-        (r.added, r.released) = refan(&mut looped, &seen, Some(&shards_seen))?;
         rounds.push(r);
         progress(round);
     }
@@ -237,16 +240,18 @@ pub fn load_rounds(
 /// suggests when above the hot share (never lowered while hot), back to 1 once its load is
 /// below 1/1024 of the hot share (cold for ten half-lives). With `by_load`, new keys go to
 /// the least-utilised shards by the measured utilisation (each counting its share for the
-/// next), else where the key count is. Answers the keys added and released.
+/// next), else where the key count is. Answers the keys added and released, and the
+/// accounts whose fanout rose.
 fn refan(
     scheme: &mut Keys,
     loads: &[f64],
     by_load: Option<&[f64]>,
-) -> Result<(usize, usize), keyspace::Error> {
+) -> Result<(usize, usize, HashSet<usize>), keyspace::Error> {
     let (mut added, mut released) = (0, 0);
+    let mut raised = HashSet::new();
     let mut utilisation = by_load.map(<[f64]>::to_vec);
     let Keys { alloc, accounts } = scheme;
-    for (account, &load) in accounts.iter_mut().zip(loads) {
+    for (a, (account, &load)) in accounts.iter_mut().zip(loads).enumerate() {
         let have = account.keys.len();
         let want = if load > HOT_SHARE {
             (suggested_fanout(load, HOT_SHARE).min(MAX_FANOUT) as usize).max(have)
@@ -269,27 +274,30 @@ fn refan(
                 None => alloc.extend_keys(&mut account.keys, &new)?,
             }
             added += want - have;
+            raised.insert(a);
         }
     }
-    Ok((added, released))
+    Ok((added, released, raised))
 }
 
 /// The loop's by-load plan at the end of `round`, applied as the server's controller does:
 /// at most 1 % of the accounts' keys move (at least 1), none of an account moved in the
 /// last `COOLDOWN` rounds, and nothing unless the plan lowers the busiest shard. Answers
-/// the keys moved and the accounts they belong to, by index.
+/// the keys moved and the accounts they belong to, by index. Accounts in `switching` (a
+/// fanout raised this round, its new keys not yet in force) stay put too.
 fn rebalance(
     scheme: &mut Keys,
     map: &ShardMap,
     names: &[String],
     loads: &[f64],
     round: u32,
+    switching: &HashSet<usize>,
 ) -> Result<(usize, Vec<usize>), keyspace::Error> {
     let Keys { alloc, accounts } = scheme;
     let mut keys = Vec::new();
     let mut frozen: HashSet<&str> = HashSet::new();
     for (a, account) in accounts.iter().enumerate() {
-        if account.moved_in.is_some_and(|at| round - at <= COOLDOWN) {
+        if account.moved_in.is_some_and(|at| round - at <= COOLDOWN) || switching.contains(&a) {
             frozen.insert(&names[a]);
         }
         let fanout = account.keys.len() as u32;

@@ -583,7 +583,8 @@ impl Registry {
 
     /// Where the leases of the shards `open` (indices into `stream`'s lease shards) should
     /// be: by observed utilisation, read in this transaction at the database's `now`, once
-    /// the stream has reports of some load; else by the keys' `weights`.
+    /// the stream has reports (all alike while they report no load); else by the keys'
+    /// `weights`.
     #[allow(clippy::too_many_arguments)]
     async fn target_owners(
         &self,
@@ -617,10 +618,10 @@ impl Registry {
             })
             .collect();
         // Nothing read yet (a fleet up before its producers): every assignment would be
-        // inside the band, and a joining worker would keep a single lease. Weigh the keys.
+        // inside the band, and a joining worker would keep a single lease. Shards that
+        // carry nothing weigh the same: lease counts differ by at most one.
         if loads.iter().all(|&l| l <= 0.0) {
-            let open_weights: Vec<u64> = open.iter().map(|&i| weights[i]).collect();
-            return Ok(assign(&open_weights, workers, current));
+            return Ok(assign(&vec![1; open.len()], workers, current));
         }
         // The controller's band (`--load-tolerance`): loads wobble, leases should not.
         Ok(assign_by_load(

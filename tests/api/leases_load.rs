@@ -165,8 +165,8 @@ async fn a_hot_worker_gives_up_the_fewest_leases_and_inside_the_band_nothing_mov
 
 /// Workers that report reading nothing (a fleet up before its producers) weigh nothing:
 /// every assignment would be inside the band, so a worker that joins would get a single
-/// lease and keep it. Until some load is seen, shards weigh their keys, as without reports:
-/// a joining worker gets its share.
+/// lease and keep it. Until some load is seen, shards weigh the same: a joining worker
+/// gets its share, lease counts differing by at most one.
 #[tokio::test]
 async fn a_worker_joining_a_group_that_reads_nothing_yet_gets_its_share() {
     let app = spawn_app_with(|c| c.lease_join_batch_ms = 0).await;

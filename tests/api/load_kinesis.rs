@@ -175,9 +175,6 @@ fn assert_in_order_and_whole(figures: &Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the loop does not yet bring the busiest shard within 1.15 of the mean three \
-            rounds after the start and the rotation (1.16 to 1.26 measured); \
-            `make load-proof` runs it"]
 async fn the_closed_loop_keeps_zipf_load_within_15_percent_of_the_mean_on_kinesalite() {
     if !sqlite_only("the_closed_loop_keeps_zipf_load_within_15_percent_of_the_mean_on_kinesalite") {
         return;

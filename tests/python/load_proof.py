@@ -6,8 +6,8 @@ with Zipf(1.1) record rates through the order-safe producer, the hot accounts ro
 the midpoint; 4 lease workers (examples/lease_worker.py, in threads of this process) read
 the stream and hand every batch to the order-aware consumer's logic
 (examples/order_aware_consumer.py), which keeps each account in order across keyspread's
-moves. The fleet is up (every worker holding its share of the shards) before the generator
-starts, as a consumer fleet is before its producers write. Schemes:
+moves. The fleet is up (every worker joined, every shard held) before the generator starts,
+as a consumer fleet is before its producers write. Schemes:
 
 - `md5`: no ExplicitHashKey, Kinesis places each account by the MD5 of its name;
 - `plain`: keyspread's keys (accounts allocated by count, nobody's load known), no reports;
@@ -136,18 +136,20 @@ def generate(args):
 
 
 def settled(keyspread, stream, timeout=60):
-    """Waits until the fleet is up: every worker joined and holding its share of the
-    shards, as a consumer fleet is before producers write."""
-    deadline = time.time() + timeout
+    """Waits until the fleet is up, as a consumer fleet is before its producers write: every
+    worker joined, every shard held, nothing being handed over, the same for a second."""
+    deadline, last = time.time() + timeout, None
     while True:
         group = keyspread.call("GET", f"/streams/{stream}/leases")
-        counts = sorted(len(w["shards"]) for w in group["workers"])
-        shards = len(group["shards"])
-        if len(counts) == WORKERS and counts[0] == counts[-1] == shards // WORKERS:
+        owners = {s["shard_id"]: s["owner"] for s in group["shards"]}
+        steady = (len(group["workers"]) == WORKERS and all(owners.values())
+                  and all(s["state"] == "held" for s in group["shards"]))
+        if steady and owners == last:
             return
+        last = owners if steady else None
         if time.time() > deadline:
             raise SystemExit(f"the workers did not settle in {timeout} s: {group}")
-        time.sleep(0.2)
+        time.sleep(1)
 
 
 def ratios(counts, names):
