@@ -20,8 +20,10 @@ use crate::process::Server;
 use crate::python_client::{assert_success, generate, tool};
 use crate::skip::sqlite_only;
 
-/// The loop's bound on busiest ÷ mean, shards and workers alike.
+/// The loop's bound on busiest ÷ mean.
 const BOUND: f64 = 1.15;
+/// Lease workers reading the stream (tests/python/load_proof.py's `WORKERS`).
+const WORKERS: f64 = 4.0;
 /// Lookups cached this long: a move switches this long after it is applied.
 const MAX_AGE_S: u64 = 3;
 /// Records a second the generator writes, all accounts together.
@@ -221,13 +223,30 @@ async fn the_closed_loop_keeps_zipf_load_within_15_percent_of_the_mean_on_kinesa
     // and in every window after that, for shards and for workers.
     let judged = ratios(looped, "shard", true);
     assert!(judged.len() >= 2, "{looped}");
-    for what in ["shard", "worker"] {
-        for (t, ratio) in ratios(looped, what, true) {
-            assert!(
-                ratio <= BOUND,
-                "busiest {what} / mean {ratio} > {BOUND} in the window at {t} s: {looped}"
-            );
+    for (t, ratio) in ratios(looped, "shard", true) {
+        assert!(
+            ratio <= BOUND,
+            "busiest shard / mean {ratio} > {BOUND} in the window at {t} s: {looped}"
+        );
+    }
+    // Workers: within the bound, or within the leases' own band, the mean plus the
+    // heaviest shard (DESIGN's leases by load: three even shards of eight over four
+    // workers are inside it, at 1.5 × the mean, and stay).
+    for w in looped["windows"].as_array().unwrap() {
+        if w["judged"] != true {
+            continue;
         }
+        let (t, ratio) = (&w["t"], w["worker"].as_f64().unwrap_or(f64::NAN));
+        let shards: Vec<f64> = (w["per_shard"].as_array().unwrap().iter())
+            .map(|n| n.as_f64().unwrap())
+            .collect();
+        let mean = shards.iter().sum::<f64>() / WORKERS;
+        let heaviest = shards.iter().copied().fold(0.0, f64::max);
+        let band = BOUND.max((mean + heaviest) / mean);
+        assert!(
+            ratio <= band + 1e-9,
+            "busiest worker / mean {ratio} > {band} in the window at {t} s: {looped}"
+        );
     }
     // The workers' reports reached the server, weighed against the scaled limit.
     let load = &looped["load"];
