@@ -35,9 +35,9 @@ test: test-deps
 	$(PYTHON) tests/run $(TEST_ARGS)
 
 ## The proofs one at a time, with their figures, on SQLite then on Postgres: ordering and
-## leases on kinesalite, leases through three replicas, hot accounts on kinesalite, the
-## crash test, and the closed loop on kinesalite at full length (three runs of 180 s,
-## SQLite; writes docs/load_proof.svg).
+## leases on kinesalite, leases through three replicas, hot accounts on kinesalite, the crash
+## test, and the closed loop on kinesalite at full length (three runs of 180 s, SQLite;
+## writes docs/load_proof.svg).
 PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: crash:: load_kinesis::
 
 proofs: test-deps
