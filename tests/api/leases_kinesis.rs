@@ -52,6 +52,23 @@ fn assert_one_reader_at_a_time(figures: &Value) {
     }
 }
 
+/// The proof's checker itself: a record the killed worker handed on first and another
+/// worker read again is excused whatever order the workers' output files are read in; one
+/// read twice after a clean hand-over is not.
+#[tokio::test]
+async fn the_proofs_checker_excuses_only_the_killed_workers_duplicates() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
+    let run = Command::new(&python)
+        .arg(manifest.join("tests/python/lease_proof.py"))
+        .arg("--self-test")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .await
+        .expect("run lease_proof.py --self-test");
+    assert_success("lease_proof.py --self-test", &run);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time() {
     let figures = prove("churn").await;

@@ -147,7 +147,8 @@ def read_all(workers, producer, timeout):
 
 
 def check(lines, producer, killed):
-    reads = [r for r in lines if "seq" in r]
+    # By time: the output files are read worker by worker.
+    reads = sorted((r for r in lines if "seq" in r), key=lambda r: r["t"])
     events = [r for r in lines if "event" in r]
     seen = {}
     for r in reads:
@@ -173,6 +174,7 @@ def check(lines, producer, killed):
             if w1 != w2:
                 hand_overs += 1
     duplicates = [rs for rs in seen.values() if len(rs) > 1]
+    # Excused: the killed worker handed the record on first, then died before its checkpoint.
     clean_duplicates = [rs for rs in duplicates if rs[0]["worker"] != killed]
     per_worker = {}
     for r in reads:
@@ -291,7 +293,31 @@ def reshard(args, kinesis, work):
     return figures, workers
 
 
+def self_test():
+    """The checker on made-up reads: it must blame what it should and excuse what it should."""
+
+    class Sent:
+        sent = {("s0", "1"): "k:1", ("s0", "2"): "k:2"}
+
+    def read(worker, epoch, seq, t):
+        return {"worker": worker, "shard": "s0", "epoch": epoch, "seq": seq, "data": f"k:{seq}", "t": t}
+
+    # Output files are read worker by worker: w0's lines come first whatever their times.
+    # Record 2: w1 handed it on and was killed before its checkpoint; w0 read it again.
+    killed_in_flight = [read("w0", 2, "2", 3.0), read("w1", 1, "1", 1.0), read("w1", 1, "2", 2.0)]
+    figures = check(killed_in_flight, Sent, killed="w1")
+    assert figures["duplicates"] == 1, figures
+    assert figures["duplicates_after_clean_hand_over"] == 0, figures
+    # The same, read first by a worker that was not killed: a clean hand-over's duplicate.
+    clean = [read("w0", 1, "1", 1.0), read("w0", 1, "2", 2.0), read("w1", 2, "2", 3.0)]
+    figures = check(clean, Sent, killed="w9")
+    assert figures["duplicates_after_clean_hand_over"] == 1, figures
+    print("the checker's self-test passed")
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client-dir", required=True, help="holds the generated keyspread_client")
     parser.add_argument("--keyspread", required=True)
