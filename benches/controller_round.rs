@@ -8,7 +8,7 @@
 //! `taskset -c 1 cargo bench --bench controller_round` (`-- --accounts N` for other sizes).
 
 mod common;
-use common::SplitMix64;
+use common::{SplitMix64, arg, zipf_loads};
 
 use std::time::{Duration, Instant};
 
@@ -19,13 +19,6 @@ use keyspread::registry::{
     plan_round,
 };
 use keyspread::store::HashKeys;
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    (args.iter().position(|a| a == name))
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Everything a round reads, as the controller holds it.
 struct Round {
@@ -40,20 +33,14 @@ struct Round {
 fn set_up(accounts: usize, shards: u64) -> Round {
     let map = ShardMap::uniform(Keyspace::KINESIS, shards).expect("shard count");
     let mut rng = SplitMix64(7);
-    let mut ranks: Vec<usize> = (1..=accounts).collect();
-    for i in (1..ranks.len()).rev() {
-        ranks.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
-    let harmonic: f64 = (1..=accounts).map(|r| (r as f64).powf(-1.1)).sum();
-    let scale = 0.7 * shards as f64 / harmonic;
+    let loads = zipf_loads(accounts, shards, 0.7, &mut rng);
     let mut alloc = Allocator::new(Keyspace::KINESIS);
     alloc.balance_on(Some(map.clone()));
     let mut held = Vec::with_capacity(accounts);
     let mut utilisation = vec![0.0; map.len()];
     let mut entries = Vec::with_capacity(accounts + 1000);
     let mut capped = Vec::new();
-    for (a, &rank) in ranks.iter().enumerate() {
-        let load = scale * (rank as f64).powf(-1.1);
+    for (a, &load) in loads.iter().enumerate() {
         let fanout = suggested_fanout(load, 0.5);
         let keys = alloc
             .allocate_keys(&vec![1; fanout as usize])

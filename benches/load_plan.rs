@@ -6,7 +6,7 @@
 //! `cargo bench --bench load_plan` (`-- --accounts N --shards S --runs R` for other sizes).
 
 mod common;
-use common::SplitMix64;
+use common::{SplitMix64, arg, zipf_loads};
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -15,13 +15,6 @@ use keyspread::keyspace::{
     Allocator, HashKey, KeyLoad, Keyspace, LoadPlanLimits, ShardMap, plan_by_load, suggested_fanout,
 };
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    (args.iter().position(|a| a == name))
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
     let accounts = arg("--accounts", 1_000_000) as usize;
     let shards = arg("--shards", 1024);
@@ -29,21 +22,14 @@ fn main() {
     let map = ShardMap::uniform(Keyspace::KINESIS, shards).expect("shard count");
     let mut rng = SplitMix64(7);
 
-    // Zipf(1.1) by a random rank, scaled to 0.7 of capacity.
-    let mut ranks: Vec<usize> = (1..=accounts).collect();
-    for i in (1..ranks.len()).rev() {
-        ranks.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
-    let harmonic: f64 = (1..=accounts).map(|r| (r as f64).powf(-1.1)).sum();
-    let scale = 0.7 * shards as f64 / harmonic;
+    let loads = zipf_loads(accounts, shards, 0.7, &mut rng);
 
     let started = Instant::now();
     let names: Vec<String> = (1..=accounts).map(|i| format!("acct-{i:07}")).collect();
     let mut alloc = Allocator::new(Keyspace::KINESIS);
     alloc.balance_on(Some(map.clone()));
     let mut held: Vec<(usize, u32, u32, HashKey, f64)> = Vec::with_capacity(accounts + 1000);
-    for (a, &rank) in ranks.iter().enumerate() {
-        let load = scale * (rank as f64).powf(-1.1);
+    for (a, &load) in loads.iter().enumerate() {
         let fanout = suggested_fanout(load, 0.5);
         let keys = alloc
             .allocate_keys(&vec![1; fanout as usize])

@@ -35,6 +35,8 @@ import threading
 import time
 import urllib.parse
 
+from order_check import check_order
+
 WINDOW = 10
 SHARDS = 8
 WORKERS = 4
@@ -184,24 +186,8 @@ def windows(handed, produced, shard_ids, workers, settle_s):
 
 
 def order(handed, produced):
-    last, seen = {}, set()
-    inversions = duplicates = 0
-    examples = []
-    for r in handed:
-        data = json.loads(r["data"])
-        key, n = (data["a"], data["s"]), data["n"]
-        if (key, n) in seen:
-            duplicates += 1
-            continue
-        seen.add((key, n))
-        if key in last and n < last[key]:
-            inversions += 1
-            if len(examples) < 3:
-                examples.append(f"{key}: {n} after {last[key]} (shard {r['shard']})")
-        last[key] = max(n, last.get(key, -1))
     numbered = {((a, s), n) for a, s, count in produced["numbered"] for n in range(count)}
-    return {"inversions": inversions, "duplicates": duplicates, "lost": len(numbered - seen),
-            "inversion_examples": examples}
+    return check_order(handed, numbered)
 
 
 def moves(events, cooldown_s):

@@ -32,6 +32,8 @@ import random
 import sys
 import time
 
+from order_check import check_order
+
 
 def kinesis_client(endpoint):
     import boto3
@@ -289,23 +291,8 @@ def main():
             break
         time.sleep(0.5)
 
-    last, seen = {}, set()
-    inversions = duplicates = 0
-    examples_of_inversion = []
-    for record in handed:
-        data = json.loads(record["data"])
-        stream_key, n = (data["a"], data["s"]), data["n"]
-        if (stream_key, n) in seen:
-            duplicates += 1
-            continue
-        seen.add((stream_key, n))
-        if stream_key in last and n < last[stream_key]:
-            inversions += 1
-            if len(examples_of_inversion) < 3:
-                examples_of_inversion.append(f"{stream_key}: {n} after {last[stream_key]} (shard {record['shard']})")
-        last[stream_key] = max(n, last.get(stream_key, -1))
     produced = {(s, n) for i, s in enumerate(streams) for n in range(counters[i])}
-    lost = len(produced - seen)
+    order = check_order(handed, produced)
     moved_accounts = sorted({m.account for m in applied.moves}) if applied else []
     summary = {
         "mode": args.mode + (" (blind consumer)" if args.blind_consumer else ""),
@@ -314,13 +301,13 @@ def main():
         "held_back": consumer.held_back,
         "moves": len(applied.moves) if applied else 0,
         "moved_accounts": len(moved_accounts),
-        "inversions": inversions,
-        "duplicates": duplicates,
-        "lost": lost,
+        "inversions": order["inversions"],
+        "duplicates": order["duplicates"],
+        "lost": order["lost"],
         "failed_entries": sum(r["failed"] for r in reports),
         "resent": sum(r["resent"] for r in reports),
         "seconds": round(time.time() - started, 1),
-        "examples": examples_of_inversion,
+        "examples": order["inversion_examples"],
     }
     print(json.dumps(summary), flush=True)
 
