@@ -55,6 +55,17 @@ async fn beat_ok(app: &TestApp, worker: &str, load: Value) -> (Value, i64) {
     (answer.body, at)
 }
 
+/// An app with the given half-life and stream `s` of `shards` shards, held whole by `w1`,
+/// which has reported nothing yet: its leases, as [`leases`] reads them.
+async fn joined(half_life_s: u64, shards: u64) -> (TestApp, Vec<(String, String, u64)>) {
+    let app = app(half_life_s).await;
+    put_stream(&app, "s", shards).await;
+    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
+    let held = leases(&joined);
+    assert_eq!(held.len(), shards as usize, "{joined}");
+    (app, held)
+}
+
 /// Shard id -> (state, epoch) of a heartbeat's leases.
 fn leases(answer: &Value) -> Vec<(String, String, u64)> {
     answer["leases"]
@@ -197,10 +208,8 @@ async fn two_reports_smooth_as_the_formula_says_and_touch_only_their_shard() {
 
 #[tokio::test]
 async fn load_decays_with_the_database_clock() {
-    let app = app(1).await;
-    put_stream(&app, "s", 1).await;
-    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
-    let (id, _, epoch) = leases(&joined).remove(0);
+    let (app, mut held) = joined(1, 1).await;
+    let (id, _, epoch) = held.remove(0);
     let (_, t) = beat_ok(
         &app,
         "w1",
@@ -324,10 +333,8 @@ async fn entries_count_only_from_the_holder_at_that_epoch() {
 
 #[tokio::test]
 async fn invalid_entries_are_refused_naming_the_field_and_nothing_is_written() {
-    let app = app(60).await;
-    put_stream(&app, "s", 2).await;
-    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
-    let (id, _, epoch) = leases(&joined).remove(0);
+    let (app, mut held) = joined(60, 2).await;
+    let (id, _, epoch) = held.remove(0);
     let good = entry(&id, epoch, 1000, 10, 10, json!([]));
     let many = |n: usize| {
         let accounts: Vec<Value> = (0..n)
@@ -682,10 +689,8 @@ async fn every_replica_answers_the_same_load() {
 
 #[tokio::test]
 async fn accounts_whose_rate_faded_are_forgotten_at_the_next_report() {
-    let app = app(1).await;
-    put_stream(&app, "s", 1).await;
-    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
-    let (id, _, epoch) = leases(&joined).remove(0);
+    let (app, mut held) = joined(1, 1).await;
+    let (id, _, epoch) = held.remove(0);
     // 8 records in an hour: 0.0022/s, under the floor (0.001/s) after 1.15 half-lives;
     // one below it from the start is not even kept.
     let accounts = json!([{"account": "faint", "records": 8, "bytes": 8},
@@ -731,10 +736,8 @@ async fn accounts_whose_rate_faded_are_forgotten_at_the_next_report() {
 
 #[tokio::test]
 async fn accounts_are_stored_by_their_exact_text_and_add_up_across_reports() {
-    let app = app(3600).await;
-    put_stream(&app, "s", 1).await;
-    let (joined, _) = beat_ok(&app, "w1", json!([])).await;
-    let (id, _, epoch) = leases(&joined).remove(0);
+    let (app, mut held) = joined(3600, 1).await;
+    let (id, _, epoch) = held.remove(0);
     // Multi-byte, quoted, longest (256 bytes) and look-alike names: each its own row.
     let long = "é".repeat(128);
     let names = ["zoë", "zoe", "o'brien \"q\"", "表-😀", long.as_str()];
