@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use reqwest::Method;
+use serde_json::Value;
 
 use super::Violation;
 use super::driver::History;
@@ -143,6 +144,32 @@ pub fn judge(history: &History) -> Vec<Violation> {
                     })
                     .collect();
                 between.drain(..between.len().saturating_sub(4));
+                // Every call on the shard meanwhile: what each worker was told of it.
+                let on_shard: Vec<String> = (history.calls.iter())
+                    .filter(|c| c.sent >= a.from - 1000 && c.sent <= b.from)
+                    .filter_map(|c| {
+                        let told = c.answer["leases"]
+                            .as_array()
+                            .and_then(|ls| ls.iter().find(|l| l["shard_id"] == shard.as_str()));
+                        let told = match told {
+                            Some(l) => format!("{} at epoch {}", l["state"], l["epoch"]),
+                            None if c.path.contains("/workers/") => "not told of it".to_owned(),
+                            None if c.path.contains(&format!("/{shard}/")) => {
+                                c.body.as_ref().map_or(String::new(), Value::to_string)
+                            }
+                            None => return None,
+                        };
+                        Some(format!(
+                            "{} {} on r{} +{}..+{}: {} {told}",
+                            c.method,
+                            c.path,
+                            c.replica,
+                            history.clock.rel(c.sent),
+                            history.clock.rel(c.received),
+                            c.status,
+                        ))
+                    })
+                    .collect();
                 out.push(Violation {
                     check: "(c) no two live workers told held for one shard",
                     what: format!(
@@ -154,7 +181,7 @@ pub fn judge(history: &History) -> Vec<Violation> {
                         a.epoch,
                         history.clock.rel(a.from),
                         history.clock.rel(a.until),
-                    ),
+                    ) + &format!("\n    calls on the shard meanwhile:\n      {}", on_shard.join("\n      ")),
                 });
             }
         }

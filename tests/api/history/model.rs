@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use reqwest::Method;
 use serde_json::Value;
 
 use super::driver::History;
@@ -347,12 +348,71 @@ pub fn judge(history: &History, model: &Model) -> Judged {
                             None => "the log never said so".to_owned(),
                         },
                         if others.is_empty() { "no other account held those keys".to_owned() } else { others.join(", ") }
-                    ),
+                    ) + &story(history, account, &seen, call),
                 });
             }
         }
     }
     j
+}
+
+/// What the log and the calls say around a wrong answer: the account's events and those
+/// of any key it answered, and the calls that changed the account, up to 2 s after.
+fn story(history: &History, account: &str, seen: &Option<View>, call: &Call) -> String {
+    let clock = &history.clock;
+    let keys: Vec<u128> = (seen.iter())
+        .flat_map(|v| v.keys.iter().chain(v.next.iter().flat_map(|n| n.0.iter())))
+        .copied()
+        .collect();
+    let until = call.received + 2_000;
+    let touches = |e: &Observed| {
+        e.account.as_deref() == Some(account)
+            || [e.before, e.after]
+                .iter()
+                .flatten()
+                .any(|k| keys.contains(k))
+    };
+    let mut events: Vec<String> = (history.events.iter())
+        .filter(|e| e.lo <= until && touches(e))
+        .map(|e| {
+            format!(
+                "#{} +{}..+{} {} {} [{}] {:?}->{:?} switch_at {:?}",
+                e.id,
+                clock.rel(e.lo),
+                clock.rel(e.hi),
+                e.kind,
+                e.account.as_deref().unwrap_or("-"),
+                e.index,
+                e.before,
+                e.after,
+                e.switch_at.map(|t| clock.rel(t)),
+            )
+        })
+        .collect();
+    events.drain(..events.len().saturating_sub(16));
+    let mut calls: Vec<String> = (history.calls.iter())
+        .filter(|c| c.method != Method::GET && c.path.ends_with(&format!("/{account}")))
+        .filter(|c| c.sent <= until)
+        .map(|c| {
+            format!(
+                "{} {} {} on r{} +{}..+{}: {} {}",
+                c.method,
+                c.path,
+                c.body.as_ref().map_or(String::new(), Value::to_string),
+                c.replica,
+                clock.rel(c.sent),
+                clock.rel(c.received),
+                c.status,
+                c.answer
+            )
+        })
+        .collect();
+    calls.drain(..calls.len().saturating_sub(8));
+    format!(
+        "\n    the log's events for {account} and those keys:\n      {}\n    the calls that changed it:\n      {}",
+        events.join("\n      "),
+        calls.join("\n      ")
+    )
 }
 
 impl Model {
