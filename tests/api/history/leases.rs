@@ -159,8 +159,20 @@ pub fn judge(history: &History) -> Vec<Violation> {
                             }
                             None => return None,
                         };
+                        // The database's clock as the heartbeat read it: its answer's
+                        // expiry less the ttl. Outside +sent..+received, the clocks differ.
+                        let server = (c.answer["expires_at"].as_str())
+                            .and_then(|at| {
+                                use time::format_description::well_known::Rfc3339;
+                                time::OffsetDateTime::parse(at, &Rfc3339).ok()
+                            })
+                            .map_or(String::new(), |at| {
+                                let ms = (at.unix_timestamp_nanos() / 1_000_000) as i64;
+                                let now = ms - history.ttl_ms;
+                                format!(" (database clock +{})", history.clock.rel(now))
+                            });
                         Some(format!(
-                            "{} {} on r{} +{}..+{}: {} {told}",
+                            "{} {} on r{} +{}..+{}{server}: {} {told}",
                             c.method,
                             c.path,
                             c.replica,
