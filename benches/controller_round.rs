@@ -10,6 +10,7 @@
 mod common;
 use common::{SplitMix64, arg, zipf_loads};
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode};
@@ -157,7 +158,16 @@ fn main() {
     );
     part(
         "fanout decisions",
-        Box::new(|| drop(fanout_targets(&r.load, r.capped.clone(), 0.5))),
+        Box::new(|| {
+            drop(fanout_targets(
+                &r.load,
+                r.capped.clone(),
+                0.5,
+                &HashMap::new(),
+                0,
+                i64::MAX,
+            ))
+        }),
     );
     let mut c = Criterion::default().configure_from_args();
     let mut group = c.benchmark_group("controller_round");
@@ -178,7 +188,9 @@ fn main() {
                 &r.cooling,
                 &config,
             );
-            let fanouts = fanout_targets(&r.load, r.capped.clone(), 0.5);
+            let fanouts =
+                fanout_targets(&r.load, r.capped.clone(), 0.5, &HashMap::new(), 0, i64::MAX)
+                    .changes;
             (plan.moves.len(), fanouts.len())
         })
     });

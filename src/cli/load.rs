@@ -14,6 +14,7 @@ use crate::keyspace::{
     self, Allocator, HashKey, KeyLoad, Keyspace, LoadPlanLimits, LoadSkew, MAX_FANOUT, ShardMap,
     plan_by_load, suggested_fanout,
 };
+use crate::registry::COLD_HALF_LIVES;
 
 /// Total load as a share of all shards' capacity: mean utilisation 0.7.
 const UTILISATION: f64 = 0.7;
@@ -119,6 +120,8 @@ struct Account {
     keys: Vec<HashKey>,
     /// The last round the loop moved any of its keys in.
     moved_in: Option<u32>,
+    /// Since which round it has been cold at several keys.
+    cold_since: Option<u32>,
 }
 
 /// keyspread's keys for every account: placed one each by the allocator to start with.
@@ -136,6 +139,7 @@ impl Keys {
                 Ok(Account {
                     keys: vec![alloc.allocate(1)?],
                     moved_in: None,
+                    cold_since: None,
                 })
             })
             .collect::<Result<_, keyspace::Error>>()?;
@@ -219,12 +223,14 @@ pub fn load_rounds(
             released: 0,
             keys,
         };
-        refan(&mut fanned, &seen, None)?;
+        let cold_for = COLD_HALF_LIVES as u32 * sim.half_life_rounds;
+        refan(&mut fanned, &seen, None, round, cold_for)?;
         // The controller's round: the fanout changes, their new keys placed by the shards'
         // measured utilisation; then a plan by load when those measurements are outside the
         // band, counting the new keys where they go (their accounts, switching, stay put).
         let raised;
-        (r.added, r.released, raised) = refan(&mut looped, &seen, Some(&shards_seen))?;
+        (r.added, r.released, raised) =
+            refan(&mut looped, &seen, Some(&shards_seen), round, cold_for)?;
         if !LoadSkew::of(&shards_seen).within(TOLERANCE) {
             (r.moved, r.accounts_moved) =
                 rebalance(&mut looped, &map, &names, &seen, round, &raised)?;
@@ -237,15 +243,18 @@ pub fn load_rounds(
 
 /// Changes fanouts as the server's controller does for accounts that opted in with
 /// `max_fanout` (here every account, up to [`MAX_FANOUT`]): raised to what its load
-/// suggests when above the hot share (never lowered while hot), back to 1 once its load is
-/// below 1/1024 of the hot share (cold for ten half-lives). With `by_load`, new keys go to
-/// the least-utilised shards by the measured utilisation (each counting its share for the
-/// next), else where the key count is. Answers the keys added and released, and the
-/// accounts whose fanout rose.
+/// suggests when above the hot share (never lowered while hot), back to 1 once cold (at or
+/// below the hot share) for `cold_for` rounds with its load below 1/1024 of the hot share
+/// (see `registry::fanout_targets`). With `by_load`, new keys go to the least-utilised
+/// shards by the measured utilisation (each counting its share for the next), else where
+/// the key count is. Answers the keys added and released, and the accounts whose fanout
+/// rose.
 fn refan(
     scheme: &mut Keys,
     loads: &[f64],
     by_load: Option<&[f64]>,
+    round: u32,
+    cold_for: u32,
 ) -> Result<(usize, usize, HashSet<usize>), keyspace::Error> {
     let (mut added, mut released) = (0, 0);
     let mut raised = HashSet::new();
@@ -255,11 +264,19 @@ fn refan(
         let have = account.keys.len();
         let want = if load > HOT_SHARE {
             (suggested_fanout(load, HOT_SHARE).min(MAX_FANOUT) as usize).max(have)
-        } else if load < HOT_SHARE / 1024.0 {
-            1
+        } else if have > 1 {
+            let since = *account.cold_since.get_or_insert(round);
+            if round - since >= cold_for && load < HOT_SHARE / 1024.0 {
+                1
+            } else {
+                have
+            }
         } else {
             have
         };
+        if load > HOT_SHARE || want == 1 {
+            account.cold_since = None;
+        }
         if want < have {
             for key in account.keys.drain(want..) {
                 alloc.remove(key)?;
@@ -399,7 +416,7 @@ pub fn simulate_load(
          before (600 s), applied only if it lowers the busiest shard; then every account \
          (all opted in, max_fanout {MAX_FANOUT}) above {HOT_SHARE} of a shard gets its \
          fanout raised to keep each key within {HOT_SHARE} (new keys on the least-utilised \
-         shards as measured), one below 1/1024 of that back to 1.\n\n\
+         shards as measured), one cold for ten half-lives and below 1/1024 of that back to 1.\n\n\
          | round | MD5 of the names | keyspread without the loop | fanout alone | with the loop | as the loop saw it | keys moved | % of keys | accounts moved | keys added | keys released | keys |\n\
          | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         sim.accounts,

@@ -275,16 +275,21 @@ impl Registry {
         if !load.reported {
             return Ok(Round::NoLoad("no load reported on the primary stream"));
         }
-        // O(accounts reported): off the async workers, as the round's plan is.
+        // O(accounts reported): off the async workers, as the round's plan is. Whether a
+        // fanout comes down depends on how long its account has been cold, which the
+        // round that claims keeps: an account at several keys that opted in needs one.
         let this = Arc::clone(self);
         let (load, fanouts) = tokio::task::spawn_blocking(move || {
-            let fanouts = this.fanout_changes(&load);
-            (load, fanouts)
+            let capped = this.capped();
+            let several = capped.iter().any(|&(_, fanout, ..)| fanout > 1);
+            let share = this.load_config().hot_account_share;
+            let raises = fanout_targets(&load, capped, share, &HashMap::new(), 0, i64::MAX);
+            (load, several || !raises.changes.is_empty())
         })
         .await
         .expect("fanout decisions do not panic");
         if let Some(why) = calm(&shard_skew(&load), config)
-            && fanouts.is_empty()
+            && !fanouts
         {
             return Ok(Round::Balanced {
                 skew: shard_skew(&load),
@@ -294,19 +299,34 @@ impl Registry {
         let this = Arc::clone(self);
         let interval_ms = config.auto_rebalance_interval_s as i64 * 1000;
         let name = stream.name.clone();
+        let measured = load.clone();
         let claimed = super::detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
             // Claimed a little before the interval is up, so that a replica's own ticks,
             // a few milliseconds early by the database's clock, still find their round.
-            let claimed = tx.claim_round(&name, at, interval_ms * 9 / 10).await?;
+            if !tx.claim_round(&name, at, interval_ms * 9 / 10).await? {
+                return Ok(None);
+            }
+            // How long each account has been cold is the claiming round's to keep.
+            let cold: HashMap<String, i64> = tx.fanout_cold().await?.into_iter().collect();
+            let config = this.load_config();
+            let decided = fanout_targets(
+                &measured,
+                this.capped(),
+                config.hot_account_share,
+                &cold,
+                at,
+                COLD_HALF_LIVES * config.half_life_ms,
+            );
+            tx.set_fanout_cold(&decided.cold).await?;
             this.commit(&mut w, tx, Committed::Moves(0)).await?;
-            Ok::<_, Error>(claimed)
+            Ok::<_, Error>(Some(decided.changes))
         })
         .await?;
-        if !claimed {
+        let Some(fanouts) = claimed else {
             return Ok(Round::Claimed);
-        }
+        };
         // Fanouts first: a raise's new keys go where the load is least now, and the plan
         // below counts them where they go (their accounts, switching, stay put).
         let new_keys_after_ms = config.switch_after_ms.unwrap_or(60_000);
@@ -349,16 +369,12 @@ impl Registry {
         .await
     }
 
-    /// The fanouts to change by load, of the accounts that opted in with `max_fanout`: up
-    /// to what their load suggests when above the hot share, back to 1 once cold for ten
-    /// half-lives (a load that was at the hot share decays below 2^-10 of it no sooner).
-    fn fanout_changes(&self, load: &StreamLoad) -> Vec<(AccountId, u32, u64)> {
-        let capped = self
-            .accounts
+    /// Every account that opted in with `max_fanout`: (account, fanout, weight, cap).
+    fn capped(&self) -> Vec<(AccountId, u32, u64, u32)> {
+        self.accounts
             .read()
             .expect("accounts lock poisoned")
-            .capped();
-        fanout_targets(load, capped, self.load_config().hot_account_share)
+            .capped()
     }
 
     /// Sets each account's fanout (and its weight, at least the fanout), logging each. New
@@ -477,13 +493,35 @@ impl Registry {
     }
 }
 
-/// The fanouts to change of `capped` accounts (id, fanout, weight, `max_fanout`) by their
-/// `load` against the hot `share`, with each one's new weight (at least its fanout).
+/// How long an account that opted in stays cold before its fanout comes back down, in
+/// half-lives of the load's smoothing.
+pub const COLD_HALF_LIVES: i64 = 10;
+
+/// What a round decides for the accounts that opted in with `max_fanout`.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct FanoutDecision {
+    /// (account, new fanout, weight) to set.
+    pub changes: Vec<(AccountId, u32, u64)>,
+    /// The accounts at several keys cold now, with since when (Unix milliseconds): the
+    /// rows to keep.
+    pub cold: Vec<(String, i64)>,
+}
+
+/// The fanouts to change by `load` of the `capped` accounts (account, fanout, weight,
+/// cap). One above the hot `share` goes up to what its load suggests, within its cap. One
+/// at several keys and at or below it is cold, since `cold_since` says or from `now`; it
+/// goes back to one key once cold for `cold_for_ms` with its load below 2^-10 of the
+/// share (what is left of a hot account's after ten half-lives without records): until a
+/// shrink is staged as moves are, a fanout comes down only when few records are left to
+/// reorder. Pure, O(entries of `load`).
 pub fn fanout_targets(
     load: &StreamLoad,
     capped: Vec<(AccountId, u32, u64, u32)>,
     share: f64,
-) -> Vec<(AccountId, u32, u64)> {
+    cold_since: &HashMap<String, i64>,
+    now: i64,
+    cold_for_ms: i64,
+) -> FanoutDecision {
     // Few accounts opt in: sum only theirs.
     let of: HashMap<&str, usize> = (capped.iter().enumerate())
         .map(|(i, (id, ..))| (id.as_str(), i))
@@ -495,18 +533,28 @@ pub fn fanout_targets(
         }
     }
     drop(of);
-    (capped.into_iter().zip(totals))
-        .filter_map(|((id, fanout, weight, cap), load)| {
-            let target = if load > share {
-                keyspace::suggested_fanout(load, share).min(cap).max(fanout)
-            } else if load < share / 1024.0 {
+    let mut decided = FanoutDecision::default();
+    for ((id, fanout, weight, cap), load) in capped.into_iter().zip(totals) {
+        let target = if load > share {
+            keyspace::suggested_fanout(load, share).min(cap).max(fanout)
+        } else if fanout > 1 {
+            let since = cold_since.get(id.as_str()).copied().unwrap_or(now);
+            if now.saturating_sub(since) >= cold_for_ms && load < share / 1024.0 {
                 1
             } else {
+                decided.cold.push((id.to_string(), since));
                 fanout
-            };
-            (target != fanout).then_some((id, target, weight.max(u64::from(target))))
-        })
-        .collect()
+            }
+        } else {
+            fanout
+        };
+        if target != fanout {
+            decided
+                .changes
+                .push((id, target, weight.max(u64::from(target))));
+        }
+    }
+    decided
 }
 
 /// One round's plan, pure: each key's load (see [`key_loads`]), then a by-load plan over
@@ -659,5 +707,72 @@ mod tests {
             (switched - 0.4).abs() < 1e-9,
             "its fading entry on the old shard goes with it: {switched}"
         );
+    }
+
+    #[test]
+    fn a_fanout_comes_down_only_after_it_was_cold_long_enough_and_nearly_idle() {
+        let id = |a: &str| AccountId::parse(a.to_owned()).unwrap();
+        let load = |rates: &[(&str, f64)]| StreamLoad {
+            shards: Vec::new(),
+            accounts: (rates.iter())
+                .map(|&(account, load)| AccountLoad {
+                    account: account.into(),
+                    shard_id: "s0".into(),
+                    rate: rate(),
+                    load,
+                })
+                .collect(),
+            reported: true,
+        };
+        // (account, fanout, weight, cap): "raised" holds 3 keys, "single" one.
+        let capped = || vec![(id("raised"), 3, 3, 4), (id("single"), 1, 1, 4)];
+        let (share, cold_for) = (0.5, 10_000);
+        let none = HashMap::new();
+
+        // Hot: raised to what its load suggests, within the cap; nothing cold.
+        let hot = fanout_targets(
+            &load(&[("raised", 1.9)]),
+            capped(),
+            share,
+            &none,
+            0,
+            cold_for,
+        );
+        assert_eq!(hot.changes, vec![(id("raised"), 4, 4)]);
+        assert!(hot.cold.is_empty());
+
+        // Idle and first found cold now: cold from now, kept.
+        let idle = load(&[]);
+        let first = fanout_targets(&idle, capped(), share, &none, 5_000, cold_for);
+        assert_eq!(first.changes, vec![]);
+        assert_eq!(
+            first.cold,
+            vec![("raised".to_owned(), 5_000)],
+            "one key: never cold"
+        );
+
+        // Cold since then: kept until ten half-lives have passed, then one key.
+        let since: HashMap<String, i64> = first.cold.iter().cloned().collect();
+        let early = fanout_targets(&idle, capped(), share, &since, 14_999, cold_for);
+        assert_eq!((early.changes.len(), early.cold), (0, first.cold.clone()));
+        let due = fanout_targets(&idle, capped(), share, &since, 15_000, cold_for);
+        assert_eq!(due.changes, vec![(id("raised"), 1, 3)]);
+        assert!(due.cold.is_empty());
+
+        // Long cold but still carrying records: kept (a shrink reorders its sub-keys).
+        let warm = load(&[("raised", 0.1)]);
+        let kept = fanout_targets(&warm, capped(), share, &since, 60_000, cold_for);
+        assert_eq!(kept.changes, vec![]);
+
+        // Hot again: its time cold starts over.
+        let again = fanout_targets(
+            &load(&[("raised", 1.2)]),
+            capped(),
+            share,
+            &since,
+            16_000,
+            cold_for,
+        );
+        assert!(again.cold.is_empty());
     }
 }

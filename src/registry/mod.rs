@@ -26,7 +26,9 @@ mod streams;
 
 use accounts::Accounts;
 pub use accounts::Held;
-pub use controller::{ControllerConfig, Round, fanout_targets, key_loads, plan_round};
+pub use controller::{
+    COLD_HALF_LIVES, ControllerConfig, FanoutDecision, Round, fanout_targets, key_loads, plan_round,
+};
 pub use follow::POLL;
 pub use leases::{
     Checkpointed, DEFAULT_JOIN_BATCH_MS, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease,

@@ -815,6 +815,18 @@ impl Tx {
         in_tx!(self, claim_round(stream, now, interval_ms))
     }
 
+    /// The accounts with several keys that opted in to fanouts by load and were cold at
+    /// the controller's last round, with since when (Unix milliseconds).
+    pub async fn fanout_cold(&mut self) -> Result<Vec<(String, i64)>> {
+        in_tx!(self, fanout_cold())
+    }
+
+    /// Replaces the cold accounts with `rows` (few: those that opted in and hold several
+    /// keys).
+    pub async fn set_fanout_cold(&mut self, rows: &[(String, i64)]) -> Result<()> {
+        in_tx!(self, set_fanout_cold(rows))
+    }
+
     /// The accounts the load controller moved at or after `since` (Unix milliseconds).
     pub async fn moved_by_load_since(&mut self, since: i64) -> Result<Vec<String>> {
         in_tx!(self, moved_by_load_since(since))

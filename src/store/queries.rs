@@ -195,6 +195,24 @@ macro_rules! queries {
                 .await?)
         }
 
+        pub async fn fanout_cold(conn: &mut Conn) -> Result<Vec<(String, i64)>> {
+            Ok(sqlx::query_as("SELECT account, since FROM fanout_cold")
+                .fetch_all(&mut *conn)
+                .await?)
+        }
+
+        pub async fn set_fanout_cold(conn: &mut Conn, rows: &[(String, i64)]) -> Result<()> {
+            sqlx::query("DELETE FROM fanout_cold").execute(&mut *conn).await?;
+            for (account, since) in rows {
+                sqlx::query("INSERT INTO fanout_cold (account, since) VALUES ($1, $2)")
+                    .bind(account)
+                    .bind(since)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
+        }
+
         pub async fn max_fanouts(conn: &mut Conn) -> Result<Vec<(crate::keyspace::AccountId, u32)>> {
             let rows: Vec<(String, i64)> =
                 sqlx::query_as("SELECT account, max_fanout FROM assignments WHERE max_fanout IS NOT NULL")

@@ -658,9 +658,43 @@ async fn opted_in_accounts_fan_out_when_hot_and_back_when_cold() {
         async move { app.get(&format!("/keys/{a}")).await.body["fanout"].clone() }
     };
     assert_eq!(fanout("hot").await, 3, "raised to what its load suggests");
-    assert_eq!(fanout("cold").await, 1, "lowered once cold");
     assert_eq!(fanout("shy").await, 1, "never without max_fanout");
-    assert!(counter(&app, "keyspread_controller_fanouts_total").await >= 2);
+    // Cold since the first round, for less than ten half-lives (of 120 s): kept.
+    assert_eq!(
+        fanout("cold").await,
+        3,
+        "lowered before ten half-lives cold"
+    );
+    assert!(counter(&app, "keyspread_controller_fanouts_total").await >= 1);
+}
+
+/// Ten half-lives of 1 s: a fanout an admin set on an account that opted in, never hot,
+/// comes down to one key no sooner and no much later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_comes_down_after_ten_half_lives_cold() {
+    let app = controlled(|c| c.load_half_life_s = 1).await;
+    let body = json!({"fanout": 3, "weight": 3});
+    app.post("/keys/cold", Some(body)).await;
+    let cap = Some(json!({"max_fanout": 4}));
+    let set = app.call(reqwest::Method::PATCH, "/keys/cold", cap).await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    report(&app, [100, 100, 100, 100]).await;
+    let reported = Instant::now();
+    let fanout = || async { app.get("/keys/cold").await.body["fanout"].clone() };
+    while fanout().await != 1 {
+        assert!(
+            reported.elapsed() < Duration::from_secs(20),
+            "never lowered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The first round after the report found it cold (rounds come every second).
+    let waited = reported.elapsed().as_secs_f64();
+    assert!(
+        waited >= 9.0,
+        "lowered {waited:.1} s after the report, before ten half-lives"
+    );
+    eprintln!("lowered {waited:.1} s after the first report (ten half-lives: 10 s)");
 }
 
 /// The `allocate` events of `account`'s keys above key 0, as (index, switch_at).
