@@ -22,7 +22,7 @@ const POOL: u64 = 40;
 const WORKERS: usize = 4;
 const TTL_S: u64 = 3;
 const PRIMARY: &str = "p";
-const LEASED: &str = "l";
+pub const LEASED: &str = "l";
 
 /// What a run did, for the checks.
 pub struct History {
@@ -65,6 +65,8 @@ struct Driver {
     /// fit between them (which timing decides) does not change what they choose.
     faults_rng: Rng,
     beats_rng: Rng,
+    /// Load reports and opting in to fanouts by load draw from a stream of their own too.
+    load_rng: Rng,
     clock: Clock,
     client: reqwest::Client,
     url: String,
@@ -83,6 +85,9 @@ struct Driver {
     next_leave: i64,
     next_silence: i64,
     workers: Vec<Worker>,
+    /// The one reader of the primary stream: it reports load there, for the controller.
+    reporter: Worker,
+    last_report: i64,
     recent: VecDeque<String>,
     locks: Vec<std::thread::JoinHandle<()>>,
     watcher: Watcher,
@@ -134,6 +139,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         rng,
         faults_rng: Rng::new(seed ^ 0xFA01_7000),
         beats_rng: Rng::new(seed ^ 0xBEA7_0000),
+        load_rng: Rng::new(seed ^ 0x10AD_0000),
         clock,
         client,
         url: url.to_owned(),
@@ -151,6 +157,14 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         next_map: now + 2_000,
         next_leave: now + 3_000,
         next_silence: now + 5_000,
+        reporter: Worker {
+            name: "reporter".to_owned(),
+            next_beat: now,
+            away_until: 0,
+            owned: Vec::new(),
+            sequence: 0,
+        },
+        last_report: now,
         recent: VecDeque::new(),
         locks: Vec::new(),
         watcher: Watcher::start(url, clock),
@@ -183,6 +197,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
     let end = now + run_for.as_millis() as i64;
     while d.clock.now() < end && d.calls.len() < MAX_OPS {
         d.heartbeats().await;
+        d.report_load().await;
         let now = d.clock.now();
         if now >= d.next_fault {
             d.fault().await;
@@ -374,11 +389,15 @@ impl Driver {
         let r = self.pick(true);
         let fanout = 1 + self.below(4);
         let weight = fanout + self.below(12);
-        let body = match self.below(3) {
+        let mut body = match self.below(3) {
             0 => json!({"weight": weight}),
             1 => json!({"fanout": fanout}),
             _ => json!({"fanout": fanout, "weight": weight}),
         };
+        // Opted in, the controller may raise its fanout (to 4 at most) while it is hot.
+        if self.load_rng.below(3) == 0 {
+            body["max_fanout"] = json!(4);
+        }
         self.call(
             r,
             "patch",

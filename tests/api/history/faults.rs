@@ -13,6 +13,23 @@ use crate::helpers::Db;
 use crate::process::Server;
 use crate::skip::ClockAhead;
 
+/// The load controller on every replica, quick enough for a history to see it act: a round
+/// every second over load that halves in a second, a few moves a round, each switching a
+/// second on (the lookups' lifetime), and accounts that opted in fanning out when hot. A
+/// quiet check, a few half-lives after the last report, finds it stopped.
+const CONTROLLER: &[(&str, &str)] = &[
+    ("KEYSPREAD_AUTO_REBALANCE", "true"),
+    ("KEYSPREAD_AUTO_REBALANCE_INTERVAL_S", "1"),
+    ("KEYSPREAD_LOAD_HALF_LIFE_S", "1"),
+    ("KEYSPREAD_LOAD_TOLERANCE", "0.05"),
+    ("KEYSPREAD_LOAD_FLOOR", "0.05"),
+    ("KEYSPREAD_MAX_MOVES_PER_ROUND", "3"),
+    ("KEYSPREAD_MOVE_COOLDOWN_S", "2"),
+    ("KEYSPREAD_SHARD_RECORDS_PER_S", "100"),
+    ("KEYSPREAD_HOT_ACCOUNT_SHARE", "0.2"),
+    ("KEYSPREAD_LOOKUP_CACHE_CONTROL", "max-age=1"),
+];
+
 /// The replicas of one history: processes that can be killed and restarted on one database,
 /// one of them perhaps with its clock ahead.
 pub struct Replicas {
@@ -33,11 +50,16 @@ impl Replicas {
         client: &reqwest::Client,
     ) -> Replicas {
         let env = (0..n)
-            .map(|i| match &fast {
-                Some((r, ahead)) if *r == i => (ahead.env().iter())
+            .map(|i| {
+                let mut env: Vec<(&'static str, String)> = (CONTROLLER.iter())
                     .map(|&(k, v)| (k, v.to_owned()))
-                    .collect(),
-                _ => Vec::new(),
+                    .collect();
+                if let Some((r, ahead)) = &fast
+                    && *r == i
+                {
+                    env.extend(ahead.env().iter().map(|&(k, v)| (k, v.to_owned())));
+                }
+                env
             })
             .collect();
         let mut replicas = Replicas {

@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::Violation;
-use super::driver::History;
+use super::driver::{History, LEASED};
 
 #[derive(Debug, Clone)]
 pub struct Period {
@@ -26,6 +26,11 @@ pub struct Period {
 pub fn periods(history: &History) -> Vec<Period> {
     let mut by_worker: BTreeMap<&str, Vec<&super::Call>> = BTreeMap::new();
     for call in &history.calls {
+        // The leased stream's workers: the primary stream's reader holds shards of the same
+        // names.
+        if !call.path.starts_with(&format!("/streams/{LEASED}/")) {
+            continue;
+        }
         if let Some((_, worker)) = call.path.split_once("/workers/") {
             by_worker.entry(worker).or_default().push(call);
         }

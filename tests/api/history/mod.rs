@@ -1,6 +1,8 @@
 //! Seeded random histories through 2–3 replica processes on one database, with faults
 //! (the write lock held elsewhere, Postgres backends terminated, a replica SIGKILLed and
-//! restarted, a replica whose clock runs ahead, replicas idle while a switch passes). Every
+//! restarted, a replica whose clock runs ahead, replicas idle while a switch passes), and
+//! the load controller acting on every replica over the load a reader of the primary stream
+//! reports, moving keys and raising and lowering the fanouts of accounts that opted in. Every
 //! invocation and completion is recorded, then judged against a model folded from the
 //! event log: no key answered for two accounts, every replica equal to the database after
 //! 1 s of quiet, no two live workers told `held` for one shard, a hot account's keys (now

@@ -10,8 +10,9 @@ use super::driver::History;
 use super::events::Observed;
 use super::{Call, Clock, FAULT_GRACE_MS, LAG_MS, Violation};
 
-/// Key index -> (key, pending switch: (old key, switch_at)).
-pub type Keys = BTreeMap<i64, (u128, Option<(u128, i64)>)>;
+/// Key index -> (key, pending switch: (old key, or none for a key new at the switch,
+/// switch_at)).
+pub type Keys = BTreeMap<i64, (u128, Option<(Option<u128>, i64)>)>;
 
 /// What a lookup answers: the keys in force and the next ones with their switch time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,9 +28,9 @@ pub fn view(keys: &Keys, now: i64) -> View {
         .min();
     let after = |moment: i64| -> Vec<u128> {
         (keys.values())
-            .map(|(key, s)| match s {
+            .filter_map(|(key, s)| match s {
                 Some((from, at)) if *at > moment => *from,
-                _ => *key,
+                _ => Some(*key),
             })
             .collect()
     };
@@ -64,14 +65,16 @@ impl Model {
                 .unwrap_or_default();
             match e.kind.as_str() {
                 "allocate" => {
-                    keys.insert(e.index, (e.after.unwrap(), None));
+                    // A key a fanout raised by load added takes over at its switch.
+                    let pending = (e.switch_at).filter(|&at| at > e.at).map(|at| (None, at));
+                    keys.insert(e.index, (e.after.unwrap(), pending));
                 }
                 "release" => {
                     keys.remove(&e.index);
                 }
                 "move" => {
                     let switch_at = e.switch_at.unwrap_or(e.at);
-                    let pending = (switch_at > e.at).then(|| (e.before.unwrap(), switch_at));
+                    let pending = (switch_at > e.at).then_some((e.before, switch_at));
                     keys.insert(e.index, (e.after.unwrap(), pending));
                 }
                 _ => continue,
@@ -133,11 +136,15 @@ impl Model {
                 }
                 continue;
             };
-            let mut moments = vec![b.saturating_add(lead), b, a];
+            // A replica that has not yet applied the next version answers this one with its
+            // switches ended by its own clock, up to when it answered: a version superseded
+            // before its switch may be answered switched.
+            let clock = to.saturating_add(lead);
+            let mut moments = vec![clock, b.saturating_add(lead), b, a];
             for (_, s) in keys.values() {
                 if let Some((_, at)) = s
                     && a < *at
-                    && *at <= b.saturating_add(lead)
+                    && *at <= clock
                 {
                     moments.extend([*at, *at - 1]);
                 }
@@ -155,7 +162,7 @@ impl Model {
         self.accounts.iter().find_map(|(name, versions)| {
             let v = versions.iter().rev().find(|v| v.lo <= at)?;
             let held = v.keys.as_ref()?.values().any(|(k, s)| {
-                *k == key || s.is_some_and(|(from, switch)| from == key && switch > at)
+                *k == key || s.is_some_and(|(from, switch)| from == Some(key) && switch > at)
             });
             (held && name != but).then(|| name.clone())
         })

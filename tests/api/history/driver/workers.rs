@@ -3,9 +3,9 @@
 //! that may not have seen the new map.
 
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::{Driver, LEASED, TTL_S, WORKERS, send};
+use super::{Driver, LEASED, PRIMARY, TTL_S, WORKERS, send};
 
 impl Driver {
     /// A worker that is not away, if any.
@@ -136,6 +136,63 @@ impl Driver {
                 let r = self.pick(true);
                 self.beat(w, r).await;
             }
+        }
+    }
+
+    /// The primary stream's reader reports what it read every 700 ms: most on its first
+    /// shard, a few accounts named, so that the load controller moves keys and raises
+    /// fanouts while the other operations go on.
+    pub(super) async fn report_load(&mut self) {
+        if self.clock.now() < self.reporter.next_beat {
+            return;
+        }
+        std::mem::swap(&mut self.rng, &mut self.load_rng);
+        self.report().await;
+        std::mem::swap(&mut self.rng, &mut self.load_rng);
+    }
+
+    async fn report(&mut self) {
+        let now = self.clock.now();
+        let window_ms = (now - self.last_report).clamp(1, 3_600_000) as u64;
+        let mut load = Vec::new();
+        for (n, (shard, epoch)) in self.reporter.owned.clone().into_iter().enumerate() {
+            let per_s = 80 / (n as u64 + 1) + self.below(20);
+            let records = per_s * window_ms / 1000;
+            let (mut named, mut left) = (Vec::<String>::new(), records);
+            for _ in 0..self.below(4) {
+                let account = self.account();
+                if !named.contains(&account) {
+                    named.push(account);
+                }
+            }
+            let accounts: Vec<Value> = (named.into_iter())
+                .map(|account| {
+                    let records = left / 2;
+                    left -= records;
+                    json!({"account": account, "records": records, "bytes": records * 100})
+                })
+                .collect();
+            load.push(json!({
+                "shard_id": shard, "epoch": epoch, "window_ms": window_ms,
+                "records": records, "bytes": records * 100, "accounts": accounts,
+            }));
+        }
+        let r = self.pick(true);
+        let path = format!("/streams/{PRIMARY}/workers/{}", self.reporter.name);
+        let body = json!({"ttl_s": TTL_S, "load": load});
+        let (status, answer) = self.call(r, "report", Method::PUT, path, Some(body)).await;
+        if status == 200 {
+            self.reporter.owned = (answer["leases"].as_array().into_iter().flatten())
+                .filter(|l| l["state"] == "held")
+                .map(|l| {
+                    let shard = l["shard_id"].as_str().unwrap().to_owned();
+                    (shard, l["epoch"].as_u64().unwrap())
+                })
+                .collect();
+            self.last_report = now;
+            self.reporter.next_beat = now + 700;
+        } else {
+            self.reporter.next_beat = now + 300;
         }
     }
 
