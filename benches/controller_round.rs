@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode};
 use keyspread::keyspace::{AccountId, Allocator, Keyspace, Rate, ShardMap, suggested_fanout};
 use keyspread::registry::{
-    AccountLoad, ControllerConfig, Held, ShardLoad, StreamLoad, fanout_targets, key_loads,
-    plan_round,
+    AccountLoad, ControllerConfig, Held, ShardLoad, StreamLoad, capped_loads, fanout_targets,
+    key_loads, plan_round,
 };
 use keyspread::store::HashKeys;
 
@@ -159,8 +159,9 @@ fn main() {
     part(
         "fanout decisions",
         Box::new(|| {
+            let loads = capped_loads(&r.load, &r.capped);
             drop(fanout_targets(
-                &r.load,
+                &loads,
                 r.capped.clone(),
                 0.5,
                 &HashMap::new(),
@@ -188,9 +189,9 @@ fn main() {
                 &r.cooling,
                 &config,
             );
+            let loads = capped_loads(&r.load, &r.capped);
             let fanouts =
-                fanout_targets(&r.load, r.capped.clone(), 0.5, &HashMap::new(), 0, i64::MAX)
-                    .changes;
+                fanout_targets(&loads, r.capped.clone(), 0.5, &HashMap::new(), 0, i64::MAX).changes;
             (plan.moves.len(), fanouts.len())
         })
     });

@@ -279,12 +279,13 @@ impl Registry {
         // fanout comes down depends on how long its account has been cold, which the
         // round that claims keeps: an account at several keys that opted in needs one.
         let this = Arc::clone(self);
-        let (load, fanouts) = tokio::task::spawn_blocking(move || {
+        let (load, loads, fanouts) = tokio::task::spawn_blocking(move || {
             let capped = this.capped();
             let several = capped.iter().any(|&(_, fanout, ..)| fanout > 1);
             let share = this.load_config().hot_account_share;
-            let raises = fanout_targets(&load, capped, share, &HashMap::new(), 0, i64::MAX);
-            (load, several || !raises.changes.is_empty())
+            let loads = capped_loads(&load, &capped);
+            let raises = fanout_targets(&loads, capped, share, &HashMap::new(), 0, i64::MAX);
+            (load, loads, several || !raises.changes.is_empty())
         })
         .await
         .expect("fanout decisions do not panic");
@@ -299,7 +300,6 @@ impl Registry {
         let this = Arc::clone(self);
         let interval_ms = config.auto_rebalance_interval_s as i64 * 1000;
         let name = stream.name.clone();
-        let measured = load.clone();
         let claimed = super::detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
@@ -312,7 +312,7 @@ impl Registry {
             let cold: HashMap<String, i64> = tx.fanout_cold().await?.into_iter().collect();
             let config = this.load_config();
             let decided = fanout_targets(
-                &measured,
+                &loads,
                 this.capped(),
                 config.hot_account_share,
                 &cold,
@@ -507,34 +507,42 @@ pub struct FanoutDecision {
     pub cold: Vec<(String, i64)>,
 }
 
-/// The fanouts to change by `load` of the `capped` accounts (account, fanout, weight,
-/// cap). One above the hot `share` goes up to what its load suggests, within its cap. One
-/// at several keys and at or below it is cold, since `cold_since` says or from `now`; it
-/// goes back to one key once cold for `cold_for_ms` with its load below 2^-10 of the
-/// share (what is left of a hot account's after ten half-lives without records): until a
-/// shrink is staged as moves are, a fanout comes down only when few records are left to
-/// reorder. Pure, O(entries of `load`).
-pub fn fanout_targets(
+/// Each of the `capped` accounts' load: the sum of its entries in `load`, over every
+/// shard. O(entries of `load`); few accounts opt in, so only theirs are summed.
+pub fn capped_loads(
     load: &StreamLoad,
+    capped: &[(AccountId, u32, u64, u32)],
+) -> HashMap<String, f64> {
+    let mut totals: HashMap<String, f64> = (capped.iter())
+        .map(|(id, ..)| (id.to_string(), 0.0))
+        .collect();
+    for a in &load.accounts {
+        if let Some(total) = totals.get_mut(a.account.as_str()) {
+            *total += a.load.max(0.0);
+        }
+    }
+    totals
+}
+
+/// The fanouts to change of the `capped` accounts (account, fanout, weight, cap), by their
+/// `loads` (see [`capped_loads`]; one missing carries none). One above the hot `share`
+/// goes up to what its load suggests, within its cap. One at several keys and at or below
+/// it is cold, since `cold_since` says or from `now`; it goes back to one key once cold
+/// for `cold_for_ms` with its load below 2^-10 of the share (what is left of a hot
+/// account's after ten half-lives without records): until a shrink is staged as moves
+/// are, a fanout comes down only when few records are left to reorder. Pure,
+/// O(capped accounts).
+pub fn fanout_targets(
+    loads: &HashMap<String, f64>,
     capped: Vec<(AccountId, u32, u64, u32)>,
     share: f64,
     cold_since: &HashMap<String, i64>,
     now: i64,
     cold_for_ms: i64,
 ) -> FanoutDecision {
-    // Few accounts opt in: sum only theirs.
-    let of: HashMap<&str, usize> = (capped.iter().enumerate())
-        .map(|(i, (id, ..))| (id.as_str(), i))
-        .collect();
-    let mut totals = vec![0.0; capped.len()];
-    for a in &load.accounts {
-        if let Some(&i) = of.get(a.account.as_str()) {
-            totals[i] += a.load.max(0.0);
-        }
-    }
-    drop(of);
     let mut decided = FanoutDecision::default();
-    for ((id, fanout, weight, cap), load) in capped.into_iter().zip(totals) {
+    for (id, fanout, weight, cap) in capped {
+        let load = loads.get(id.as_str()).copied().unwrap_or(0.0);
         let target = if load > share {
             keyspace::suggested_fanout(load, share).min(cap).max(fanout)
         } else if fanout > 1 {
@@ -712,67 +720,56 @@ mod tests {
     #[test]
     fn a_fanout_comes_down_only_after_it_was_cold_long_enough_and_nearly_idle() {
         let id = |a: &str| AccountId::parse(a.to_owned()).unwrap();
-        let load = |rates: &[(&str, f64)]| StreamLoad {
-            shards: Vec::new(),
-            accounts: (rates.iter())
-                .map(|&(account, load)| AccountLoad {
-                    account: account.into(),
-                    shard_id: "s0".into(),
-                    rate: rate(),
-                    load,
-                })
-                .collect(),
-            reported: true,
-        };
         // (account, fanout, weight, cap): "raised" holds 3 keys, "single" one.
         let capped = || vec![(id("raised"), 3, 3, 4), (id("single"), 1, 1, 4)];
+        // Its entries on every shard add up; others' are not summed.
+        let entry = |account: &str, shard_id: &str, load| AccountLoad {
+            account: account.into(),
+            shard_id: shard_id.into(),
+            rate: rate(),
+            load,
+        };
+        let reported = StreamLoad {
+            shards: Vec::new(),
+            accounts: vec![
+                entry("other", "s0", 5.0),
+                entry("raised", "s0", 1.5),
+                entry("raised", "s1", 0.4),
+            ],
+            reported: true,
+        };
+        let loads = capped_loads(&reported, &capped());
+        assert_eq!(loads.len(), 2);
+        assert!((loads["raised"] - 1.9).abs() < 1e-9 && loads["single"] == 0.0);
         let (share, cold_for) = (0.5, 10_000);
         let none = HashMap::new();
+        let decide = |load: f64, since: &HashMap<String, i64>, now: i64| {
+            let loads = HashMap::from([("raised".to_owned(), load)]);
+            fanout_targets(&loads, capped(), share, since, now, cold_for)
+        };
 
         // Hot: raised to what its load suggests, within the cap; nothing cold.
-        let hot = fanout_targets(
-            &load(&[("raised", 1.9)]),
-            capped(),
-            share,
-            &none,
-            0,
-            cold_for,
-        );
+        let hot = fanout_targets(&loads, capped(), share, &none, 0, cold_for);
         assert_eq!(hot.changes, vec![(id("raised"), 4, 4)]);
         assert!(hot.cold.is_empty());
 
-        // Idle and first found cold now: cold from now, kept.
-        let idle = load(&[]);
-        let first = fanout_targets(&idle, capped(), share, &none, 5_000, cold_for);
+        // Idle and first found cold now: cold from now, kept; one key is never cold.
+        let first = decide(0.0, &none, 5_000);
         assert_eq!(first.changes, vec![]);
-        assert_eq!(
-            first.cold,
-            vec![("raised".to_owned(), 5_000)],
-            "one key: never cold"
-        );
+        assert_eq!(first.cold, vec![("raised".to_owned(), 5_000)]);
 
         // Cold since then: kept until ten half-lives have passed, then one key.
         let since: HashMap<String, i64> = first.cold.iter().cloned().collect();
-        let early = fanout_targets(&idle, capped(), share, &since, 14_999, cold_for);
+        let early = decide(0.0, &since, 14_999);
         assert_eq!((early.changes.len(), early.cold), (0, first.cold.clone()));
-        let due = fanout_targets(&idle, capped(), share, &since, 15_000, cold_for);
+        let due = decide(0.0, &since, 15_000);
         assert_eq!(due.changes, vec![(id("raised"), 1, 3)]);
         assert!(due.cold.is_empty());
 
         // Long cold but still carrying records: kept (a shrink reorders its sub-keys).
-        let warm = load(&[("raised", 0.1)]);
-        let kept = fanout_targets(&warm, capped(), share, &since, 60_000, cold_for);
-        assert_eq!(kept.changes, vec![]);
+        assert_eq!(decide(0.1, &since, 60_000).changes, vec![]);
 
         // Hot again: its time cold starts over.
-        let again = fanout_targets(
-            &load(&[("raised", 1.2)]),
-            capped(),
-            share,
-            &since,
-            16_000,
-            cold_for,
-        );
-        assert!(again.cold.is_empty());
+        assert!(decide(1.2, &since, 16_000).cold.is_empty());
     }
 }

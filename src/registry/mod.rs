@@ -27,7 +27,8 @@ mod streams;
 use accounts::Accounts;
 pub use accounts::Held;
 pub use controller::{
-    COLD_HALF_LIVES, ControllerConfig, FanoutDecision, Round, fanout_targets, key_loads, plan_round,
+    COLD_HALF_LIVES, ControllerConfig, FanoutDecision, Round, capped_loads, fanout_targets,
+    key_loads, plan_round,
 };
 pub use follow::POLL;
 pub use leases::{
