@@ -687,7 +687,11 @@ impl Registry {
                 .copied()
                 .collect();
             let mut takes_over_at = None;
+            // No new key (a weight or a shrink): nothing to place. (A raised fanout's new
+            // keys, still waiting for their switch, are not in force: spreading against
+            // the keys in force would find fewer than those kept.)
             let new_keys: Vec<(HashKey, HashKey)> = match switching.is_empty() {
+                _ if weights.is_empty() => Vec::new(),
                 true => {
                     match by_load {
                         Some(LoadPlacement {

@@ -769,6 +769,18 @@ async fn a_fanout_raised_by_load_takes_over_at_its_switch_on_every_answer() {
         409,
         &format!("growing: its new keys take over at {until}"),
     );
+    // A new weight meanwhile keeps every key where it is (it once panicked: the keys in
+    // force are fewer than the keys held).
+    let weight = Some(json!({"weight": 9}));
+    let reweighted = app.call(reqwest::Method::PATCH, "/keys/hot", weight).await;
+    assert_eq!(reweighted.status, 200, "{}", reweighted.body);
+    assert_eq!(
+        reweighted.body["hash_keys"],
+        json!([key0]),
+        "{}",
+        reweighted.body
+    );
+    assert_eq!(reweighted.body["weight"], 9, "{}", reweighted.body);
 
     let app = app.restart().await;
     let again = app.get("/keys/hot").await;

@@ -10,6 +10,11 @@ use super::driver::History;
 use super::events::Observed;
 use super::{Call, Clock, FAULT_GRACE_MS, LAG_MS, Violation};
 
+/// How far the test's clock may read behind the servers' (whole milliseconds of the
+/// wall clock at its start, plus whole milliseconds of a monotonic clock since): an answer
+/// switched by a server's clock may be received up to this much before the switch.
+const CLOCK_MS: i64 = 2;
+
 /// Key index -> (key, pending switch: (old key, or none for a key new at the switch,
 /// switch_at)).
 pub type Keys = BTreeMap<i64, (u128, Option<(Option<u128>, i64)>)>;
@@ -139,7 +144,7 @@ impl Model {
             // A replica that has not yet applied the next version answers this one with its
             // switches ended by its own clock, up to when it answered: a version superseded
             // before its switch may be answered switched.
-            let clock = to.saturating_add(lead);
+            let clock = to.saturating_add(lead).saturating_add(CLOCK_MS);
             let mut moments = vec![clock, b.saturating_add(lead), b, a];
             for (_, s) in keys.values() {
                 if let Some((_, at)) = s
