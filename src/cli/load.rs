@@ -22,6 +22,9 @@ const UTILISATION: f64 = 0.7;
 const HOT_SHARE: f64 = 0.5;
 /// The loop's band: the busiest shard within 10 % of the mean (`--load-tolerance`).
 const TOLERANCE: f64 = 0.10;
+/// Below this utilisation of its busiest shard the controller leaves a stream be
+/// (`--load-floor`).
+const FLOOR: f64 = 0.05;
 /// Rounds after a round that moved an account during which it stays: `--move-cooldown-s`
 /// (600) at 60-s rounds, counted inclusively as the server does (an account moved at `t` is
 /// frozen while its move is at or after `now - 600 s`).
@@ -224,14 +227,24 @@ pub fn load_rounds(
             keys,
         };
         let cold_for = COLD_HALF_LIVES as u32 * sim.half_life_rounds;
-        refan(&mut fanned, &seen, None, round, cold_for)?;
+        let share =
+            LoadSkew::of(&fanned.per_shard(&map, &seen)).key_share(HOT_SHARE, TOLERANCE, FLOOR);
+        refan(&mut fanned, &seen, None, share, round, cold_for)?;
         // The controller's round: the fanout changes, their new keys placed by the shards'
         // measured utilisation; then a plan by load when those measurements are outside the
         // band, counting the new keys where they go (their accounts, switching, stay put).
+        let measured = LoadSkew::of(&shards_seen);
+        let share = measured.key_share(HOT_SHARE, TOLERANCE, FLOOR);
         let raised;
-        (r.added, r.released, raised) =
-            refan(&mut looped, &seen, Some(&shards_seen), round, cold_for)?;
-        if !LoadSkew::of(&shards_seen).within(TOLERANCE) {
+        (r.added, r.released, raised) = refan(
+            &mut looped,
+            &seen,
+            Some(&shards_seen),
+            share,
+            round,
+            cold_for,
+        )?;
+        if !measured.within(TOLERANCE) {
             (r.moved, r.accounts_moved) =
                 rebalance(&mut looped, &map, &names, &seen, round, &raised)?;
         }
@@ -242,10 +255,11 @@ pub fn load_rounds(
 }
 
 /// Changes fanouts as the server's controller does for accounts that opted in with
-/// `max_fanout` (here every account, up to [`MAX_FANOUT`]): raised to what its load
-/// suggests when above the hot share (never lowered while hot), back to 1 once cold (at or
-/// below the hot share) for `cold_for` rounds with its load below 1/1024 of the hot share
-/// (see `registry::fanout_targets`). With `by_load`, new keys go to the least-utilised
+/// `max_fanout` (here every account, up to [`MAX_FANOUT`]): raised to keep each key within
+/// `share` when above it (the hot share, or the band's width while out of the band: see
+/// [`LoadSkew::key_share`]; never lowered while above it), back to 1 once cold (at or below
+/// it) for `cold_for` rounds with its load below 1/1024 of it (see
+/// `registry::fanout_targets`). With `by_load`, new keys go to the least-utilised
 /// shards by the measured utilisation (each counting its share for the next), else where
 /// the key count is. Answers the keys added and released, and the accounts whose fanout
 /// rose.
@@ -253,6 +267,7 @@ fn refan(
     scheme: &mut Keys,
     loads: &[f64],
     by_load: Option<&[f64]>,
+    share: f64,
     round: u32,
     cold_for: u32,
 ) -> Result<(usize, usize, HashSet<usize>), keyspace::Error> {
@@ -262,11 +277,11 @@ fn refan(
     let Keys { alloc, accounts } = scheme;
     for (a, (account, &load)) in accounts.iter_mut().zip(loads).enumerate() {
         let have = account.keys.len();
-        let want = if load > HOT_SHARE {
-            (suggested_fanout(load, HOT_SHARE).min(MAX_FANOUT) as usize).max(have)
+        let want = if load > share {
+            (suggested_fanout(load, share).min(MAX_FANOUT) as usize).max(have)
         } else if have > 1 {
             let since = *account.cold_since.get_or_insert(round);
-            if round - since >= cold_for && load < HOT_SHARE / 1024.0 {
+            if round - since >= cold_for && load < share / 1024.0 {
                 1
             } else {
                 have
@@ -274,7 +289,7 @@ fn refan(
         } else {
             have
         };
-        if load > HOT_SHARE || want == 1 {
+        if load > share || want == 1 {
             account.cold_since = None;
         }
         if want < have {
@@ -414,9 +429,11 @@ pub fn simulate_load(
          outside the band {TOLERANCE}, a plan by load of at most 1 % of the accounts' \
          count of key moves (at least 1), no account moved within {COOLDOWN} rounds \
          before (600 s), applied only if it lowers the busiest shard; then every account \
-         (all opted in, max_fanout {MAX_FANOUT}) above {HOT_SHARE} of a shard gets its \
-         fanout raised to keep each key within {HOT_SHARE} (new keys on the least-utilised \
-         shards as measured), one cold for ten half-lives and below 1/1024 of that back to 1.\n\n\
+         (all opted in, max_fanout {MAX_FANOUT}) above {HOT_SHARE} of a shard, or while the \
+         measured shards are outside the band above the band's width ({TOLERANCE} × the mean) \
+         when less, gets its fanout raised to keep each key within it (new keys on the \
+         least-utilised shards as measured), one cold for ten half-lives and below 1/1024 of \
+         that back to 1.\n\n\
          | round | MD5 of the names | keyspread without the loop | fanout alone | with the loop | as the loop saw it | keys moved | % of keys | accounts moved | keys added | keys released | keys |\n\
          | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         sim.accounts,

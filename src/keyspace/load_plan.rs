@@ -63,6 +63,21 @@ impl LoadSkew {
     pub fn within(&self, tolerance: f64) -> bool {
         self.max <= (1.0 + tolerance) * self.mean
     }
+
+    /// The most load one key of an opted-in account may carry before the controller
+    /// raises its fanout: `hot_account_share` of a shard; while the busiest shard is above
+    /// both the band (`tolerance`) and the `floor`, the band's width (`tolerance` × mean)
+    /// when that is less, since a key wider than the band cannot be placed within it
+    /// whatever else moves.
+    pub fn key_share(&self, hot_account_share: f64, tolerance: f64, floor: f64) -> f64 {
+        let width = tolerance * self.mean;
+        let out_of_band = !self.within(tolerance) && self.max > floor;
+        if out_of_band && width > 0.0 {
+            hot_account_share.min(width)
+        } else {
+            hot_account_share
+        }
+    }
 }
 
 /// A by-load plan and what it does to the shards' loads.
@@ -726,6 +741,22 @@ mod tests {
         assert!(plan.after.max <= 1.1 * plan.before.mean + 1e-9, "{plan:?}");
         let frozen = f.plan(&["h1", "h2"], 0.1, 10);
         assert!(frozen.moves.is_empty(), "{frozen:?}");
+    }
+
+    #[test]
+    fn keys_are_kept_within_the_bands_width_only_while_out_of_the_band() {
+        let share = |loads: &[f64]| LoadSkew::of(loads).key_share(0.5, 0.1, 0.05);
+        // Inside the band, below the floor, or idle: the hot share.
+        assert_eq!(share(&[0.7, 0.7, 0.7, 0.76]), 0.5);
+        assert_eq!(share(&[0.04, 0.0, 0.0, 0.0]), 0.5);
+        assert_eq!(share(&[0.0; 4]), 0.5);
+        // Out of the band: a tenth of the mean, 0.07 here.
+        assert!(close(share(&[0.4, 0.4, 0.4, 1.6]), 0.07));
+        // Never above the hot share.
+        assert_eq!(
+            LoadSkew::of(&[10.0, 0.0, 0.0, 30.0]).key_share(0.5, 0.1, 0.05),
+            0.5
+        );
     }
 
     #[test]

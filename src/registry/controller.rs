@@ -278,11 +278,17 @@ impl Registry {
         // O(accounts reported): off the async workers, as the round's plan is. Whether a
         // fanout comes down depends on how long its account has been cold, which the
         // round that claims keeps: an account at several keys that opted in needs one.
+        // A key wider than the band cannot be balanced within it: while the stream is out
+        // of the band, fanouts keep each key within the band's width.
+        let share = shard_skew(&load).key_share(
+            self.load_config().hot_account_share,
+            config.load_tolerance,
+            config.load_floor,
+        );
         let this = Arc::clone(self);
         let (load, loads, fanouts) = tokio::task::spawn_blocking(move || {
             let capped = this.capped();
             let several = capped.iter().any(|&(_, fanout, ..)| fanout > 1);
-            let share = this.load_config().hot_account_share;
             let loads = capped_loads(&load, &capped);
             let raises = fanout_targets(&loads, capped, share, &HashMap::new(), 0, i64::MAX);
             (load, loads, several || !raises.changes.is_empty())
@@ -310,14 +316,13 @@ impl Registry {
             }
             // How long each account has been cold is the claiming round's to keep.
             let cold: HashMap<String, i64> = tx.fanout_cold().await?.into_iter().collect();
-            let config = this.load_config();
             let decided = fanout_targets(
                 &loads,
                 this.capped(),
-                config.hot_account_share,
+                share,
                 &cold,
                 at,
-                COLD_HALF_LIVES * config.half_life_ms,
+                COLD_HALF_LIVES * this.load_config().half_life_ms,
             );
             tx.set_fanout_cold(&decided.cold).await?;
             this.commit(&mut w, tx, Committed::Moves(0)).await?;
@@ -525,8 +530,10 @@ pub fn capped_loads(
 }
 
 /// The fanouts to change of the `capped` accounts (account, fanout, weight, cap), by their
-/// `loads` (see [`capped_loads`]; one missing carries none). One above the hot `share`
-/// goes up to what its load suggests, within its cap. One at several keys and at or below
+/// `loads` (see [`capped_loads`]; one missing carries none). One above `share` (the hot
+/// share, or the band's width while the stream is out of the band: see
+/// [`LoadSkew::key_share`](keyspace::LoadSkew::key_share)) goes up to keep each key within
+/// it, within its cap. One at several keys and at or below
 /// it is cold, since `cold_since` says or from `now`; it goes back to one key once cold
 /// for `cold_for_ms` with its load below 2^-10 of the share (what is left of a hot
 /// account's after ten half-lives without records): until a shrink is staged as moves

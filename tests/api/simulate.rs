@@ -163,7 +163,7 @@ fn load_compares_md5_the_placement_alone_and_the_loop() {
     assert!(md5[1] > 2.0 && alone[1] > 2.0, "{out}");
     // Raising the hot accounts' fanout alone leaves their new keys where the count puts them.
     let fanned = row("keyspread, fanout raised but no moves");
-    assert!(fanned[1] > 1.5 && fanned[3] == 0.0, "{out}");
+    assert!(fanned[1] > closed[1] + 0.1 && fanned[3] == 0.0, "{out}");
     // Only the loop moves keys.
     assert_eq!((md5[3], alone[3]), (0.0, 0.0), "{out}");
     assert!(closed[3] >= 1.0, "{out}");
@@ -216,8 +216,6 @@ fn load_under_smoothed_reports_beats_fanout_alone_in_every_converged_round() {
 }
 
 #[test]
-#[ignore = "the goal is not reached under the server's rules: worst 1.428 after convergence \
-            on this shape, 1.10 asked; see README, simulation section"]
 fn load_under_smoothed_reports_reaches_the_goal_after_convergence() {
     let (out, row, rounds) = simulate_load(SETTLES, &[]);
     let closed = row("keyspread with the loop");
