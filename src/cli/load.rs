@@ -11,10 +11,9 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use crate::keyspace::{
-    self, Allocator, HashKey, KeyLoad, Keyspace, LoadPlanLimits, LoadSkew, MAX_FANOUT, ShardMap,
-    plan_by_load, suggested_fanout,
+    self, Allocator, COLD_HALF_LIVES, HashKey, KeyLoad, Keyspace, LoadPlanLimits, LoadSkew,
+    MAX_FANOUT, ShardMap, fanout_cold, fanout_target, plan_by_load,
 };
-use crate::registry::COLD_HALF_LIVES;
 
 /// Total load as a share of all shards' capacity: mean utilisation 0.7.
 const UTILISATION: f64 = 0.7;
@@ -226,7 +225,7 @@ pub fn load_rounds(
             released: 0,
             keys,
         };
-        let cold_for = COLD_HALF_LIVES as u32 * sim.half_life_rounds;
+        let cold_for = COLD_HALF_LIVES * i64::from(sim.half_life_rounds);
         let share =
             LoadSkew::of(&fanned.per_shard(&map, &seen)).key_share(HOT_SHARE, TOLERANCE, FLOOR);
         refan(&mut fanned, &seen, None, share, round, cold_for)?;
@@ -255,11 +254,10 @@ pub fn load_rounds(
 }
 
 /// Changes fanouts as the server's controller does for accounts that opted in with
-/// `max_fanout` (here every account, up to [`MAX_FANOUT`]): raised to keep each key within
-/// `share` when above it (the hot share, or the band's width while out of the band: see
-/// [`LoadSkew::key_share`]; never lowered while above it), back to 1 once cold (at or below
-/// it) for `cold_for` rounds with its load below 1/1024 of it (see
-/// `registry::fanout_targets`). With `by_load`, new keys go to the least-utilised
+/// `max_fanout` (here every account, up to [`MAX_FANOUT`]), each by
+/// [`keyspace::fanout_target`] over `share` (the hot share, or the band's width while out
+/// of the band: see [`LoadSkew::key_share`]), cold for `cold_for` rounds before it comes
+/// down. With `by_load`, new keys go to the least-utilised
 /// shards by the measured utilisation (each counting its share for the next), else where
 /// the key count is. Answers the keys added and released, and the accounts whose fanout
 /// rose.
@@ -269,7 +267,7 @@ fn refan(
     by_load: Option<&[f64]>,
     share: f64,
     round: u32,
-    cold_for: u32,
+    cold_for: i64,
 ) -> Result<(usize, usize, HashSet<usize>), keyspace::Error> {
     let (mut added, mut released) = (0, 0);
     let mut raised = HashSet::new();
@@ -277,19 +275,15 @@ fn refan(
     let Keys { alloc, accounts } = scheme;
     for (a, (account, &load)) in accounts.iter_mut().zip(loads).enumerate() {
         let have = account.keys.len();
-        let want = if load > share {
-            (suggested_fanout(load, share).min(MAX_FANOUT) as usize).max(have)
-        } else if have > 1 {
-            let since = *account.cold_since.get_or_insert(round);
-            if round - since >= cold_for && load < share / 1024.0 {
-                1
-            } else {
-                have
-            }
+        let fanout = have as u32;
+        let since = if fanout_cold(load, fanout, share) {
+            *account.cold_since.get_or_insert(round)
         } else {
-            have
+            round
         };
-        if load > share || want == 1 {
+        let cold = i64::from(round - since);
+        let want = fanout_target(load, fanout, MAX_FANOUT, share, cold, cold_for) as usize;
+        if !fanout_cold(load, want as u32, share) {
             account.cold_since = None;
         }
         if want < have {
@@ -546,11 +540,12 @@ mod tests {
 
     #[test]
     fn the_loop_keeps_the_servers_cooldown_and_move_cap() {
+        // A shape where accounts come due for a second move (5 do, by this seed).
         let sim = LoadSimulation {
             accounts: 3000,
-            shards: 32,
+            shards: 128,
             zipf: 1.1,
-            rounds: 30,
+            rounds: 40,
             shift_every: 15,
             seed: 7,
             half_life_rounds: 2,

@@ -95,6 +95,39 @@ impl LoadPlan {
     }
 }
 
+/// How long an account that opted in stays cold before its fanout comes back down, in
+/// half-lives of the load's smoothing.
+pub const COLD_HALF_LIVES: i64 = 10;
+
+/// The next fanout of an account that opted in with `max_fanout` `cap`, by its smoothed
+/// `load`: above `share` (see [`LoadSkew::key_share`]) it goes up to keep each key within
+/// it, within its cap, and never down; at several keys and at or below `share` it is cold,
+/// and once cold for `cold_for` (`cold` so far, in the same unit) with its load below
+/// 2^-10 of the share (what is left of a hot account's after ten half-lives without
+/// records) it comes back to one key: until a shrink is staged as a growth is, a fanout
+/// comes down only when few records are left to reorder.
+pub fn fanout_target(
+    load: f64,
+    fanout: u32,
+    cap: u32,
+    share: f64,
+    cold: i64,
+    cold_for: i64,
+) -> u32 {
+    if load > share {
+        suggested_fanout(load, share).min(cap).max(fanout)
+    } else if fanout > 1 && cold >= cold_for && load < share / 1024.0 {
+        1
+    } else {
+        fanout
+    }
+}
+
+/// Whether an account at `fanout` keys with this `load` is cold: its time cold counts.
+pub fn fanout_cold(load: f64, fanout: u32, share: f64) -> bool {
+    fanout > 1 && load <= share
+}
+
 /// The fanout that keeps each of an account's keys at or below `hot_account_share` of a
 /// shard: ⌈load ÷ share⌉, at least 1, at most [`MAX_FANOUT`].
 pub fn suggested_fanout(load: f64, hot_account_share: f64) -> u32 {

@@ -28,7 +28,8 @@ pub use list_shards::{
 };
 pub use load::{Limits, Rate};
 pub use load_plan::{
-    KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, plan_by_load, plan_by_load_keys, suggested_fanout,
+    COLD_HALF_LIVES, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, fanout_cold, fanout_target,
+    plan_by_load, plan_by_load_keys, suggested_fanout,
 };
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use selector::{jump, sub_key_index};

@@ -290,8 +290,8 @@ impl Registry {
             let capped = this.capped();
             let several = capped.iter().any(|&(_, fanout, ..)| fanout > 1);
             let loads = capped_loads(&load, &capped);
-            let raises = fanout_targets(&loads, capped, share, &HashMap::new(), 0, i64::MAX);
-            (load, loads, several || !raises.changes.is_empty())
+            let raise = any_raise(&loads, &capped, share);
+            (load, loads, several || raise)
         })
         .await
         .expect("fanout decisions do not panic");
@@ -322,7 +322,7 @@ impl Registry {
                 share,
                 &cold,
                 at,
-                COLD_HALF_LIVES * this.load_config().half_life_ms,
+                keyspace::COLD_HALF_LIVES * this.load_config().half_life_ms,
             );
             tx.set_fanout_cold(&decided.cold).await?;
             this.commit(&mut w, tx, Committed::Moves(0)).await?;
@@ -498,10 +498,6 @@ impl Registry {
     }
 }
 
-/// How long an account that opted in stays cold before its fanout comes back down, in
-/// half-lives of the load's smoothing.
-pub const COLD_HALF_LIVES: i64 = 10;
-
 /// What a round decides for the accounts that opted in with `max_fanout`.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct FanoutDecision {
@@ -530,15 +526,9 @@ pub fn capped_loads(
 }
 
 /// The fanouts to change of the `capped` accounts (account, fanout, weight, cap), by their
-/// `loads` (see [`capped_loads`]; one missing carries none). One above `share` (the hot
-/// share, or the band's width while the stream is out of the band: see
-/// [`LoadSkew::key_share`](keyspace::LoadSkew::key_share)) goes up to keep each key within
-/// it, within its cap. One at several keys and at or below
-/// it is cold, since `cold_since` says or from `now`; it goes back to one key once cold
-/// for `cold_for_ms` with its load below 2^-10 of the share (what is left of a hot
-/// account's after ten half-lives without records): until a shrink is staged as moves
-/// are, a fanout comes down only when few records are left to reorder. Pure,
-/// O(capped accounts).
+/// `loads` (see [`capped_loads`]; one missing carries none), each decided by
+/// [`keyspace::fanout_target`] over `share`; an account cold since `cold_since` says, or
+/// from `now`, needs `cold_for_ms` cold to come down. Pure, O(capped accounts).
 pub fn fanout_targets(
     loads: &HashMap<String, f64>,
     capped: Vec<(AccountId, u32, u64, u32)>,
@@ -550,19 +540,18 @@ pub fn fanout_targets(
     let mut decided = FanoutDecision::default();
     for (id, fanout, weight, cap) in capped {
         let load = loads.get(id.as_str()).copied().unwrap_or(0.0);
-        let target = if load > share {
-            keyspace::suggested_fanout(load, share).min(cap).max(fanout)
-        } else if fanout > 1 {
-            let since = cold_since.get(id.as_str()).copied().unwrap_or(now);
-            if now.saturating_sub(since) >= cold_for_ms && load < share / 1024.0 {
-                1
-            } else {
-                decided.cold.push((id.to_string(), since));
-                fanout
-            }
-        } else {
-            fanout
-        };
+        let since = cold_since.get(id.as_str()).copied().unwrap_or(now);
+        let target = keyspace::fanout_target(
+            load,
+            fanout,
+            cap,
+            share,
+            now.saturating_sub(since),
+            cold_for_ms,
+        );
+        if target == fanout && keyspace::fanout_cold(load, fanout, share) {
+            decided.cold.push((id.to_string(), since));
+        }
         if target != fanout {
             decided
                 .changes
@@ -570,6 +559,19 @@ pub fn fanout_targets(
         }
     }
     decided
+}
+
+/// Whether any of the `capped` accounts' fanouts goes up at `share` (see
+/// [`fanout_targets`]).
+fn any_raise(
+    loads: &HashMap<String, f64>,
+    capped: &[(AccountId, u32, u64, u32)],
+    share: f64,
+) -> bool {
+    capped.iter().any(|(id, fanout, _, cap)| {
+        let load = loads.get(id.as_str()).copied().unwrap_or(0.0);
+        keyspace::fanout_target(load, *fanout, *cap, share, 0, i64::MAX) > *fanout
+    })
 }
 
 /// One round's plan, pure: each key's load (see [`key_loads`]), then a by-load plan over

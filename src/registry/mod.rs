@@ -27,8 +27,7 @@ mod streams;
 use accounts::Accounts;
 pub use accounts::Held;
 pub use controller::{
-    COLD_HALF_LIVES, ControllerConfig, FanoutDecision, Round, capped_loads, fanout_targets,
-    key_loads, plan_round,
+    ControllerConfig, FanoutDecision, Round, capped_loads, fanout_targets, key_loads, plan_round,
 };
 pub use follow::POLL;
 pub use leases::{
