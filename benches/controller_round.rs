@@ -83,6 +83,7 @@ fn set_up(accounts: usize, shards: u64) -> Round {
                 shard_id: map.shard(s).id,
                 rate: Rate::default(),
                 utilisation: utilisation[s],
+                reported: true,
             })
             .collect(),
         accounts: entries,

@@ -680,6 +680,7 @@ mod tests {
             shard_id: id.into(),
             rate: rate(),
             utilisation,
+            reported: true,
         };
         let entry = |account: &str, shard_id: &str, load| AccountLoad {
             account: account.into(),

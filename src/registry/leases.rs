@@ -604,22 +604,23 @@ impl Registry {
         let load = tx
             .stream_load(&stream.name, now, &self.load_config())
             .await?;
-        let used: HashMap<&str, f64> = load
-            .shards
-            .iter()
+        let used: HashMap<&str, f64> = (load.shards.iter())
+            .filter(|s| s.reported)
             .map(|s| (s.shard_id.as_str(), s.utilisation))
             .collect();
-        // A shard never reported (a closed one, or a new child) carries no load yet.
-        let loads: Vec<f64> = open
+        let loads: Vec<Option<f64>> = open
             .iter()
-            .map(|&i| {
-                let id = stream.lease_shards[i].id.as_str();
-                used.get(id).copied().unwrap_or(0.0)
-            })
+            .map(|&i| used.get(stream.lease_shards[i].id.as_str()).copied())
             .collect();
-        // Nothing read yet (a fleet up before its producers): every assignment would be
-        // inside the band, and a joining worker would keep a single lease. Shards that
-        // carry nothing weigh the same: lease counts differ by at most one.
+        // Until every shard it leases has been reported (the first seconds of load, a new
+        // child, a reader that does not report), the picture is partial: a shard not
+        // reported yet would weigh nothing and its reader be handed more. And with nothing
+        // read yet (a fleet up before its producers) every assignment would be inside the
+        // band, a joining worker keeping a single lease. Until then shards weigh the same:
+        // lease counts differ by at most one.
+        let Some(loads) = loads.into_iter().collect::<Option<Vec<f64>>>() else {
+            return Ok(assign(&vec![1; open.len()], workers, current));
+        };
         if loads.iter().all(|&l| l <= 0.0) {
             return Ok(assign(&vec![1; open.len()], workers, current));
         }

@@ -91,6 +91,8 @@ pub struct ShardLoad {
     pub shard_id: String,
     pub rate: Rate,
     pub utilisation: f64,
+    /// Whether its readers ever reported it (never: rate 0).
+    pub reported: bool,
 }
 
 /// An account's load on one shard as of now.
@@ -371,11 +373,13 @@ fn stream_load(
         .shards
         .iter()
         .map(|(id, ..)| {
-            let rate = shard_rates.get(id).copied().unwrap_or(idle);
+            let reported = shard_rates.get(id).copied();
+            let rate = reported.unwrap_or(idle);
             ShardLoad {
                 shard_id: id.clone(),
                 utilisation: rate.utilisation(limits),
                 rate,
+                reported: reported.is_some(),
             }
         })
         .collect();

@@ -189,3 +189,42 @@ async fn a_worker_joining_a_group_that_reads_nothing_yet_gets_its_share() {
         assert_eq!(held, 4, "8 shards over 2 workers: {owners:?}");
     }
 }
+
+/// Until every shard has been reported, the picture is partial: a shard not reported yet
+/// would weigh nothing, and the workers that read it would be handed more while the
+/// reported ones looked busy. Until then shards weigh the same, lease counts differing by
+/// at most one; once every shard reports alike, nothing moves.
+#[tokio::test]
+async fn until_every_shard_is_reported_leases_are_spread_by_count() {
+    let app = spawn_app_with(|c| c.lease_join_batch_ms = 0).await;
+    let put = app
+        .call(Method::PUT, "/streams/s", Some(json!({"shard_count": 8})))
+        .await;
+    assert!(matches!(put.status, 200 | 201), "{}", put.body);
+    let joined = heartbeat(&app, "w0", vec![]).await;
+    let leases = joined["leases"].as_array().unwrap().clone();
+    assert_eq!(leases.len(), 8, "{joined}");
+    // Half the shards report half a shard's worth each; the others have not reported.
+    let first: Vec<Value> = leases.iter().take(4).map(|l| report(l, 0.5)).collect();
+    heartbeat(&app, "w0", first).await;
+    for _ in 0..3 {
+        for w in ["w0", "w1"] {
+            heartbeat(&app, w, vec![]).await;
+        }
+    }
+    let owners = settled_owners(&group(&app).await);
+    for w in ["w0", "w1"] {
+        let held = owners.values().filter(|o| *o == w).count();
+        assert_eq!(held, 4, "8 shards over 2 workers: {owners:?}");
+    }
+    // Every shard reports the same: inside the band, nothing moves.
+    for w in ["w0", "w1"] {
+        let beat = heartbeat(&app, w, vec![]).await;
+        let load = (beat["leases"].as_array().unwrap().iter())
+            .map(|l| report(l, 0.5))
+            .collect();
+        heartbeat(&app, w, load).await;
+    }
+    let after = group(&app).await;
+    assert_eq!(settled_owners(&after), owners, "{after}");
+}
