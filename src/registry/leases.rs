@@ -618,12 +618,10 @@ impl Registry {
         // read yet (a fleet up before its producers) every assignment would be inside the
         // band, a joining worker keeping a single lease. Until then shards weigh the same:
         // lease counts differ by at most one.
-        let Some(loads) = loads.into_iter().collect::<Option<Vec<f64>>>() else {
-            return Ok(assign(&vec![1; open.len()], workers, current));
+        let loads = match loads.into_iter().collect::<Option<Vec<f64>>>() {
+            Some(loads) if loads.iter().any(|&l| l > 0.0) => loads,
+            _ => return Ok(assign(&vec![1; open.len()], workers, current)),
         };
-        if loads.iter().all(|&l| l <= 0.0) {
-            return Ok(assign(&vec![1; open.len()], workers, current));
-        }
         // The controller's band (`--load-tolerance`): loads wobble, leases should not.
         Ok(assign_by_load(
             &loads,

@@ -163,12 +163,8 @@ async fn a_hot_worker_gives_up_the_fewest_leases_and_inside_the_band_nothing_mov
     assert_eq!(settled_owners(&later), owners, "{later}");
 }
 
-/// Workers that report reading nothing (a fleet up before its producers) weigh nothing:
-/// every assignment would be inside the band, so a worker that joins would get a single
-/// lease and keep it. Until some load is seen, shards weigh the same: a joining worker
-/// gets its share, lease counts differing by at most one.
-#[tokio::test]
-async fn a_worker_joining_a_group_that_reads_nothing_yet_gets_its_share() {
+/// A server with the 8-shard stream `s`, all of it leased to `w0`: its leases.
+async fn eight_shards_held_by_w0() -> (TestApp, Vec<Value>) {
     let app = spawn_app_with(|c| c.lease_join_batch_ms = 0).await;
     let put = app
         .call(Method::PUT, "/streams/s", Some(json!({"shard_count": 8})))
@@ -177,17 +173,34 @@ async fn a_worker_joining_a_group_that_reads_nothing_yet_gets_its_share() {
     let joined = heartbeat(&app, "w0", vec![]).await;
     let leases = joined["leases"].as_array().unwrap().clone();
     assert_eq!(leases.len(), 8, "{joined}");
-    heartbeat(&app, "w0", leases.iter().map(|l| report(l, 0.0)).collect()).await;
+    (app, leases)
+}
+
+/// `w1` joins beside `w0`; both heartbeat until the hand-overs settle. Asserts each holds
+/// four of the eight shards; answers who owns which.
+async fn w1_joins_and_gets_half(app: &TestApp) -> BTreeMap<String, String> {
     for _ in 0..3 {
         for w in ["w0", "w1"] {
-            heartbeat(&app, w, vec![]).await;
+            heartbeat(app, w, vec![]).await;
         }
     }
-    let owners = settled_owners(&group(&app).await);
+    let owners = settled_owners(&group(app).await);
     for w in ["w0", "w1"] {
         let held = owners.values().filter(|o| *o == w).count();
         assert_eq!(held, 4, "8 shards over 2 workers: {owners:?}");
     }
+    owners
+}
+
+/// Workers that report reading nothing (a fleet up before its producers) weigh nothing:
+/// every assignment would be inside the band, so a worker that joins would get a single
+/// lease and keep it. Until some load is seen, shards weigh the same: a joining worker
+/// gets its share, lease counts differing by at most one.
+#[tokio::test]
+async fn a_worker_joining_a_group_that_reads_nothing_yet_gets_its_share() {
+    let (app, leases) = eight_shards_held_by_w0().await;
+    heartbeat(&app, "w0", leases.iter().map(|l| report(l, 0.0)).collect()).await;
+    w1_joins_and_gets_half(&app).await;
 }
 
 /// Until every shard has been reported, the picture is partial: a shard not reported yet
@@ -196,27 +209,11 @@ async fn a_worker_joining_a_group_that_reads_nothing_yet_gets_its_share() {
 /// at most one; once every shard reports alike, nothing moves.
 #[tokio::test]
 async fn until_every_shard_is_reported_leases_are_spread_by_count() {
-    let app = spawn_app_with(|c| c.lease_join_batch_ms = 0).await;
-    let put = app
-        .call(Method::PUT, "/streams/s", Some(json!({"shard_count": 8})))
-        .await;
-    assert!(matches!(put.status, 200 | 201), "{}", put.body);
-    let joined = heartbeat(&app, "w0", vec![]).await;
-    let leases = joined["leases"].as_array().unwrap().clone();
-    assert_eq!(leases.len(), 8, "{joined}");
+    let (app, leases) = eight_shards_held_by_w0().await;
     // Half the shards report half a shard's worth each; the others have not reported.
     let first: Vec<Value> = leases.iter().take(4).map(|l| report(l, 0.5)).collect();
     heartbeat(&app, "w0", first).await;
-    for _ in 0..3 {
-        for w in ["w0", "w1"] {
-            heartbeat(&app, w, vec![]).await;
-        }
-    }
-    let owners = settled_owners(&group(&app).await);
-    for w in ["w0", "w1"] {
-        let held = owners.values().filter(|o| *o == w).count();
-        assert_eq!(held, 4, "8 shards over 2 workers: {owners:?}");
-    }
+    let owners = w1_joins_and_gets_half(&app).await;
     // Every shard reports the same: inside the band, nothing moves.
     for w in ["w0", "w1"] {
         let beat = heartbeat(&app, w, vec![]).await;
