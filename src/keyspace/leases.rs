@@ -11,7 +11,7 @@
 //! counts differ by at most 1.
 //!
 //! Once a stream's readers report what they read, shards weigh their observed utilisation
-//! instead, with a hysteresis band ([`assign_by_load`]).
+//! instead, with a hysteresis band of two edges ([`assign_by_load`]).
 
 mod by_load;
 

@@ -1,6 +1,7 @@
 //! Leases weighed by observed load: once workers report what they read, shards weigh their
 //! utilisation, and leases move only when the busiest worker leaves the band
-//! `max((1 + tolerance) × mean, mean + heaviest shard)`.
+//! `max((1 + tolerance) × mean, mean + heaviest shard)`, or when a worker below
+//! `(1 - tolerance) × mean` can take a whole lease from one above `(1 + tolerance) × mean`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -224,4 +225,38 @@ async fn until_every_shard_is_reported_leases_are_spread_by_count() {
     }
     let after = group(&app).await;
     assert_eq!(settled_owners(&after), owners, "{after}");
+}
+
+/// Workers that join while every shard reads alike each get their share, two of eight over
+/// four, not the single lease the band's upper edge would leave a joiner (three, two, two
+/// and one is inside `mean + heaviest`: 1.5 × the mean), and heartbeats then move nothing.
+#[tokio::test]
+async fn workers_joining_shards_that_read_alike_get_their_share() {
+    let (app, leases) = eight_shards_held_by_w0().await;
+    heartbeat(&app, "w0", leases.iter().map(|l| report(l, 0.5)).collect()).await;
+    w1_joins_and_gets_half(&app).await;
+    let workers = ["w0", "w1", "w2", "w3"];
+    for _ in 0..3 {
+        for w in workers {
+            heartbeat(&app, w, vec![]).await;
+        }
+    }
+    let joined = group(&app).await;
+    let owners = settled_owners(&joined);
+    for w in workers {
+        let held = owners.values().filter(|o| *o == w).count();
+        assert_eq!(held, 2, "8 shards over 4 workers: {owners:?}");
+    }
+    let used = worker_use(&joined);
+    let mean = used.values().sum::<f64>() / used.len() as f64;
+    let busiest = used.values().copied().fold(0.0, f64::max);
+    assert!(busiest <= (1.0 + TOLERANCE) * mean, "{joined}");
+    // Inside both edges, heartbeats and checks of the load move nothing.
+    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    for _ in 0..2 {
+        for w in workers {
+            heartbeat(&app, w, vec![]).await;
+        }
+    }
+    assert_eq!(settled_owners(&group(&app).await), owners);
 }

@@ -22,8 +22,6 @@ use crate::skip::sqlite_only;
 
 /// The loop's bound on busiest ÷ mean.
 const BOUND: f64 = 1.15;
-/// Lease workers reading the stream (tests/python/load_proof.py's `WORKERS`).
-const WORKERS: f64 = 4.0;
 /// Lookups cached this long: a move switches this long after it is applied.
 const MAX_AGE_S: u64 = 3;
 /// Records a second the generator writes, all accounts together.
@@ -229,27 +227,12 @@ async fn the_closed_loop_keeps_zipf_load_within_15_percent_of_the_mean_on_kinesa
             "busiest shard / mean {ratio} > {BOUND} in the window at {t} s: {looped}"
         );
     }
-    // Workers: within the bound, or within the leases' own band, the mean plus the
-    // heaviest shard (DESIGN's leases by load: three even shards of eight over four
-    // workers are inside it, at 1.5 × the mean, and stay). The server keeps that band on
-    // smoothed loads; a window's raw counts wobble around them by several percent (why
-    // the loop's own band is LOAD_TOLERANCE), so the band is checked with that much room:
-    // a worker left at three shards of eight once read 1.533 × the mean against 1.528.
-    for w in looped["windows"].as_array().unwrap() {
-        if w["judged"] != true {
-            continue;
-        }
-        let (t, ratio) = (&w["t"], w["worker"].as_f64().unwrap_or(f64::NAN));
-        let shards: Vec<f64> = (w["per_shard"].as_array().unwrap().iter())
-            .map(|n| n.as_f64().unwrap())
-            .collect();
-        let mean = shards.iter().sum::<f64>() / WORKERS;
-        let heaviest = shards.iter().copied().fold(0.0, f64::max);
-        let noise: f64 = LOAD_TOLERANCE.parse().unwrap();
-        let band = BOUND.max((mean + heaviest) / mean * (1.0 + noise));
+    // Workers: within the bound too. At two shards a worker they follow the shards; the
+    // band's lower edge brings a split such as three, two, two and one back to two apiece.
+    for (t, ratio) in ratios(looped, "worker", true) {
         assert!(
-            ratio <= band + 1e-9,
-            "busiest worker / mean {ratio} > {band} in the window at {t} s: {looped}"
+            ratio <= BOUND,
+            "busiest worker / mean {ratio} > {BOUND} in the window at {t} s: {looped}"
         );
     }
     // The workers' reports reached the server, weighed against the scaled limit.

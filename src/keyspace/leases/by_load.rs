@@ -7,6 +7,16 @@
 //! overloaded worker gives up its heaviest shards, the fewest that bring it inside, and
 //! they (with the shards nobody holds) go to the least loaded workers. Shards that carry
 //! no load therefore never move for load's sake: at zero load every worker is inside.
+//!
+//! The band has a lower edge too, for the few-shards-a-worker case where the upper one is
+//! wide: at two even shards a worker, three on one (1.5 × the mean) are inside `mean +
+//! heaviest`, and a join that ended at three, two, two and one would stay so. So a worker
+//! below `(1 - tolerance) × mean` takes a lease from a worker above `(1 + tolerance) ×
+//! mean` when one fits: it keeps the taker within `(1 + tolerance) × mean` and no heavier
+//! than the giver is left, and the giver's heaviest shard alone is within that too (a
+//! worker above it by one hot shard gives nothing: moving its small shards would not bring
+//! it down). Eight even shards over four workers end two apiece. Inside both edges a
+//! heartbeat moves nothing; a wobble crosses the lower edge only where a whole lease fits.
 
 use super::Owners;
 
@@ -27,13 +37,24 @@ pub fn band(loads: &[f64], workers: usize, tolerance: f64) -> f64 {
     edge + EDGE * edge.max(1.0)
 }
 
-/// Whether `owners` keeps the band for `loads` over `workers` workers, every shard owned.
+/// Whether `owners` keeps the band for `loads` over `workers` workers, every shard owned:
+/// its upper edge, nobody idle beside two leases, and no lease its lower edge would move.
 pub fn inside_band(
     loads: &[f64],
     workers: usize,
     owners: &[Option<usize>],
     tolerance: f64,
 ) -> bool {
+    let loads: Vec<f64> = loads.iter().copied().map(clean).collect();
+    inside_upper(&loads, workers, owners, tolerance) && {
+        let (held, counts) = held_by(&loads, workers, owners);
+        let edges = edges(&held, tolerance);
+        lease_to_lift(&loads, owners, &held, &counts, edges).is_none()
+    }
+}
+
+/// [`inside_band`] but for its lower edge.
+fn inside_upper(loads: &[f64], workers: usize, owners: &[Option<usize>], tolerance: f64) -> bool {
     if workers == 0 {
         return owners.iter().all(Option::is_none);
     }
@@ -61,12 +82,34 @@ pub fn assign_by_load(
         return vec![None; loads.len()];
     }
     let loads: Vec<f64> = loads.iter().copied().map(clean).collect();
+    let mut owners = assign_upper(&loads, workers, current, tolerance);
+    // The lower edge: each lease taken lowers the sum of the squared loads (it carries load
+    // and goes to a worker that ends lighter than its giver was), so this ends; no worker's
+    // load rises but the taker's, which stays within `(1 + tolerance) × mean`.
+    let (mut held, mut counts) = held_by(&loads, workers, &owners);
+    let edges = edges(&held, tolerance);
+    while let Some((s, from, to)) = lease_to_lift(&loads, &owners, &held, &counts, edges) {
+        owners[s] = Some(to);
+        (held[from], held[to]) = (held[from] - loads[s], held[to] + loads[s]);
+        (counts[from], counts[to]) = (counts[from] - 1, counts[to] + 1);
+    }
+    owners
+}
+
+/// [`assign_by_load`] but for the band's lower edge: the fewest moves that bring every
+/// worker within its upper edge, and nobody idle beside two leases. `loads` are clean.
+fn assign_upper(
+    loads: &[f64],
+    workers: usize,
+    current: &[Option<usize>],
+    tolerance: f64,
+) -> Owners {
     let mut owners: Owners = current.iter().map(|o| o.filter(|&w| w < workers)).collect();
-    let top = band(&loads, workers, tolerance);
+    let top = band(loads, workers, tolerance);
     let heavier = |a: &usize, b: &usize| loads[*b].total_cmp(&loads[*a]).then(a.cmp(b));
     // An overloaded worker sheds its heaviest shards: k removals lower a load most when
     // they are the k heaviest, so it sheds the fewest that bring it inside.
-    let (mut held, mut counts) = held_by(&loads, workers, &owners);
+    let (mut held, mut counts) = held_by(loads, workers, &owners);
     for w in 0..workers {
         if held[w] <= top {
             continue;
@@ -110,6 +153,71 @@ pub fn assign_by_load(
         (counts[donor], counts[idle]) = (counts[donor] - 1, 1);
     }
     owners
+}
+
+/// The band's lower edge for `held` at `tolerance`: below `low`, a worker takes a lease
+/// from one above `high`, when the lease weighs at least `width`.
+#[derive(Clone, Copy, Debug)]
+struct Edges {
+    /// `(1 - tolerance) × mean`, less the rounding slack [`EDGE`].
+    low: f64,
+    /// `(1 + tolerance) × mean`, plus the rounding slack.
+    high: f64,
+    /// `tolerance × mean`: a lease lighter than the band's width is not worth a hand-over.
+    width: f64,
+}
+
+fn edges(held: &[f64], tolerance: f64) -> Edges {
+    let mean = held.iter().sum::<f64>() / held.len().max(1) as f64;
+    let tolerance = clean(tolerance);
+    let (low, high) = ((1.0 - tolerance).max(0.0) * mean, (1.0 + tolerance) * mean);
+    Edges {
+        low: low - EDGE * low.max(1.0),
+        high: high + EDGE * high.max(1.0),
+        width: tolerance * mean,
+    }
+}
+
+/// A lease that the band's lower edge moves, as `(shard, from, to)`: the least loaded
+/// worker below `low` takes, from the most loaded worker above `high` (holding two leases
+/// or more, its heaviest within `high`: one hot shard above it is not helped by moving its
+/// small ones), the heaviest of its leases that weighs at least the band's width and keeps
+/// the taker within `high` and no heavier than the giver is left; `None` when none fits.
+fn lease_to_lift(
+    loads: &[f64],
+    owners: &[Option<usize>],
+    held: &[f64],
+    counts: &[usize],
+    edges: Edges,
+) -> Option<(usize, usize, usize)> {
+    let Edges { low, high, width } = edges;
+    let by_load = |a: &usize, b: &usize| held[*a].total_cmp(&held[*b]).then(a.cmp(b));
+    let mut takers: Vec<usize> = (0..held.len()).filter(|&w| held[w] < low).collect();
+    takers.sort_by(by_load);
+    let mut heaviest = vec![0.0f64; held.len()];
+    for (s, owner) in owners.iter().enumerate() {
+        if let Some(w) = owner.filter(|&w| w < held.len()) {
+            heaviest[w] = heaviest[w].max(loads[s]);
+        }
+    }
+    let mut givers: Vec<usize> = (0..held.len())
+        .filter(|&w| counts[w] >= 2 && held[w] > high && heaviest[w] <= high)
+        .collect();
+    givers.sort_by(|a, b| by_load(b, a));
+    takers.iter().find_map(|&to| {
+        givers.iter().find_map(|&from| {
+            // Even shards end level: the taker no heavier than the giver, up to rounding.
+            let slack = EDGE * held[from].max(1.0);
+            (0..loads.len())
+                .filter(|&s| owners[s] == Some(from) && loads[s] > slack && loads[s] >= width)
+                .filter(|&s| {
+                    let taker = held[to] + loads[s];
+                    taker <= high && taker <= held[from] - loads[s] + slack
+                })
+                .max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a)))
+                .map(|s| (s, from, to))
+        })
+    })
 }
 
 /// Each worker's summed load and lease count, summed in shard order.
@@ -200,21 +308,95 @@ mod tests {
             prop_assert_eq!(again, owners);
         }
 
-        /// No assignment inside the band moves fewer leases (brute force over all of them).
+        /// No assignment inside the band's upper edge moves fewer leases to get there (brute
+        /// force over all of them); the lower edge's moves come after (next property).
         #[test]
         fn the_moves_are_the_fewest_that_bring_every_worker_inside(
             (loads, workers, current) in group(6, 3)
         ) {
             let live = live(&current, workers);
-            let owners = assign_by_load(&loads, workers, &current, TOL);
+            let loads: Vec<f64> = loads.into_iter().map(clean).collect();
+            let owners = assign_upper(&loads, workers, &current, TOL);
             let least = all_assignments(loads.len(), workers)
                 .into_iter()
-                .filter(|o| inside_band(&loads, workers, o, TOL))
+                .filter(|o| inside_upper(&loads, workers, o, TOL))
                 .map(|o| moves(&live, &o))
                 .min()
                 .expect("some assignment is inside the band");
             prop_assert_eq!(moves(&live, &owners), least, "{:?} {:?} -> {:?}", loads, live, owners);
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// The lower edge moves only leases worth the band's width, each to a worker that
+        /// ends within `(1 + tolerance) × mean`; the busiest worker never rises for it.
+        #[test]
+        fn the_lower_edge_moves_whole_leases_and_never_raises_the_busiest(
+            (loads, workers, current) in group(24, 8)
+        ) {
+            let clean: Vec<f64> = loads.iter().copied().map(clean).collect();
+            let upper = assign_upper(&clean, workers, &current, TOL);
+            let owners = assign_by_load(&loads, workers, &current, TOL);
+            let (before, _) = held_by(&clean, workers, &upper);
+            let (after, _) = held_by(&clean, workers, &owners);
+            let mean = after.iter().sum::<f64>() / workers as f64;
+            let busiest = |h: &[f64]| h.iter().copied().fold(0.0, f64::max);
+            prop_assert!(busiest(&after) <= busiest(&before) + 1e-9, "{before:?} -> {after:?}");
+            for s in (0..clean.len()).filter(|&s| upper[s] != owners[s]) {
+                prop_assert!(clean[s] >= TOL * mean - 1e-12, "{clean:?} {upper:?} -> {owners:?}");
+                let to = owners[s].expect("owned");
+                prop_assert!(after[to] <= (1.0 + TOL) * mean + 1e-9, "{after:?}");
+            }
+        }
+
+        /// A worker joins a fleet inside the band: the busiest worker does not rise and
+        /// the joiner gets work.
+        #[test]
+        fn a_joining_worker_gets_work_and_the_busiest_does_not_rise(
+            (loads, workers, current) in group(24, 7)
+        ) {
+            let before = assign_by_load(&loads, workers, &current, TOL);
+            let after = assign_by_load(&loads, workers + 1, &before, TOL);
+            prop_assert!(inside_band(&loads, workers + 1, &after, TOL));
+            let (was, _) = held_by(&loads, workers, &before);
+            let (held, counts) = held_by(&loads, workers + 1, &after);
+            let busiest = |h: &[f64]| h.iter().copied().fold(0.0, f64::max);
+            prop_assert!(busiest(&held) <= busiest(&was) + 1e-9, "{was:?} -> {held:?}");
+            if loads.len() > workers {
+                prop_assert!(counts[workers] >= 1, "{before:?} -> {after:?}");
+            }
+        }
+    }
+
+    /// Eight shards of nearly one load (their keys' counts differ by one) held three, three
+    /// and two: a fourth worker that joins ends the fleet at two apiece, not at three, two,
+    /// two and one (1.5 × the mean, inside the upper edge, where it would stay).
+    #[test]
+    fn a_joining_worker_takes_its_share_of_even_shards() {
+        let loads = [0.37, 0.38, 0.37, 0.38, 0.37, 0.38, 0.37, 0.38];
+        let current: Owners = [0, 0, 0, 1, 1, 1, 2, 2].map(Some).to_vec();
+        assert_eq!(assign_by_load(&loads, 3, &current, TOL), current);
+        let owners = assign_by_load(&loads, 4, &current, TOL);
+        let (_, counts) = held_by(&loads, 4, &owners);
+        assert_eq!(counts, [2, 2, 2, 2], "{owners:?}");
+        assert_eq!(moves(&current, &owners), 2);
+        assert_eq!(assign_by_load(&loads, 4, &owners, TOL), owners);
+    }
+
+    /// Three, two, two and one of eight equal shards, however it came about (a join under
+    /// the keys' weights, before any report): one lease moves, and the workers end level
+    /// though a float's sums of 0.1 are not.
+    #[test]
+    fn three_two_two_one_of_equal_shards_ends_two_apiece() {
+        let loads = [0.1; 8];
+        let current: Owners = [0, 0, 0, 1, 1, 2, 2, 3].map(Some).to_vec();
+        let owners = assign_by_load(&loads, 4, &current, TOL);
+        let (_, counts) = held_by(&loads, 4, &owners);
+        assert_eq!(counts, [2, 2, 2, 2], "{owners:?}");
+        assert_eq!(moves(&current, &owners), 1);
+        assert!(inside_band(&loads, 4, &owners, TOL));
     }
 
     /// Loads that wobble between reports: a heartbeat moves nothing while every worker
