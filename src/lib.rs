@@ -144,6 +144,7 @@ pub async fn serve(
     use tower::ServiceExt as _;
 
     let limits = state.connections;
+    let registry = Arc::clone(&state.registry);
     let app = app(state);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
@@ -190,6 +191,8 @@ pub async fn serve(
         });
     }
     drop(listener);
+    // Long-polls of the log answer now, rather than hold the drain for up to a minute.
+    registry.end_long_polls();
     graceful.shutdown().await;
     Ok(())
 }

@@ -30,6 +30,27 @@ pub struct EventParams {
     /// Page size, 1..=1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// Seconds to wait, 0..=60 (default 0), when no event after `after` exists yet: the
+    /// answer comes as soon as one does (a long-poll), else empty when they pass.
+    #[param(minimum = 0, maximum = 60)]
+    pub wait_s: Option<u32>,
+}
+
+/// The longest a long-poll of the log waits (`wait_s`).
+pub const MAX_WAIT_S: u32 = 60;
+
+/// The `wait_s` a request to `uri` asks for, if it is a long-poll of the log: the request
+/// may take that much longer than other requests. Out of range counts as none (the request
+/// is refused).
+pub fn long_poll(uri: &axum::http::Uri) -> std::time::Duration {
+    let wait = (uri.path() == "/events")
+        .then(|| uri.query())
+        .flatten()
+        .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("wait_s=")))
+        .and_then(|w| w.parse::<u32>().ok())
+        .filter(|&w| w <= MAX_WAIT_S)
+        .unwrap_or(0);
+    std::time::Duration::from_secs(u64::from(wait))
 }
 
 /// What an event did.
@@ -167,12 +188,14 @@ pub struct EventPage {
     pub next: i64,
 }
 
-/// The event log, oldest first, paged by id.
+/// The event log, oldest first, paged by id. With `wait_s`, a long-poll: when no event after
+/// `after` exists yet, the answer waits until one does (on a replica: until its follower
+/// applies it) or `wait_s` passes, then answers empty with `next` = `after`.
 #[utoipa::path(
     get, path = "/events", tag = "observability",
     params(EventParams),
     responses(
-        (status = 200, description = "Events after `after`, at most `limit`", body = EventPage),
+        (status = 200, description = "Events after `after`, at most `limit` (waiting up to `wait_s` for the first)", body = EventPage),
         (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -187,7 +210,14 @@ async fn events(
         )));
     }
     let limit = super::page_limit(params.limit, MAX_EVENTS)?;
-    let logged = state.registry.log(after, limit).await?;
+    let wait_s = params.wait_s.unwrap_or(0);
+    if wait_s > MAX_WAIT_S {
+        return Err(ApiError::bad_request(format!(
+            "wait_s must be 0..={MAX_WAIT_S}, got {wait_s}"
+        )));
+    }
+    let wait = std::time::Duration::from_secs(u64::from(wait_s));
+    let logged = state.registry.wait_for_events(after, limit, wait).await?;
     let next = logged.last().map_or(after, |l| l.event.id);
     Ok(Json(EventPage {
         events: logged.into_iter().map(EventBody::from).collect(),

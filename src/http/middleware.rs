@@ -15,6 +15,24 @@ use super::error::{PROBLEM_JSON, problem};
 use crate::config::Token;
 use crate::{Access, AppState};
 
+/// Answers 408 when a request takes longer than `limit`, or than `limit` plus the wait a
+/// long-poll of the log asks for (`GET /events?wait_s=`).
+pub async fn time_limit(
+    State(limit): State<std::time::Duration>,
+    request: Request,
+    next: Next,
+) -> Response<Body> {
+    let limit = limit + super::events::long_poll(request.uri());
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let mut response = Response::new(Body::empty());
+            *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
+            response
+        }
+    }
+}
+
 /// Mutations need the bearer token when one is configured, else a loopback client and no
 /// foreign `Origin`. Refused ones are rate-limited per client, so tokens cannot be guessed
 /// quickly; allowed ones only with `--limit-token-holders`. Reads pass untouched. Behind a

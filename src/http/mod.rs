@@ -27,12 +27,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::Request;
-use axum::http::{HeaderName, StatusCode, header};
+use axum::http::{HeaderName, header};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
@@ -312,7 +311,7 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
         // Innermost first: each `layer` call wraps everything above it.
         .layer(ServiceBuilder::new().layer(CatchPanicLayer::new()).layer(
-            TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout),
+            axum::middleware::from_fn_with_state(timeout, middleware::time_limit),
         ))
         .layer(axum::middleware::map_response(
             middleware::problem_for_errors,

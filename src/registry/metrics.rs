@@ -87,6 +87,11 @@ impl Registry {
     /// Records that event `id` is applied to memory.
     pub(super) fn count_applied(&self, w: &Writer, id: i64) {
         self.metrics.applied_event.set(id);
+        self.applied.send_if_modified(|a| {
+            let newer = id > a.event;
+            a.event = a.event.max(id);
+            newer
+        });
         self.metrics.tree_nodes.set(w.alloc.tree_nodes() as i64);
     }
 

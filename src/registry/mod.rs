@@ -163,6 +163,16 @@ pub struct Registry {
     follow_failing: std::sync::Mutex<Option<Instant>>,
     /// How observed load is smoothed and weighed.
     load_config: RwLock<load::LoadConfig>,
+    /// The newest event applied to memory, for long-polls of the log to wait on; and
+    /// whether the server is draining, which ends them at once.
+    applied: tokio::sync::watch::Sender<LogHead>,
+}
+
+/// What a long-poll of the log waits on (see [`Registry::wait_for_events`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct LogHead {
+    event: i64,
+    draining: bool,
 }
 
 /// Loads a fanout raise places new keys by: per shard of the primary map, and what each new
@@ -313,6 +323,7 @@ impl Registry {
             schema: 0.into(),
             follow_failing: Default::default(),
             load_config: Default::default(),
+            applied: Default::default(),
         });
         registry.note_schema(schema);
         let w = registry.writer.lock().await;
@@ -879,6 +890,37 @@ impl Registry {
     /// Up to `limit` events of the log after id `after`, from the database.
     pub async fn log(&self, after: i64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
         Ok(self.store.log(after, i64::from(limit)).await?)
+    }
+
+    /// [`Registry::log`], waiting up to `wait` for an event after `after` when there is
+    /// none yet: it answers as soon as this server has applied one (its own change, or one
+    /// its follower read), or empty when `wait` passes or the server starts draining.
+    pub async fn wait_for_events(
+        &self,
+        after: i64,
+        limit: u32,
+        wait: std::time::Duration,
+    ) -> Result<Vec<LoggedEvent>, Error> {
+        // Watching before the read: an event applied in between is not missed.
+        let mut applied = self.applied.subscribe();
+        let logged = self.log(after, limit).await?;
+        if !logged.is_empty() || wait.is_zero() {
+            return Ok(logged);
+        }
+        let woken = async {
+            let head = applied.wait_for(|a| a.event > after || a.draining).await;
+            head.is_ok_and(|a| !a.draining)
+        };
+        if tokio::time::timeout(wait, woken).await == Ok(true) {
+            self.log(after, limit).await
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
+    /// Ends every long-poll of the log now and each later one at once: the server drains.
+    pub fn end_long_polls(&self) {
+        self.applied.send_modify(|a| a.draining = true);
     }
 
     /// Longest a change is waited for before its client is told the database cannot take

@@ -32,6 +32,7 @@ mod leases_stale;
 mod lifecycle;
 mod load;
 mod load_kinesis;
+mod long_poll;
 mod makefile;
 mod names;
 mod observability;

@@ -40,7 +40,8 @@ each brought about here by the function named, with why the document cannot say 
 A request that the schema allows but that breaks one of them is rightly refused (400 or 422),
 which the positive_data_acceptance check would report. So positive cases are brought within
 these rules before they are sent; negative cases are sent as generated. One more hook keeps
-shard counts and fanouts small in every case, for run time only (see `sizes`). Loaded by
+shard counts, fanouts and long-polls' waits small in every case, for run time only (see
+`sizes`). Loaded by
 tests/api/schemathesis.rs through SCHEMATHESIS_HOOKS.
 """
 
@@ -60,6 +61,10 @@ MAX_FANOUT = 1024
 # Fanouts up to 1024 are valid, but every registered map then re-plans tens of thousands
 # of keys in the debug build; valid fanouts are lowered to this, for run time only.
 MOST_KEYS = 16
+# GET /events waits up to `wait_s` (at most 60) when nothing follows `after`; valid waits
+# are lowered to this, for run time only (tests/api/long_poll.rs covers the waits).
+MAX_WAIT_S = 60
+MOST_WAIT_S = 0
 
 
 def exactly_one(params, names, default):
@@ -229,6 +234,7 @@ def sizes(case):
                 cap(params, name, MAX_SHARDS)
             cap(params, "shard_count", MAX_STREAM_SHARDS)
             cap(params, "fanout", MOST_KEYS, MAX_FANOUT)
+            cap(params, "wait_s", MOST_WAIT_S, MAX_WAIT_S)
     if isinstance(case.body, dict) and isinstance(case.body.get("accounts"), list):
         for item in case.body["accounts"]:
             if isinstance(item, dict):
