@@ -73,6 +73,15 @@ impl HeavyWork {
         Ok(([(header::CONTENT_TYPE, json)], body).into_response())
     }
 
+    /// One of the pool's turns, for heavy work that is not a closure (a streamed answer):
+    /// held, it counts against the threads as running work does.
+    pub async fn turn(&self) -> tokio::sync::OwnedSemaphorePermit {
+        Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
     /// Runs `work` on a heavy-work thread once one is free and answers what it made.
     pub async fn run<T, F>(&self, work: F) -> Result<T, ApiError>
     where

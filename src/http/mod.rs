@@ -20,6 +20,7 @@ mod openapi;
 mod openapi30;
 mod rebalance;
 mod shards;
+mod snapshot;
 mod streams;
 mod ui;
 
@@ -49,6 +50,7 @@ pub use lookup_cache::LookupCache;
 pub use metrics::HttpMetrics;
 pub use rebalance::MAX_SWITCH_AFTER_S;
 pub use shards::ShardOf;
+pub use snapshot::SnapshotHead;
 pub use streams::{PutStream, StreamMap};
 
 use crate::AppState;
@@ -87,6 +89,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(health::router().layer(small()))
         .merge(metrics::router().layer(small()))
         .merge(events::router().layer(small()))
+        .merge(snapshot::router().layer(small()))
         .merge(ui::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
     openapi::guarded_mutations(api.get_openapi_mut());

@@ -22,6 +22,7 @@ mod load;
 mod md5_loads;
 mod metrics;
 mod rebalance;
+mod snapshot;
 mod streams;
 
 use accounts::Accounts;
@@ -40,6 +41,7 @@ pub use load::{
 };
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
+pub use snapshot::Snapshot;
 pub use streams::{Stream, StreamChange};
 
 /// Why a registry operation failed.

@@ -193,6 +193,21 @@ impl Assignment {
 
 /// Groups rows sorted by account and index into assignments (the first row of an account
 /// gives its creation time).
+/// A page of [`Store::list`] from at most `max_keys + 1` key rows: the flag says whether
+/// the key bound cut it.
+fn list_page(
+    rows: Vec<(KeyRow, Option<Switch>, Option<u32>)>,
+    max_keys: u32,
+) -> Result<(Vec<Assignment>, bool)> {
+    let cut = rows.len() > max_keys as usize;
+    let mut accounts = group_rows(rows)?;
+    if cut {
+        // The last account may be missing keys: it starts the next page.
+        accounts.pop();
+    }
+    Ok((accounts, cut))
+}
+
 fn group_rows(rows: Vec<(KeyRow, Option<Switch>, Option<u32>)>) -> Result<Vec<Assignment>> {
     let mut out: Vec<(Assignment, Vec<HashKey>)> = Vec::new();
     for (row, switch, max_fanout) in rows {
@@ -587,13 +602,7 @@ impl Store {
         max_keys: u32,
     ) -> Result<(Vec<Assignment>, bool)> {
         let rows = on_backend!(self, c => list(after, limit, max_keys + 1))?;
-        let cut = rows.len() > max_keys as usize;
-        let mut accounts = group_rows(rows)?;
-        if cut {
-            // The last account may be missing keys: it starts the next page.
-            accounts.pop();
-        }
-        Ok((accounts, cut))
+        list_page(rows, max_keys)
     }
 
     /// Up to `limit` moves still pending at `now` (Unix milliseconds) with event id above
@@ -753,6 +762,22 @@ impl Tx {
     /// Id of the newest event, 0 when there is none.
     pub async fn last_event_id(&mut self) -> Result<i64> {
         in_tx!(self, last_event_id())
+    }
+
+    /// How many accounts hold keys.
+    pub async fn count_accounts(&mut self) -> Result<i64> {
+        in_tx!(self, count_accounts())
+    }
+
+    /// [`Store::list`], read in this transaction.
+    pub async fn list(
+        &mut self,
+        after: Option<&str>,
+        limit: u32,
+        max_keys: u32,
+    ) -> Result<(Vec<Assignment>, bool)> {
+        let rows = in_tx!(self, list(after, limit, max_keys + 1))?;
+        list_page(rows, max_keys)
     }
 
     /// Inserts new keys and logs `allocate` for each; answers the event ids in the order

@@ -55,6 +55,11 @@ macro_rules! queries {
             Ok(sqlx::query_scalar("SELECT COUNT(*) FROM assignments").fetch_one(&mut *conn).await?)
         }
 
+        /// How many accounts hold keys (each has its key 0).
+        pub async fn count_accounts(conn: &mut Conn) -> Result<i64> {
+            Ok(sqlx::query_scalar("SELECT COUNT(*) FROM assignments WHERE idx = 0").fetch_one(&mut *conn).await?)
+        }
+
         /// The key rows of the first `limit` accounts after `after`, by account and index,
         /// at most `max_rows` of them, each with the switch of a staged move that set it
         /// (past or pending), and key 0 with the account's cap on its fanout, if it set one.

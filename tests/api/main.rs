@@ -50,6 +50,7 @@ mod schemathesis;
 mod secrets;
 mod shards;
 mod simulate;
+mod snapshot;
 mod staged;
 mod startup;
 mod store;

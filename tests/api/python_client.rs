@@ -8,7 +8,8 @@ use tokio::process::Command;
 use crate::helpers::spawn_app;
 
 // Keeps the package name fixed; no post hooks, so ruff need not be on PATH.
-const GENERATOR_CONFIG: &str = r#"{"package_name_override": "keyspread_client", "post_hooks": []}"#;
+/// `GET /snapshot` answers NDJSON, which the generator reads as bytes when told so.
+const GENERATOR_CONFIG: &str = r#"{"package_name_override": "keyspread_client", "content_type_overrides": {"application/x-ndjson": "application/octet-stream"}, "post_hooks": []}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_python_client_drives_the_live_server() {

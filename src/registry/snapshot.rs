@@ -1,0 +1,58 @@
+//! The whole table as of one event, read page by page in one read transaction: what a
+//! producer's mirror starts from before it follows the log.
+
+use super::{Error, Registry};
+use crate::store::{Assignment, Tx};
+
+/// Accounts a page holds at most.
+const PAGE_ACCOUNTS: u32 = 1000;
+/// Keys a page holds at most (an account has up to 1,024).
+const PAGE_KEYS: u32 = 16_384;
+
+/// The table as of event `event_id`: `accounts` assignments, read by
+/// [`Snapshot::next_page`] in account order. Holds a read transaction (and on SQLite a
+/// read connection) until dropped; writers do not wait on it.
+pub struct Snapshot {
+    /// The newest event the table holds: follow the log from after it.
+    pub event_id: i64,
+    /// How many accounts the pages hold together.
+    pub accounts: i64,
+    tx: Tx,
+    after: Option<String>,
+    done: bool,
+}
+
+impl Snapshot {
+    /// The next page of assignments, by account; `None` once every one was read.
+    pub async fn next_page(&mut self) -> Result<Option<Vec<Assignment>>, Error> {
+        if self.done {
+            return Ok(None);
+        }
+        let (page, cut) = (self.tx)
+            .list(self.after.as_deref(), PAGE_ACCOUNTS, PAGE_KEYS)
+            .await?;
+        self.done = !cut && page.len() < PAGE_ACCOUNTS as usize;
+        match page.last() {
+            Some(last) => self.after = Some(last.account.as_str().to_owned()),
+            None => self.done = true,
+        }
+        Ok((!page.is_empty()).then_some(page))
+    }
+}
+
+impl Registry {
+    /// Starts a [`Snapshot`] of the committed table: one consistent state of the database
+    /// (every event up to its newest), whatever replica answers.
+    pub async fn snapshot(&self) -> Result<Snapshot, Error> {
+        let mut tx = self.store.snapshot().await?;
+        let event_id = tx.last_event_id().await?;
+        let accounts = tx.count_accounts().await?;
+        Ok(Snapshot {
+            event_id,
+            accounts,
+            tx,
+            after: None,
+            done: false,
+        })
+    }
+}
