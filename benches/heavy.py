@@ -19,7 +19,6 @@ import argparse
 import http.client
 import multiprocessing
 import os
-import shutil
 import statistics
 import time
 
@@ -97,16 +96,7 @@ def put_stream(port, shards):
 
 
 def run(args):
-    workdir = load.tempdir()
-    cached = load.accounts_db(args)
-    db = os.path.join(workdir, "keyspread.db")
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(cached + suffix):
-            shutil.copy(cached + suffix, db + suffix)
-    server = load.Server(args, f"sqlite://{db}", workdir, pinned=not args.unpinned)
-    if not args.unpinned:
-        os.sched_setaffinity(0, {int(load.CLIENT_CPU)})
-    server.wait_ready(timeout=180)
+    server = load.serve_copy(args, pinned=not args.unpinned)
     put_s = put_stream(server.port, args.shards)
     load.log(f"PUT /streams/big ({args.shards} shards): {put_s:.2f} s")
 

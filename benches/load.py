@@ -281,6 +281,22 @@ def database_script_arguments(parser, hot_every):
     parser.add_argument("--output", help="also write the figures to this file")
 
 
+def serve_copy(args, pinned=True):
+    """A server on a fresh copy of accounts_db(), ready; this process moves to CLIENT_CPU
+    when the server is pinned."""
+    workdir = tempdir()
+    cached = accounts_db(args)
+    db = os.path.join(workdir, "keyspread.db")
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(cached + suffix):
+            shutil.copy(cached + suffix, db + suffix)
+    server = Server(args, f"sqlite://{db}", workdir, pinned=pinned)
+    if pinned:
+        os.sched_setaffinity(0, {int(CLIENT_CPU)})
+    server.wait_ready(timeout=180)
+    return server
+
+
 def run_database_script(args, run):
     """Runs `run(args)` with the binary checked, its server and files cleaned up however it
     ends, and prints the report it answers (also to --output)."""

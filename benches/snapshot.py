@@ -16,7 +16,6 @@ import argparse
 import http.client
 import json
 import os
-import shutil
 import threading
 import time
 
@@ -50,15 +49,7 @@ def read_snapshot(port):
 
 
 def run(args):
-    workdir = load.tempdir()
-    cached = load.accounts_db(args)
-    db = os.path.join(workdir, "keyspread.db")
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(cached + suffix):
-            shutil.copy(cached + suffix, db + suffix)
-    server = load.Server(args, f"sqlite://{db}", workdir)
-    os.sched_setaffinity(0, {int(load.CLIENT_CPU)})
-    server.wait_ready(timeout=180)
+    server = load.serve_copy(args)
     out = [f"GET /snapshot, {args.accounts} accounts (SQLite, release, server on CPU "
            f"{load.SERVER_CPU}, reader on CPU {load.CLIENT_CPU}), load average "
            f"{os.getloadavg()[0]:.2f}:"]

@@ -26,7 +26,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import statistics
 import time
 
@@ -111,16 +110,7 @@ def describe(path, when, runs):
 
 
 def run(args):
-    workdir = load.tempdir()
-    cached = load.accounts_db(args)
-    db = os.path.join(workdir, "keyspread.db")
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(cached + suffix):
-            shutil.copy(cached + suffix, db + suffix)
-    server = load.Server(args, f"sqlite://{db}", workdir, pinned=not args.unpinned)
-    if not args.unpinned:
-        os.sched_setaffinity(0, {int(load.CLIENT_CPU)})
-    server.wait_ready(timeout=180)
+    server = load.serve_copy(args, pinned=not args.unpinned)
     moves = prepare(server.port, args)
     page = measure(server.port, "/ui?stream=big", args.renders, args.save)
     distribution = measure(server.port, "/distribution?stream=big", args.renders)
