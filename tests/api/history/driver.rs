@@ -8,6 +8,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
+mod balance;
 mod quiet;
 mod workers;
 
@@ -33,6 +34,9 @@ pub struct History {
     /// Broken promises seen while it ran: at quiet checks, and restarts refused.
     pub quiet_violations: Vec<Violation>,
     pub quiet_checks: u32,
+    /// Quiet checks of the leases' balance: judged, and left unjudged (not settled).
+    pub balance_judged: u32,
+    pub balance_unsettled: u32,
     pub replicas: usize,
     pub primary_shards: u64,
     pub clock_note: String,
@@ -93,6 +97,8 @@ struct Driver {
     watcher: Watcher,
     quiet_violations: Vec<Violation>,
     quiet_checks: u32,
+    balance_judged: u32,
+    balance_unsettled: u32,
 }
 
 pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History {
@@ -170,6 +176,8 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         watcher: Watcher::start(url, clock),
         quiet_violations: Vec::new(),
         quiet_checks: 0,
+        balance_judged: 0,
+        balance_unsettled: 0,
     };
     let body = json!({"shard_count": primary_shards, "primary": true});
     let (status, answer) = d
@@ -235,6 +243,8 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         events,
         quiet_violations: d.quiet_violations,
         quiet_checks: d.quiet_checks,
+        balance_judged: d.balance_judged,
+        balance_unsettled: d.balance_unsettled,
         replicas: n,
         primary_shards,
         clock_note,

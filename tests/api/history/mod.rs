@@ -166,11 +166,13 @@ async fn random_histories_keep_every_promise() {
         history.aborted,
     );
     println!(
-        "history on {backend}: answers checked against the log {}, spreads checked {}, held periods {}, max lag seen {} ms",
+        "history on {backend}: answers checked against the log {}, spreads checked {}, held periods {}, max lag seen {} ms, lease balances judged {} ({} not settled, not judged)",
         judged.checked,
         judged.spreads,
         leases::periods(&history).len(),
         judged.max_lag,
+        history.balance_judged,
+        history.balance_unsettled,
     );
     let mut by_check: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for v in &violations {

@@ -8,6 +8,7 @@ use reqwest::Method;
 
 use super::super::Violation;
 use super::super::model::{Model, answered, view};
+use super::balance::Balance;
 use super::{Driver, POOL};
 use crate::helpers::Db;
 
@@ -45,6 +46,10 @@ impl Driver {
                 self.quiet_violations.extend(found);
                 break;
             }
+        }
+        match self.leases_balanced().await {
+            Balance::Unsettled => self.balance_unsettled += 1,
+            Balance::Kept | Balance::Broken => self.balance_judged += 1,
         }
         let now = self.clock.now();
         self.quiet_at = None;

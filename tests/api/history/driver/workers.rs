@@ -197,9 +197,17 @@ impl Driver {
     }
 
     async fn beat(&mut self, w: usize, r: usize) {
+        self.beat_with(w, r, None).await;
+    }
+
+    /// A heartbeat of `w` through `r`, reporting `load` if given.
+    pub(super) async fn beat_with(&mut self, w: usize, r: usize, load: Option<Vec<Value>>) {
         let now = self.clock.now();
         let path = format!("/streams/{LEASED}/workers/{}", self.workers[w].name);
-        let body = json!({"ttl_s": TTL_S});
+        let body = match load {
+            Some(load) => json!({"ttl_s": TTL_S, "load": load}),
+            None => json!({"ttl_s": TTL_S}),
+        };
         let (status, answer) = self
             .call(r, "heartbeat", Method::PUT, path, Some(body))
             .await;
