@@ -35,8 +35,8 @@ pub use leases::{
     WEIGHT_RECHECK_MS, WorkerLeases,
 };
 pub use load::{
-    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadConfig, LoadReport,
-    MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
+    AccountLoad, AccountReport, AccountTotals, IgnoreReason, IgnoredLoad, LoadConfig, LoadReport,
+    LoadTotals, MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
 };
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
