@@ -23,6 +23,7 @@ mod md5_loads;
 mod metrics;
 mod rebalance;
 mod streams;
+mod totals;
 
 use accounts::Accounts;
 pub use accounts::Held;
@@ -35,12 +36,13 @@ pub use leases::{
     WEIGHT_RECHECK_MS, WorkerLeases,
 };
 pub use load::{
-    AccountLoad, AccountReport, AccountTotals, IgnoreReason, IgnoredLoad, LoadConfig, LoadReport,
-    LoadTotals, MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
+    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadConfig, LoadReport,
+    MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
 };
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
 pub use streams::{Stream, StreamChange};
+pub use totals::{AccountTotals, LoadTotals};
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
