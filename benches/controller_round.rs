@@ -1,10 +1,13 @@
 //! One load controller round's pure work at scale: 1,000,000 accounts over a uniform map of
 //! 1,024 shards, Zipf(1.1) loads at 0.7 of the shards' capacity (accounts above half a shard
 //! fanned out to ⌈load ÷ 0.5⌉ keys), every account named in the shards' reports, 1 % of the
-//! accounts in cooldown, one in a thousand opted in to a raised fanout. A round copies the
-//! accounts, weighs each key by its account's load (`key_loads`), plans by load under the
-//! default band and cap (1 % of the accounts), and decides the fanouts: what the controller
-//! runs on its blocking thread. Single-threaded; run pinned to one core:
+//! accounts in cooldown, one in a thousand opted in to a raised fanout. The shards' rows are
+//! built as the store holds them (each shard's accounts packed, in byte order of their
+//! names). A round opens them into each account's total (`LoadTotals::open`, on the blocking
+//! thread of its read), copies the accounts, weighs each key by its account's load
+//! (`key_loads`), plans by load under the default band and cap (1 % of the accounts), and
+//! decides the fanouts: what the controller runs on its blocking threads; fetching the rows
+//! from the database is not counted. Single-threaded; run pinned to one core:
 //! `taskset -c 1 cargo bench --bench controller_round` (`-- --accounts N` for other sizes).
 
 mod common;
@@ -14,19 +17,27 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode};
-use keyspread::keyspace::{AccountId, Allocator, Keyspace, Rate, ShardMap, suggested_fanout};
+use keyspread::keyspace::{
+    AccountId, Allocator, Keyspace, Limits, Rate, ShardMap, suggested_fanout,
+};
 use keyspread::registry::{
-    AccountLoad, ControllerConfig, Held, ShardLoad, StreamLoad, capped_loads, fanout_targets,
+    ControllerConfig, Held, LoadConfig, LoadTotals, StreamLoad, capped_loads, fanout_targets,
     key_loads, plan_round,
 };
-use keyspread::store::HashKeys;
+use keyspread::store::load::LoadRows;
+use keyspread::store::packed::{Entry, Packer};
+use keyspread::store::{HashKeys, StreamRow};
+
+/// The database's clock when the rows are read: every rate is as of it.
+const NOW: i64 = 1_800_000_000_000;
 
 /// Everything a round reads, as the controller holds it.
 struct Round {
     alloc: Allocator,
     map: ShardMap,
     accounts: Vec<(AccountId, Held)>,
-    load: StreamLoad,
+    stream: StreamRow,
+    rows: LoadRows,
     cooling: Vec<String>,
     capped: Vec<(AccountId, u32, u64, u32)>,
 }
@@ -39,7 +50,8 @@ fn set_up(accounts: usize, shards: u64) -> Round {
     alloc.balance_on(Some(map.clone()));
     let mut held = Vec::with_capacity(accounts);
     let mut utilisation = vec![0.0; map.len()];
-    let mut entries = Vec::with_capacity(accounts + 1000);
+    // Per shard, its accounts' entries: (account, records/s).
+    let mut entries: Vec<Vec<(String, f64)>> = vec![Vec::new(); map.len()];
     let mut capped = Vec::new();
     for (a, &load) in loads.iter().enumerate() {
         let fanout = suggested_fanout(load, 0.5);
@@ -55,12 +67,7 @@ fn set_up(accounts: usize, shards: u64) -> Round {
         on.sort_unstable();
         for (s, n) in dedup_counts(&on) {
             let share = load * n as f64 / f64::from(fanout);
-            entries.push(AccountLoad {
-                account: id.as_str().to_owned(),
-                shard_id: map.shard(s).id,
-                rate: Rate::default(),
-                load: share,
-            });
+            entries[s].push((id.as_str().to_owned(), share));
         }
         if a % 1000 == 0 {
             capped.push((id.clone(), fanout, u64::from(fanout), 16));
@@ -76,18 +83,31 @@ fn set_up(accounts: usize, shards: u64) -> Round {
             },
         ));
     }
-    entries.sort_by(|a, b| (&a.account, &a.shard_id).cmp(&(&b.account, &b.shard_id)));
-    let load = StreamLoad {
-        shards: (0..map.len())
-            .map(|s| ShardLoad {
-                shard_id: map.shard(s).id,
-                rate: Rate::default(),
-                utilisation: utilisation[s],
-                reported: true,
-            })
-            .collect(),
-        accounts: entries,
-        reported: true,
+    let rows = LoadRows::packed(entries.into_iter().enumerate().map(|(s, mut entries)| {
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut packed = Packer::new(NOW, entries.len());
+        for (account, records_per_s) in &entries {
+            packed.push(Entry {
+                account,
+                records_per_s: *records_per_s,
+                bytes_per_s: 0.0,
+            });
+        }
+        let rate = Rate {
+            records_per_s: utilisation[s],
+            bytes_per_s: 0.0,
+            at_ms: NOW,
+        };
+        (map.shard(s).id, rate, 5_000, packed.finish())
+    }));
+    let stream = StreamRow {
+        name: "s".to_owned(),
+        shards: map.iter().map(|s| (s.id, s.start, s.end)).collect(),
+        next_shard: map.len() as u64,
+        primary: true,
+        updated_at: NOW,
+        version: 1,
+        listed: None,
     };
     let cooling = (held.iter().step_by(100))
         .map(|(id, _)| id.as_str().to_owned())
@@ -96,7 +116,8 @@ fn set_up(accounts: usize, shards: u64) -> Round {
         alloc,
         map,
         accounts: held,
-        load,
+        stream,
+        rows,
         cooling,
         capped,
     }
@@ -120,19 +141,29 @@ fn main() {
     let started = Instant::now();
     let mut r = set_up(accounts, shards);
     let keys: usize = r.accounts.iter().map(|(_, h)| h.keys.len()).sum();
+    // A shard takes one record/s: the rows' rates are the loads themselves, to the bit.
+    let config = LoadConfig {
+        limits: Limits {
+            records_per_s: 1.0,
+            bytes_per_s: 1.0,
+        },
+        ..LoadConfig::default()
+    };
+    let open = |r: &Round| LoadTotals::open(&r.stream, &r.rows, NOW, &config).expect("rows");
+    let load = open(&r);
     eprintln!(
-        "set up {keys} keys of {accounts} accounts, {} load entries, in {:.1} s",
-        r.load.accounts.len(),
+        "set up {keys} keys of {accounts} accounts, {} accounts named, in {:.1} s",
+        load.accounts.len(),
         started.elapsed().as_secs_f64()
     );
-    let config = ControllerConfig::default();
+    let controller = ControllerConfig::default();
     let plan = plan_round(
         &mut r.alloc,
         &r.map,
-        &r.load,
+        &load,
         &r.accounts,
         &r.cooling,
-        &config,
+        &controller,
     );
     println!(
         "controller_round: {keys} keys, {shards} shards: {} moves, busiest ÷ mean {:.3} -> {:.3}",
@@ -140,27 +171,38 @@ fn main() {
         plan.before.max_over_mean,
         plan.after.max_over_mean
     );
-    // Where a round's time goes, part by part (3 runs each, the median).
+    // Where a round's time goes, part by part (3 runs each, the median), in wall-clock time
+    // and in this thread's CPU time (what the part cost, whatever else the core ran).
     let part = |name: &str, mut run: Box<dyn FnMut() + '_>| {
-        let mut times: Vec<f64> = (0..3)
+        let mut times: Vec<(f64, f64)> = (0..3)
             .map(|_| {
-                let started = Instant::now();
+                let (started, cpu) = (Instant::now(), cpu_ms());
                 run();
-                started.elapsed().as_secs_f64() * 1e3
+                (started.elapsed().as_secs_f64() * 1e3, cpu_ms() - cpu)
             })
             .collect();
-        times.sort_by(f64::total_cmp);
-        println!("controller_round part: {name} {:.0} ms", times[1]);
+        times.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let wall = times[1].0;
+        times.sort_by(|a, b| a.1.total_cmp(&b.1));
+        println!(
+            "controller_round part: {name} {wall:.0} ms ({:.0} ms CPU)",
+            times[1].1
+        );
     };
+    part("open the rows into totals", Box::new(|| drop(open(&r))));
+    part(
+        "open the rows as GET /load lists them (not in a round)",
+        Box::new(|| drop(StreamLoad::open(&r.stream, &r.rows, NOW, &config))),
+    );
     part("copy the accounts", Box::new(|| drop(r.accounts.clone())));
     part(
         "key loads",
-        Box::new(|| drop(key_loads(&r.map, &r.load, &r.accounts))),
+        Box::new(|| drop(key_loads(&r.map, &load, &r.accounts))),
     );
     part(
         "fanout decisions",
         Box::new(|| {
-            let loads = capped_loads(&r.load, &r.capped);
+            let loads = capped_loads(&load, &r.capped);
             drop(fanout_targets(
                 &loads,
                 r.capped.clone(),
@@ -171,6 +213,13 @@ fn main() {
             ))
         }),
     );
+    drop(load);
+    part(
+        "one round, all of it",
+        Box::new(|| {
+            round(&mut r, &config, &controller);
+        }),
+    );
     let mut c = Criterion::default().configure_from_args();
     let mut group = c.benchmark_group("controller_round");
     group
@@ -179,23 +228,37 @@ fn main() {
         .warm_up_time(Duration::from_millis(1))
         .measurement_time(Duration::from_secs(1));
     group.bench_function(format!("{accounts}_accounts_{shards}_shards"), |b| {
-        b.iter(|| {
-            // The controller copies the accounts out of their lock first.
-            let accounts = r.accounts.clone();
-            let plan = plan_round(
-                &mut r.alloc,
-                &r.map,
-                &r.load,
-                &accounts,
-                &r.cooling,
-                &config,
-            );
-            let loads = capped_loads(&r.load, &r.capped);
-            let fanouts =
-                fanout_targets(&loads, r.capped.clone(), 0.5, &HashMap::new(), 0, i64::MAX).changes;
-            (plan.moves.len(), fanouts.len())
-        })
+        b.iter(|| round(&mut r, &config, &controller))
     });
     group.finish();
     c.final_summary();
+}
+
+/// One round: the round's read opens the rows, then the controller copies the accounts out
+/// of their lock, plans, and decides the fanouts. Answers the moves and the fanout changes.
+fn round(r: &mut Round, config: &LoadConfig, controller: &ControllerConfig) -> (usize, usize) {
+    let load = LoadTotals::open(&r.stream, &r.rows, NOW, config).expect("rows");
+    let accounts = r.accounts.clone();
+    let plan = plan_round(
+        &mut r.alloc,
+        &r.map,
+        &load,
+        &accounts,
+        &r.cooling,
+        controller,
+    );
+    let loads = capped_loads(&load, &r.capped);
+    let fanouts = fanout_targets(&loads, r.capped.clone(), 0.5, &HashMap::new(), 0, i64::MAX);
+    (plan.moves.len(), fanouts.changes.len())
+}
+
+/// This thread's CPU time so far, in milliseconds.
+fn cpu_ms() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 / 1e6
 }

@@ -15,7 +15,10 @@ worker holds; the answers must count it (empty `ignored_load`). `--database-url`
 server on that (empty) database instead, e.g. a fresh Postgres one; the CPU figure is then
 keyspread's alone, not the database server's. `--read-load N` then times N reads of the
 stream's whole load (`GET /load?stream=s&limit=1`: every shard's and account's rate, what a
-controller round reads, twice), one at a time, with the server's CPU per read. The server is
+controller round read before 2026-11-27), one at a time, with the server's CPU per read.
+`--read-round N` times N plans by load (`GET /rebalance/preview?stream=s&by=load`): the
+round's own read, the rows opened straight into each account's total; the reports' accounts
+are not allocated, so the plan weighs no key and the read is all it costs. The server is
 killed on exit.
 """
 import argparse, http.client, json, os, re, subprocess, tempfile, threading, time
@@ -30,7 +33,9 @@ parser.add_argument("--secs", type=int, default=15)
 parser.add_argument("--accounts", type=int, default=0)
 parser.add_argument("--database-url")
 parser.add_argument("--read-load", type=int, default=0, metavar="N",
-                    help="then time N reads of GET /load (a controller round reads the same)")
+                    help="then time N reads of GET /load (every account's rate on every shard)")
+parser.add_argument("--read-round", type=int, default=0, metavar="N",
+                    help="then time N plans by load over no allocated account (a round's read)")
 args = parser.parse_args()
 binary, shards, workers, secs = args.binary, args.shards, args.workers, min(args.secs, 600)
 d = tempfile.mkdtemp()
@@ -115,5 +120,14 @@ try:
         c1 = cpu(); times.sort()
         print(f"GET /load over {shards} shards: median {times[len(times)//2]*1000:.0f} ms, min {times[0]*1000:.0f} ms, "
               f"max {times[-1]*1000:.0f} ms, server CPU {(c1-c0)/len(times)*1000:.0f} ms per read ({len(times)} reads)")
+    if args.read_round:
+        times = []; c0 = cpu()
+        for _ in range(args.read_round):
+            t = time.time(); s, b = call("GET", "/rebalance/preview?stream=s&by=load"); times.append(time.time() - t)
+            assert s == 200, b
+        c1 = cpu(); times.sort()
+        print(f"a round's read over {shards} shards (plan by load, no key): median {times[len(times)//2]*1000:.0f} ms, "
+              f"min {times[0]*1000:.0f} ms, max {times[-1]*1000:.0f} ms, "
+              f"server CPU {(c1-c0)/len(times)*1000:.0f} ms per read ({len(times)} reads)")
 finally:
     p.kill(); p.wait()

@@ -255,7 +255,7 @@ async fn preview(
                         .to_owned(),
                 ));
             };
-            let load = registry.stream_load(&name).await?;
+            let load = registry.load_totals(&name).await?;
             state
                 .heavy
                 .json(move || {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Committed, Error, Held, Registry, StreamLoad, Writer};
+use super::{Committed, Error, Held, LoadTotals, Registry, ShardLoad, Writer};
 use crate::keyspace::{
     self, AccountId, Allocator, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, ShardMap,
     plan_by_load_keys,
@@ -97,16 +97,16 @@ pub enum Round {
 }
 
 /// The skew of a stream's shard utilisations.
-fn shard_skew(load: &StreamLoad) -> LoadSkew {
+fn shard_skew(load: &LoadTotals) -> LoadSkew {
     let loads: Vec<f64> = load.shards.iter().map(|s| s.utilisation).collect();
     LoadSkew::of(&loads)
 }
 
-/// Each shard's utilisation, by index of `map`.
-fn shard_utilisation(map: &ShardMap, load: &StreamLoad) -> Vec<f64> {
+/// Each shard's utilisation, by index of `map` (at least 0; 0 for one `shards` lacks).
+fn shard_utilisation(map: &ShardMap, shards: &[ShardLoad]) -> Vec<f64> {
     let index: HashMap<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
     let mut util = vec![0.0; map.len()];
-    for s in &load.shards {
+    for s in shards {
         if let Some(&i) = index.get(&s.shard_id) {
             util[i] = s.utilisation.max(0.0);
         }
@@ -122,34 +122,19 @@ fn shard_utilisation(map: &ShardMap, load: &StreamLoad) -> Vec<f64> {
 /// account's rate). A shard's unexplained remainder (its utilisation less every entry
 /// named there) is shared by weight among the keys measured there of accounts no report
 /// names. A key a pending move is switching is measured where producers still send it and
-/// counted where it goes.
+/// counted where it goes. The sums are `load`'s, made as its rows were opened.
 pub fn key_loads<'a>(
     map: &ShardMap,
-    load: &StreamLoad,
+    load: &LoadTotals,
     accounts: &'a [(AccountId, Held)],
 ) -> Vec<KeyLoad<'a>> {
-    let index: Fast<String, usize> = map.iter().map(|s| (s.id, s.index)).collect();
-    let index = |id: &str| index.get(id).copied();
-    let mut remainder = shard_utilisation(map, load);
-    // Entries come by account: each account's are summed before one insert.
-    let mut named: Fast<&str, f64> = Fast::default();
-    named.reserve(load.accounts.len());
-    let mut entries = load.accounts.iter().peekable();
-    while let Some(first) = entries.next() {
-        let mut total = 0.0;
-        let mut entry = first;
-        loop {
-            total += entry.load.max(0.0);
-            if let Some(i) = index(&entry.shard_id) {
-                remainder[i] -= entry.load.max(0.0);
-            }
-            match entries.next_if(|e| e.account == first.account) {
-                Some(next) => entry = next,
-                None => break,
-            }
+    let mut remainder = shard_utilisation(map, &load.shards);
+    for shard in map.iter() {
+        if let Some(&left) = load.unexplained.get(&shard.id) {
+            remainder[shard.index] = left;
         }
-        *named.entry(first.account.as_str()).or_default() += total;
     }
+    let named = &load.accounts;
     // Each key, where it is measured if its account is not named, and the unnamed weight
     // measured per shard.
     let mut keys: Vec<KeyLoad<'a>> = Vec::with_capacity(accounts.len());
@@ -157,7 +142,7 @@ pub fn key_loads<'a>(
     let mut unnamed_weight = vec![0u64; map.len()];
     for (id, held) in accounts {
         let fanout = held.keys.len() as u32;
-        let total = named.get(id.as_str()).copied();
+        let total = named.get(id.as_str());
         for (i, &key) in held.keys.as_slice().iter().enumerate() {
             let weight = keyspace::key_weight(held.weight, fanout, i as u32);
             if total.is_none() {
@@ -188,10 +173,6 @@ pub fn key_loads<'a>(
     }
     keys
 }
-
-/// A hash map for the round's million lookups: foldhash, not SipHash (no key here comes
-/// from a request the round answers).
-type Fast<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 impl Registry {
     /// The band by-load plans stop inside: `(1 + tolerance) × mean`.
@@ -271,13 +252,13 @@ impl Registry {
         let Some(stream) = self.primary_stream() else {
             return Ok(Round::NoLoad("no primary stream"));
         };
-        let load = self.stream_load(&stream.name).await?;
+        let load = self.load_totals(&stream.name).await?;
         if !load.reported {
             return Ok(Round::NoLoad("no load reported on the primary stream"));
         }
-        // O(accounts reported): off the async workers, as the round's plan is. Whether a
-        // fanout comes down depends on how long its account has been cold, which the
-        // round that claims keeps: an account at several keys that opted in needs one.
+        // O(accounts that opted in): off the async workers, as the round's plan is.
+        // Whether a fanout comes down depends on how long its account has been cold, which
+        // the round that claims keeps: an account at several keys that opted in needs one.
         // A key wider than the band cannot be balanced within it: while the stream is out
         // of the band, fanouts keep each key within the band's width.
         let share = shard_skew(&load).key_share(
@@ -341,7 +322,7 @@ impl Registry {
             return Ok(Round::Balanced { skew, why });
         }
         // The plan weighs keys by the load read above, not read again under the writer's
-        // lock: a whole stream's load is the round's largest read (0.65 s at a million
+        // lock: a whole stream's load is the round's largest read (0.17 s at a million
         // accounts), smoothed over minutes, and writes wait while the lock is held. The
         // keys, pending moves and new keys it weighs are the writer's own, current.
         let this = Arc::clone(self);
@@ -389,12 +370,12 @@ impl Registry {
     /// later round.
     async fn change_fanouts(
         self: &Arc<Self>,
-        load: &StreamLoad,
+        load: &LoadTotals,
         changes: Vec<(AccountId, u32, u64)>,
         new_keys_after_ms: i64,
     ) {
         let map = self.primary_stream().map(|stream| stream.map);
-        let mut utilisation = map.as_ref().map(|map| shard_utilisation(map, load));
+        let mut utilisation = map.as_ref().map(|map| shard_utilisation(map, &load.shards));
         let now = super::now_ms();
         for (account, fanout, weight) in changes {
             let switching = self
@@ -409,10 +390,7 @@ impl Registry {
                 max_fanout: None,
                 reason: MoveReason::Load,
             };
-            let total: f64 = (load.accounts.iter())
-                .filter(|a| a.account == account.as_str())
-                .map(|a| a.load.max(0.0))
-                .sum();
+            let total = load.accounts.get(account.as_str()).unwrap_or(0.0);
             let key_load = total / f64::from(fanout);
             let before = self
                 .lookup(account.as_str())
@@ -447,7 +425,7 @@ impl Registry {
         self: &Arc<Self>,
         w: &mut Writer,
         map: &ShardMap,
-        load: StreamLoad,
+        load: LoadTotals,
         cooling: Vec<String>,
         config: &ControllerConfig,
     ) -> Result<LoadPlan, Error> {
@@ -509,20 +487,17 @@ pub struct FanoutDecision {
 }
 
 /// Each of the `capped` accounts' load: the sum of its entries in `load`, over every
-/// shard. O(entries of `load`); few accounts opt in, so only theirs are summed.
+/// shard (0 when none names it). O(capped accounts).
 pub fn capped_loads(
-    load: &StreamLoad,
+    load: &LoadTotals,
     capped: &[(AccountId, u32, u64, u32)],
 ) -> HashMap<String, f64> {
-    let mut totals: HashMap<String, f64> = (capped.iter())
-        .map(|(id, ..)| (id.to_string(), 0.0))
-        .collect();
-    for a in &load.accounts {
-        if let Some(total) = totals.get_mut(a.account.as_str()) {
-            *total += a.load.max(0.0);
-        }
-    }
-    totals
+    (capped.iter())
+        .map(|(id, ..)| {
+            let total = load.accounts.get(id.as_str()).unwrap_or(0.0);
+            (id.to_string(), total)
+        })
+        .collect()
 }
 
 /// The fanouts to change of the `capped` accounts (account, fanout, weight, cap), by their
@@ -581,7 +556,7 @@ fn any_raise(
 pub fn plan_round(
     alloc: &mut Allocator,
     map: &ShardMap,
-    load: &StreamLoad,
+    load: &LoadTotals,
     accounts: &[(AccountId, Held)],
     cooling: &[String],
     config: &ControllerConfig,
@@ -615,7 +590,7 @@ fn calm(skew: &LoadSkew, config: &ControllerConfig) -> Option<&'static str> {
 mod tests {
     use super::*;
     use crate::keyspace::{HashKey, Keyspace, Rate};
-    use crate::registry::{AccountLoad, ShardLoad};
+    use crate::registry::{AccountLoad, StreamLoad};
     use crate::store::{HashKeys, Switch};
 
     fn held(keys: &[u128], weight: u64, switching: Vec<Switch>) -> Held {
@@ -701,7 +676,7 @@ mod tests {
             ],
             reported: true,
         };
-        let keys = key_loads(&map, &load, &accounts);
+        let keys = key_loads(&map, &LoadTotals::summed(&load), &accounts);
         let of = |account: &str, index: u32| {
             let k = keys
                 .iter()
@@ -748,7 +723,7 @@ mod tests {
             ],
             reported: true,
         };
-        let loads = capped_loads(&reported, &capped());
+        let loads = capped_loads(&LoadTotals::summed(&reported), &capped());
         assert_eq!(loads.len(), 2);
         assert!((loads["raised"] - 1.9).abs() < 1e-9 && loads["single"] == 0.0);
         let (share, cold_for) = (0.5, 10_000);

@@ -1,15 +1,14 @@
 //! Observed load: reports folded in at heartbeats, in the heartbeat's own transaction, and
 //! each stream's load as of the database's clock, so every replica answers the same.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-
-use super::{Error, Registry, Stream};
+use super::{Error, LoadTotals, Registry, Stream};
 use crate::keyspace::load::{decay, held_ms};
 use crate::keyspace::{Limits, Rate};
 use crate::store::leases::LeaseRow;
-use crate::store::load::{RateRow, ShardRow};
+use crate::store::load::{LoadRows, ShardRates, ShardRow};
 use crate::store::packed::{Entry, Packer, unpack};
 use crate::store::{StoreError, StreamRow, Tx};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// How reports are smoothed and weighed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -129,6 +128,18 @@ impl Registry {
     /// `stream`'s load as the database holds it, decayed to the database's clock.
     pub async fn stream_load(&self, stream: &str) -> Result<StreamLoad, Error> {
         Ok(self.stream_load_at(stream).await?.0)
+    }
+
+    /// `stream`'s load as a plan weighs it (see [`LoadTotals`]), decayed to the database's
+    /// clock.
+    pub async fn load_totals(&self, stream: &str) -> Result<LoadTotals, Error> {
+        let Some(stream) = self.stream(stream) else {
+            return Err(Error::UnknownStream(stream.to_owned()));
+        };
+        let mut tx = self.store.snapshot().await?;
+        let now = tx.clock_ms().await?;
+        let config = self.load_config();
+        Ok(tx.load_totals(&stream.name, now, &config).await?)
     }
 
     /// [`Registry::stream_load`], and the database's clock it is decayed to (Unix ms).
@@ -317,63 +328,97 @@ impl Tx {
         now_ms: i64,
         config: &LoadConfig,
     ) -> Result<StreamLoad, StoreError> {
+        let config = *config;
+        let load = self.open_load(stream, move |row, rows, reported| {
+            let load = StreamLoad::open(row, rows, now_ms, &config)?;
+            Ok(StreamLoad { reported, ..load })
+        });
+        Ok(load.await?.unwrap_or_default())
+    }
+
+    /// `stream`'s load as a plan weighs it (see [`LoadTotals`]), decayed to `now_ms`; the
+    /// rows are opened and summed on a blocking thread.
+    pub async fn load_totals(
+        &mut self,
+        stream: &str,
+        now_ms: i64,
+        config: &LoadConfig,
+    ) -> Result<LoadTotals, StoreError> {
+        let config = *config;
+        let totals = self.open_load(stream, move |row, rows, reported| {
+            let totals = LoadTotals::open(row, rows, now_ms, &config)?;
+            Ok(LoadTotals { reported, ..totals })
+        });
+        Ok(totals.await?.unwrap_or_default())
+    }
+
+    /// Reads `stream`'s load rows and opens them with `open` on a blocking thread, told
+    /// whether any report was ever counted for the stream; `None` for a stream with no row.
+    async fn open_load<T, F>(&mut self, stream: &str, open: F) -> Result<Option<T>, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&StreamRow, &LoadRows, bool) -> Result<T, StoreError> + Send + 'static,
+    {
         let Some(row) = self.load_stream(stream).await? else {
-            return Ok(StreamLoad::default());
+            return Ok(None);
         };
         let reported = self.load_map_version(stream).await?.is_some();
         let rows = self.load_rows(stream).await?;
-        let config = *config;
-        tokio::task::spawn_blocking(move || {
-            let mut load = stream_load(&row, rows.into_rows()?, now_ms, &config);
-            load.reported = reported;
-            Ok(load)
-        })
-        .await
-        .expect("reading load does not panic")
+        tokio::task::spawn_blocking(move || open(&row, &rows, reported).map(Some))
+            .await
+            .expect("reading load does not panic")
     }
 }
 
-/// The load of the stream `row` from its stored `rates`, decayed to `now_ms`.
-fn stream_load(
+/// `row`'s listed shards of `rates` (the others are left out), and the instant the latest
+/// of them was reported (`now_ms` when none was).
+pub(super) fn listed<'a>(
     row: &StreamRow,
-    rates: Vec<RateRow>,
+    mut rates: Vec<ShardRates<'a>>,
     now_ms: i64,
-    config: &LoadConfig,
-) -> StreamLoad {
-    let (hl, limits) = (config.half_life_ms, config.limits);
-    let mut shard_rates: HashMap<String, Rate> = HashMap::new();
-    let mut accounts = Vec::new();
+) -> (Vec<ShardRates<'a>>, i64) {
     let listed: HashSet<&str> = match &row.listed {
         Some(listed) => listed.iter().map(|s| s.id.as_str()).collect(),
         None => row.shards.iter().map(|(id, ..)| id.as_str()).collect(),
     };
-    let mut rates = rates;
-    rates.retain(|r| listed.contains(r.shard_id.as_str()));
+    rates.retain(|r| listed.contains(r.shard_id));
     let latest = rates.iter().map(|r| r.reported_ms).max().unwrap_or(now_ms);
-    for r in rates {
-        let held = held_ms(r.reported_ms, r.window_ms, latest);
-        let rate = r.rate.held(now_ms, held, hl);
-        if r.account.is_empty() {
-            shard_rates.insert(r.shard_id, rate);
-        } else {
-            accounts.push(AccountLoad {
-                load: rate.utilisation(limits),
-                account: r.account,
-                shard_id: r.shard_id,
-                rate,
-            });
-        }
+    (rates, latest)
+}
+
+/// A rate stored in `shard`'s row, as of `now_ms` (held for as long as its report's
+/// window covers, see [`held_ms`]).
+pub(super) fn held(rate: Rate, shard: &ShardRates<'_>, latest: i64, now_ms: i64, hl: i64) -> Rate {
+    rate.held(
+        now_ms,
+        held_ms(shard.reported_ms, shard.window_ms, latest),
+        hl,
+    )
+}
+
+/// An account's stored rate in `shard`'s row.
+pub(super) fn stored(e: &Entry<'_>, shard: &ShardRates<'_>) -> Rate {
+    Rate {
+        records_per_s: e.records_per_s,
+        bytes_per_s: e.bytes_per_s,
+        at_ms: shard.accounts_at,
     }
-    accounts.sort_by(|a, b| (&a.account, &a.shard_id).cmp(&(&b.account, &b.shard_id)));
+}
+
+/// `row`'s open shards in key order, each at its `own` rate (idle at `now_ms` if none).
+pub(super) fn open_shards(
+    row: &StreamRow,
+    own: &HashMap<&str, Rate>,
+    now_ms: i64,
+    limits: Limits,
+) -> Vec<ShardLoad> {
     let idle = Rate {
         at_ms: now_ms,
         ..Rate::default()
     };
-    let shards = row
-        .shards
-        .iter()
+    (row.shards.iter())
         .map(|(id, ..)| {
-            let reported = shard_rates.get(id).copied();
+            let reported = own.get(id.as_str()).copied();
             let rate = reported.unwrap_or(idle);
             ShardLoad {
                 shard_id: id.clone(),
@@ -382,10 +427,39 @@ fn stream_load(
                 reported: reported.is_some(),
             }
         })
-        .collect();
-    StreamLoad {
-        shards,
-        accounts,
-        reported: false,
+        .collect()
+}
+
+impl StreamLoad {
+    /// The load of the stream `row` from its stored `rows`, decayed to `now_ms` (not
+    /// `reported`). O(accounts): a string per account and shard, sorted.
+    pub fn open(
+        row: &StreamRow,
+        rows: &LoadRows,
+        now_ms: i64,
+        config: &LoadConfig,
+    ) -> Result<StreamLoad, StoreError> {
+        let (hl, limits) = (config.half_life_ms, config.limits);
+        let (rates, latest) = listed(row, rows.shards()?, now_ms);
+        let mut own = HashMap::new();
+        let mut accounts = Vec::new();
+        for shard in &rates {
+            own.insert(shard.shard_id, held(shard.rate, shard, latest, now_ms, hl));
+            for e in &shard.accounts {
+                let rate = held(stored(e, shard), shard, latest, now_ms, hl);
+                accounts.push(AccountLoad {
+                    account: e.account.to_owned(),
+                    shard_id: shard.shard_id.to_owned(),
+                    rate,
+                    load: rate.utilisation(limits),
+                });
+            }
+        }
+        accounts.sort_by(|a, b| (&a.account, &a.shard_id).cmp(&(&b.account, &b.shard_id)));
+        Ok(StreamLoad {
+            shards: open_shards(row, &own, now_ms, limits),
+            accounts,
+            reported: false,
+        })
     }
 }

@@ -24,6 +24,7 @@ mod metrics;
 mod rebalance;
 mod snapshot;
 mod streams;
+mod totals;
 
 use accounts::Accounts;
 pub use accounts::Held;
@@ -43,6 +44,7 @@ use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
 pub use snapshot::Snapshot;
 pub use streams::{Stream, StreamChange};
+pub use totals::{AccountTotals, LoadTotals};
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]

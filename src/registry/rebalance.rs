@@ -11,7 +11,7 @@ use std::sync::Arc;
 use md5::{Digest, Md5};
 
 use super::controller::key_loads;
-use super::{Committed, Error, Held, Registry, StreamLoad, Writer, detached, now_ms};
+use super::{Committed, Error, Held, LoadTotals, Registry, Writer, detached, now_ms};
 use crate::keyspace::{
     self, AccountId, Allocator, HashKey, Holding, KeyLoad, Load, LoadPlan, LoadPlanLimits,
     LoadSkew, Plan, ShardMap, plan_by_load,
@@ -143,7 +143,7 @@ impl Registry {
             let switch_at = at + switch_after_ms;
             let (plan, fresh) = match &parsed.spec {
                 MapSpec::Stream(name) if parsed.by_load => {
-                    let load = tx.stream_load(name, at, &this.load_config()).await?;
+                    let load = tx.load_totals(name, at, &this.load_config()).await?;
                     this.end_switches(&mut w, at)?;
                     let accounts = this.accounts_copy();
                     let limits = this.admin_load_limits(&accounts);
@@ -217,7 +217,7 @@ impl Registry {
     pub fn preview_by_load(
         &self,
         name: &str,
-        load: &StreamLoad,
+        load: &LoadTotals,
     ) -> Result<(String, Planned), Error> {
         let spec = MapSpec::Stream(name.to_owned());
         let (map, mut alloc, mut accounts, last_event) = {

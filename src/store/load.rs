@@ -6,22 +6,11 @@
 //! Rows of `account_load` are what keyspreads that predate packing wrote: a shard whose
 //! row has no packed value yet is read from them, and packs them at its next report.
 
-use super::packed::unpack;
+use std::collections::HashMap;
+
+use super::packed::{Entry, unpack};
 use super::{Result, Tx};
 use crate::keyspace::Rate;
-
-/// A stored rate and the shard (and account) it belongs to.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RateRow {
-    pub shard_id: String,
-    /// Empty for a shard's own rate.
-    pub account: String,
-    pub rate: Rate,
-    /// When the shard's last counted report was folded in, and the window it covered: its
-    /// rates stay current for up to one window (see [`crate::keyspace::load::held_ms`]).
-    pub reported_ms: i64,
-    pub window_ms: i64,
-}
 
 /// A shard's stored row: its own rate, and its accounts' rates packed, if they are.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,18 +59,19 @@ type ShardRateRow = (String, f64, f64, i64, i64, Option<Vec<u8>>);
 /// An account row as read: shard, account, records/s, bytes/s, as of, reported at, window.
 type Row = (String, String, f64, f64, i64, i64, i64);
 
-fn rate_row((shard_id, account, r, b, at_ms, reported_ms, window_ms): Row) -> RateRow {
-    RateRow {
-        shard_id,
-        account,
-        rate: Rate {
-            records_per_s: r,
-            bytes_per_s: b,
-            at_ms,
-        },
-        reported_ms,
-        window_ms,
-    }
+/// One shard's stored rates, opened: its own, and its accounts' in byte order of their
+/// names, borrowed from the rows read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardRates<'a> {
+    pub shard_id: &'a str,
+    pub rate: Rate,
+    /// When the shard's last counted report was folded in, and the window it covered: its
+    /// rates stay current for up to one window (see [`crate::keyspace::load::held_ms`]).
+    pub reported_ms: i64,
+    pub window_ms: i64,
+    /// The instant its accounts' rates are stored as of.
+    pub accounts_at: i64,
+    pub accounts: Vec<Entry<'a>>,
 }
 
 /// A stream's stored rates as read, before their packed values are opened.
@@ -92,29 +82,64 @@ pub struct LoadRows {
 }
 
 impl LoadRows {
-    /// Every rate: the shards' own (account empty), then their accounts'. O(accounts):
-    /// at a million, call it off the async workers.
-    pub fn into_rows(self) -> Result<Vec<RateRow>> {
-        let mut rows = Vec::with_capacity(self.shards.len() + self.unpacked.len());
-        let mut accounts = Vec::new();
-        for (shard, r, b, at, window, packed) in self.shards {
-            if let Some(packed) = packed {
-                let (as_of, entries) = unpack(&packed)?;
-                accounts.extend(entries.into_iter().map(|e| {
-                    let (account, r, b) = (e.account.to_owned(), e.records_per_s, e.bytes_per_s);
-                    rate_row((shard.clone(), account, r, b, as_of, at, window))
-                }));
-            }
-            rows.push(rate_row((shard, String::new(), r, b, at, at, window)));
+    /// Rows as the store holds them once every shard is packed: per shard its id, its
+    /// rate (as of when its last report was folded in), that report's window, and its
+    /// accounts packed (see [`super::packed`]).
+    pub fn packed(shards: impl IntoIterator<Item = (String, Rate, i64, Vec<u8>)>) -> Self {
+        let shards = (shards.into_iter())
+            .map(|(id, r, window, packed)| {
+                let (records, bytes) = (r.records_per_s, r.bytes_per_s);
+                (id, records, bytes, r.at_ms, window, Some(packed))
+            })
+            .collect();
+        LoadRows {
+            shards,
+            unpacked: Vec::new(),
         }
-        rows.extend(accounts);
-        rows.extend(self.unpacked.into_iter().map(rate_row));
-        Ok(rows)
+    }
+
+    /// Every shard's rates, its accounts' opened without a copy of their names.
+    /// O(accounts): at a million, call it off the async workers.
+    pub fn shards(&self) -> Result<Vec<ShardRates<'_>>> {
+        let mut unpacked: HashMap<&str, Vec<&Row>> = HashMap::new();
+        for row in &self.unpacked {
+            unpacked.entry(row.0.as_str()).or_default().push(row);
+        }
+        let mut shards = Vec::with_capacity(self.shards.len());
+        for (shard_id, r, b, at, window, packed) in &self.shards {
+            let (accounts_at, accounts) = match packed {
+                Some(packed) => unpack(packed)?,
+                None => {
+                    let mut rows = unpacked.remove(shard_id.as_str()).unwrap_or_default();
+                    rows.sort_by(|x, y| x.1.as_bytes().cmp(y.1.as_bytes()));
+                    let accounts_at = rows.first().map_or(*at, |row| row.4);
+                    let entries = rows.iter().map(|row| Entry {
+                        account: &row.1,
+                        records_per_s: row.2,
+                        bytes_per_s: row.3,
+                    });
+                    (accounts_at, entries.collect())
+                }
+            };
+            shards.push(ShardRates {
+                shard_id,
+                rate: Rate {
+                    records_per_s: *r,
+                    bytes_per_s: *b,
+                    at_ms: *at,
+                },
+                reported_ms: *at,
+                window_ms: *window,
+                accounts_at,
+                accounts,
+            });
+        }
+        Ok(shards)
     }
 }
 
 impl Tx {
-    /// Every stored rate of `stream`, as read (see [`LoadRows::into_rows`]).
+    /// Every stored rate of `stream`, as read (see [`LoadRows::shards`]).
     pub async fn load_rows(&mut self, stream: &str) -> Result<LoadRows> {
         on_tx!(self, c => {
             let shards: Vec<ShardRateRow> =
