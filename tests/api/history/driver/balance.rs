@@ -1,4 +1,4 @@
-//! (d) When quiet, the leased stream's leases keep the balance DESIGN sets: by load once
+//! (f) When quiet, the leased stream's leases keep the balance DESIGN sets: by load once
 //! every shard has been reported (the band's upper and lower edges over the utilisations
 //! `GET /leases` shows), lease counts within one of each other before.
 
@@ -95,7 +95,7 @@ impl Driver {
             return Balance::Kept;
         }
         self.quiet_violations.push(Violation {
-            check: "(d) leases balanced when quiet",
+            check: "(f) leases balanced when quiet",
             what: format!(
                 "by {by} at +{} ms, {ROUNDS} heartbeat rounds after the last report: utilisations {loads:?}, owners {owners:?} (ttl {TTL_S} s): {group}",
                 self.clock.rel(self.clock.now())
