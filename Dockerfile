@@ -5,17 +5,22 @@
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 # Dependencies first, so source edits reuse the cached dependency layer.
+# The workspace's members are the server (the root) and the crates in crates/: each gets an
+# empty stand-in, so that only the dependencies are built in this layer.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches \
- && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+COPY crates/keyspace/Cargo.toml crates/keyspace/
+RUN mkdir -p src benches crates/keyspace/src \
+ && echo 'fn main() {}' > src/main.rs && touch src/lib.rs crates/keyspace/src/lib.rs \
  && for bench in $(grep -A1 '^\[\[bench\]\]' Cargo.toml | sed -n 's/^name = "\(.*\)"$/\1/p'); do \
       echo 'fn main() {}' > "benches/$bench.rs"; done \
  && cargo build --release --locked \
- && rm -rf src benches
+ && rm -rf src benches crates/keyspace/src
+COPY crates/keyspace/src ./crates/keyspace/src
 COPY src ./src
 COPY migrations ./migrations
 COPY benches ./benches
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin keyspread
+RUN touch src/main.rs src/lib.rs crates/keyspace/src/lib.rs \
+ && cargo build --release --locked --bin keyspread
 
 FROM debian:bookworm-slim
 RUN apt-get update \

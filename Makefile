@@ -88,10 +88,12 @@ rust-client:
 fmt:
 	$(CARGO) fmt --all
 
-## What CI checks first: formatting, and clippy with every warning an error.
+## What CI checks first: formatting, clippy with every warning an error, and that the core
+## crate builds alone, as the clients take it (without the server's OpenAPI schemas).
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) check --quiet -p keyspread-keyspace
 
 ## Regenerate the committed OpenAPI documents from the code: 3.1, and its 3.0.3 rendition
 ## for generators that read 3.0 only.

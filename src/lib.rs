@@ -5,7 +5,8 @@
 pub mod cli;
 pub mod config;
 pub mod http;
-pub mod keyspace;
+/// The pure core (crates/keyspace), shared with the clients.
+pub use ::keyspace;
 pub mod metrics;
 pub mod registry;
 pub mod store;
@@ -32,7 +33,7 @@ pub struct AppState {
     pub access: Arc<Access>,
     pub request_timeout: Duration,
     /// `Cache-Control` of lookup answers.
-    pub lookup_cache: http::LookupCache,
+    pub lookup_cache: config::LookupCache,
     /// Requests counted by route.
     pub http_metrics: Arc<http::HttpMetrics>,
     /// Limits on connections, applied by [`serve`].
@@ -80,12 +81,12 @@ impl AppState {
         registry.set_load_config(config.load_config());
         // Other processes and replicas may write too: follow the event log.
         registry.follow();
-        let lookup_cache = http::LookupCache::parse(config.lookup_cache_control.clone())
+        let lookup_cache = config::LookupCache::parse(config.lookup_cache_control.clone())
             .map_err(StartError::LookupCacheControl)?;
         registry.set_load_tolerance(config.controller.load_tolerance);
         if config.controller.auto_rebalance {
             let mut controller = config.controller.clone();
-            let lifetime_s = lookup_cache.lifetime().min(http::MAX_SWITCH_AFTER_S);
+            let lifetime_s = lookup_cache.lifetime().min(config::MAX_LIFETIME_S);
             let lifetime_ms = lifetime_s as i64 * 1000;
             controller.switch_after_ms.get_or_insert(lifetime_ms);
             registry.control(controller);

@@ -150,9 +150,10 @@ async fn examples_sub_key_py_is_the_readme_code_and_runs() {
 #[test]
 fn readme_rust_is_the_code_keyspread_runs() {
     let block = readme_block("Hot accounts", "rust");
-    let source = std::fs::read_to_string(manifest().join("src/keyspace/selector.rs")).unwrap();
+    let source =
+        std::fs::read_to_string(manifest().join("crates/keyspace/src/selector.rs")).unwrap();
     assert!(
         is_excerpt(&code_lines(&block, "//"), &code_lines(&source, "//")),
-        "README.md's Hot accounts Rust code is not an excerpt of src/keyspace/selector.rs"
+        "README.md's Hot accounts Rust code is not an excerpt of crates/keyspace/src/selector.rs"
     );
 }

@@ -245,7 +245,8 @@ pub fn md5_hash(partition_key: &str, keyspace: Keyspace) -> HashKey {
 }
 
 /// How even a set of shards is.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Skew {
     /// Number of shards.
     pub shards: u64,

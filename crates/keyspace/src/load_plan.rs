@@ -553,7 +553,7 @@ impl<'k, 'a> State<'k, 'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keyspace::Keyspace;
+    use crate::Keyspace;
     use proptest::prelude::*;
 
     /// Keys placed on chosen shards of a uniform map, with loads.

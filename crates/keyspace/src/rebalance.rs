@@ -375,7 +375,7 @@ fn place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keyspace::Keyspace;
+    use crate::Keyspace;
     use proptest::prelude::*;
 
     struct Fixture {

@@ -55,9 +55,9 @@ pub enum Error {
     KeyspaceBits(u32),
     #[error("shard count must be between 1 and {max}, got {got}")]
     ShardCount { got: u64, max: u64 },
-    #[error("weight must be between 1 and {max}, got {got}", max = crate::keyspace::MAX_WEIGHT)]
+    #[error("weight must be between 1 and {max}, got {got}", max = crate::MAX_WEIGHT)]
     Weight { got: u64 },
-    #[error("fanout must be between 1 and {max}, got {got}", max = crate::keyspace::MAX_FANOUT)]
+    #[error("fanout must be between 1 and {max}, got {got}", max = crate::MAX_FANOUT)]
     Fanout { got: u64 },
     #[error(
         "weight {weight} is below fanout {fanout}: each of an account's keys carries a share of \

@@ -745,14 +745,14 @@ mod tests {
     /// checking each prefix covers every N exhaustively.
     #[test]
     fn unit_allocations_stay_even_on_every_power_of_two_map() {
-        use crate::keyspace::ShardMap;
+        use crate::ShardMap;
         let mut alloc = Allocator::new(Keyspace::KINESIS);
         // Up to 65,536 shards, past what a stream may register: built from their ranges.
         let maps: Vec<ShardMap> = (0..=16)
             .map(|p| {
                 let step = u128::MAX >> p;
                 let starts: Vec<u128> = (0..1u128 << p).map(|i| i * step + i).collect();
-                let tiling = crate::keyspace::shards::tiling(&starts);
+                let tiling = crate::shards::tiling(&starts);
                 ShardMap::explicit(Keyspace::KINESIS, tiling).unwrap()
             })
             .collect();
@@ -859,11 +859,11 @@ mod tests {
     }
 
     /// Random tilings of the keyspace into `shards` ranges.
-    fn random_map() -> impl Strategy<Value = crate::keyspace::ShardMap> {
+    fn random_map() -> impl Strategy<Value = crate::ShardMap> {
         prop::collection::btree_set(1u128..u128::MAX, 0..40).prop_map(|cuts| {
             let starts: Vec<u128> = std::iter::once(0).chain(cuts).collect();
-            let open = crate::keyspace::shards::tiling(&starts);
-            crate::keyspace::ShardMap::explicit(Keyspace::KINESIS, open).unwrap()
+            let open = crate::shards::tiling(&starts);
+            crate::ShardMap::explicit(Keyspace::KINESIS, open).unwrap()
         })
     }
 
@@ -932,7 +932,7 @@ mod tests {
 
     #[test]
     fn a_key_added_while_key_0_crosses_two_shards_switches_the_other_way() {
-        let map = crate::keyspace::ShardMap::uniform(Keyspace::new(7).unwrap(), 2).unwrap();
+        let map = crate::ShardMap::uniform(Keyspace::new(7).unwrap(), 2).unwrap();
         let mut alloc = Allocator::new(Keyspace::new(7).unwrap());
         alloc.balance_on(Some(map.clone()));
         // Key 0 moving from shard 0 (10) to shard 1 (100): its old key reserved.
@@ -979,7 +979,7 @@ mod tests {
             grow in 1usize..6,
         ) {
             let keyspace = Keyspace::new(7).unwrap();
-            let map = shards.map(|s| crate::keyspace::ShardMap::uniform(keyspace, s).unwrap());
+            let map = shards.map(|s| crate::ShardMap::uniform(keyspace, s).unwrap());
             let mut alloc = Allocator::new(keyspace);
             alloc.balance_on(map.clone());
             for key in others {
@@ -1024,7 +1024,7 @@ mod tests {
             key_load in 0.0..1.0f64,
         ) {
             let keyspace = Keyspace::new(7).unwrap();
-            let map = crate::keyspace::ShardMap::uniform(keyspace, shards).unwrap();
+            let map = crate::ShardMap::uniform(keyspace, shards).unwrap();
             let mut alloc = Allocator::new(keyspace);
             alloc.balance_on(Some(map.clone()));
             for key in others {

@@ -23,21 +23,23 @@ pub struct ListShards {
 }
 
 /// One shard as list-shards prints it; closed shards included.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "PascalCase")]
 pub struct ListedShard {
-    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$"))]
     pub shard_id: String,
-    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$"))]
     pub parent_shard_id: Option<String>,
-    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$"))]
     pub adjacent_parent_shard_id: Option<String>,
     pub hash_key_range: HashKeyRange,
     pub sequence_number_range: SequenceNumberRange,
 }
 
 /// The hash keys a shard owns, inclusive, as decimal strings.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "PascalCase")]
 pub struct HashKeyRange {
     pub starting_hash_key: String,
@@ -45,7 +47,8 @@ pub struct HashKeyRange {
 }
 
 /// A shard is open while it has no ending sequence number.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "PascalCase")]
 pub struct SequenceNumberRange {
     pub starting_sequence_number: Option<String>,

@@ -56,6 +56,7 @@ impl<'de> Deserialize<'de> for HashKey {
     }
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for HashKey {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{ObjectBuilder, Type};
@@ -70,6 +71,7 @@ impl utoipa::PartialSchema for HashKey {
     }
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::ToSchema for HashKey {}
 
 /// The keyspace `[0, 2^bits)`; 128 bits in production, fewer in experiments and tests.

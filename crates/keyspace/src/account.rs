@@ -45,6 +45,7 @@ impl AccountId {
 }
 
 /// The OpenAPI schema of an account id, from the rules [`AccountId::parse`] applies.
+#[cfg(feature = "openapi")]
 impl utoipa::PartialSchema for AccountId {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{ObjectBuilder, Type};
@@ -66,6 +67,7 @@ impl utoipa::PartialSchema for AccountId {
     }
 }
 
+#[cfg(feature = "openapi")]
 impl utoipa::ToSchema for AccountId {}
 
 impl fmt::Display for AccountId {
