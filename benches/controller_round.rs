@@ -17,12 +17,12 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode};
+use keyspread::config::{ControllerConfig, LoadConfig};
 use keyspread::keyspace::{
     AccountId, Allocator, Keyspace, Limits, Rate, ShardMap, suggested_fanout,
 };
 use keyspread::registry::{
-    ControllerConfig, Held, LoadConfig, LoadTotals, StreamLoad, capped_loads, fanout_targets,
-    key_loads, plan_round,
+    Held, LoadTotals, StreamLoad, capped_loads, fanout_targets, key_loads, plan_round,
 };
 use keyspread::store::load::LoadRows;
 use keyspread::store::packed::{Entry, Packer};

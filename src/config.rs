@@ -5,6 +5,43 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
+use keyspace::Limits;
+
+mod controller;
+mod lookup_cache;
+mod net;
+
+pub use controller::ControllerConfig;
+pub use lookup_cache::{LookupCache, MAX_LIFETIME_S};
+pub use net::{HostName, normalize_host, parse_network};
+
+/// Joins within this many milliseconds of a stream's last assignment wait for the next
+/// one, unless configured otherwise: a thousand workers starting together cost a few
+/// assignments, not a thousand.
+pub const DEFAULT_JOIN_BATCH_MS: i64 = 1000;
+
+/// How reports are smoothed and weighed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadConfig {
+    /// Rates halve over this many milliseconds without reports.
+    pub half_life_ms: i64,
+    /// A shard's write limit: utilisation 1 uses all of it.
+    pub limits: Limits,
+    /// The share of a shard's limit one key of an account should carry at most: an
+    /// account of load L is suggested ⌈L ÷ share⌉ keys.
+    pub hot_account_share: f64,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        LoadConfig {
+            half_life_ms: 120_000,
+            limits: Limits::default(),
+            hot_account_share: 0.5,
+        }
+    }
+}
+
 /// `keyspread serve` settings.
 #[derive(Clone, clap::Args)]
 pub struct ServeConfig {
@@ -64,7 +101,7 @@ pub struct ServeConfig {
     #[arg(
         long,
         env = "KEYSPREAD_LEASE_JOIN_BATCH_MS",
-        default_value_t = crate::registry::DEFAULT_JOIN_BATCH_MS as u64,
+        default_value_t = DEFAULT_JOIN_BATCH_MS as u64,
         value_parser = clap::value_parser!(u64).range(0..=60_000)
     )]
     pub lease_join_batch_ms: u64,
@@ -129,19 +166,19 @@ pub struct ServeConfig {
     /// (`Host`) and that pages allowed to mutate may come from (`Origin`), comma-separated,
     /// without ports. Ignored when a token is set.
     #[arg(long, env = "KEYSPREAD_ALLOWED_HOSTS", value_delimiter = ',')]
-    pub allowed_hosts: Vec<crate::http::HostName>,
+    pub allowed_hosts: Vec<HostName>,
 
     /// Proxies or load balancers in front of the service, as addresses or networks
     /// (`10.0.0.0/8,127.0.0.1`). A request from one of them is taken to come from the client
     /// its `X-Forwarded-For` names: the rate limit and the loopback rule apply to that client.
     /// None by default: the header is ignored.
     #[arg(long, env = "KEYSPREAD_TRUSTED_PROXIES", value_delimiter = ',',
-          value_parser = crate::http::parse_network)]
+          value_parser = parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
 
     /// The load controller (`--auto-rebalance` and its flags).
     #[command(flatten)]
-    pub controller: crate::registry::ControllerConfig,
+    pub controller: ControllerConfig,
 }
 
 impl ServeConfig {
@@ -155,7 +192,7 @@ impl ServeConfig {
             keyspace_bits: 128,
             primary_stream: None,
             lookup_cache_control: axum::http::HeaderValue::from_static("max-age=60"),
-            lease_join_batch_ms: crate::registry::DEFAULT_JOIN_BATCH_MS as u64,
+            lease_join_batch_ms: DEFAULT_JOIN_BATCH_MS as u64,
             load_half_life_s: 120,
             shard_records_per_s: 1000.0,
             shard_bytes_per_s: 1_048_576.0,
@@ -173,10 +210,10 @@ impl ServeConfig {
     }
 
     /// How observed load is smoothed and weighed.
-    pub fn load_config(&self) -> crate::registry::LoadConfig {
-        crate::registry::LoadConfig {
+    pub fn load_config(&self) -> LoadConfig {
+        LoadConfig {
             half_life_ms: self.load_half_life_s as i64 * 1000,
-            limits: crate::keyspace::Limits {
+            limits: keyspace::Limits {
                 records_per_s: self.shard_records_per_s,
                 bytes_per_s: self.shard_bytes_per_s,
             },
@@ -366,11 +403,11 @@ pub fn redact_url(raw: &str) -> String {
 }
 
 /// A `Cache-Control` for lookups, refused here (before the database is touched) when
-/// [`crate::http::LookupCache::parse`] refuses it.
+/// [`LookupCache::parse`] refuses it.
 fn lookup_cache_control(text: &str) -> Result<axum::http::HeaderValue, String> {
     let header = axum::http::HeaderValue::from_str(text)
         .map_err(|_| "not a valid header value".to_owned())?;
-    crate::http::LookupCache::parse(header.clone())?;
+    LookupCache::parse(header.clone())?;
     Ok(header)
 }
 
@@ -410,7 +447,7 @@ mod tests {
                 .map(|f| f.serve.load_config())
                 .map_err(|e| e.to_string())
         };
-        assert_eq!(parse(&[]).unwrap(), crate::registry::LoadConfig::default());
+        assert_eq!(parse(&[]).unwrap(), LoadConfig::default());
         let set = parse(&[
             "--load-half-life-s=30",
             "--shard-records-per-s=50",

@@ -6,8 +6,9 @@
 
 use axum::http::HeaderValue;
 
-/// Longest a lookup answer may be cached, in seconds: the longest a staged switch waits.
-pub const MAX_LIFETIME_S: u64 = super::rebalance::MAX_SWITCH_AFTER_S;
+/// Longest a lookup answer may be cached, in seconds, and so the longest a staged switch
+/// waits (a day).
+pub const MAX_LIFETIME_S: u64 = 86_400;
 
 /// The configured `Cache-Control` of lookup answers, read once.
 #[derive(Debug, Clone)]

@@ -99,17 +99,10 @@ fn parse_hop(hop: &[u8]) -> Option<IpAddr> {
         .map(|ip| ip.to_canonical())
 }
 
-/// A `--trusted-proxies` entry: a network (`10.0.0.0/8`) or one address (`127.0.0.1`).
-pub fn parse_network(text: &str) -> Result<IpNet, String> {
-    let text = text.trim();
-    text.parse::<IpNet>()
-        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| format!("{text:?} is neither an IP address nor a network such as 10.0.0.0/8"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse_network;
     use axum::http::HeaderValue;
 
     fn proxies(list: &[&str]) -> TrustedProxies {

@@ -6,51 +6,12 @@
 //! `Origin` gives it away), or rebind its own name to 127.0.0.1 and read the answers (its
 //! name arrives as `Host`). Matching ignores case, ports and a final dot.
 
-use std::fmt;
 use std::net::IpAddr;
-use std::str::FromStr;
 
 use axum::http::Uri;
 use axum::http::uri::Authority;
 
-/// A name or address in `--allowed-hosts`, lower case, without brackets or port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostName(String);
-
-impl FromStr for HostName {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<HostName, String> {
-        let text = text.trim();
-        // A bare IPv6 address would read as a host with a port.
-        let bare_ipv6 = text.parse::<std::net::Ipv6Addr>().is_ok();
-        let authority = Authority::from_str(text).ok().filter(|a| {
-            bare_ipv6 || (a.port().is_none() && !a.as_str().contains('@') && !a.host().is_empty())
-        });
-        let host = if bare_ipv6 {
-            Some(text)
-        } else {
-            authority.as_ref().map(Authority::host)
-        };
-        host.map(|host| HostName(normalize(host)))
-            .ok_or_else(|| format!("{text:?} is not a host name or address without a port"))
-    }
-}
-
-impl fmt::Display for HostName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Lower case, without IPv6 brackets or one final dot.
-fn normalize(host: &str) -> String {
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase()
-}
+use crate::config::{HostName, normalize_host as normalize};
 
 /// The names this server answers under when it has no token.
 #[derive(Debug, Clone, Default)]
@@ -83,7 +44,7 @@ impl LocalNames {
 
     fn name(&self, host: &str) -> bool {
         let host = normalize(host);
-        is_loopback(&host) || self.allowed.iter().any(|allowed| allowed.0 == host)
+        is_loopback(&host) || self.allowed.iter().any(|allowed| allowed.as_str() == host)
     }
 }
 

@@ -25,7 +25,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// Longest wait before a staged move switches: a day.
-pub const MAX_SWITCH_AFTER_S: u64 = 86_400;
+pub const MAX_SWITCH_AFTER_S: u64 = crate::config::MAX_LIFETIME_S;
 
 /// One of an account's keys moving to a key in another shard.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -119,11 +119,6 @@ pub const MAX_WORKERS: i64 = 10_000;
 /// Most times a lease change weighs a map and finds a newer one registered meanwhile.
 const MAP_RETRIES: usize = 4;
 
-/// Joins within this many milliseconds of a stream's last assignment wait for the next
-/// one, unless configured otherwise: a thousand workers starting together cost a few
-/// assignments, not a thousand.
-pub const DEFAULT_JOIN_BATCH_MS: i64 = 1000;
-
 impl Registry {
     /// How long joins wait to be assigned together (see [`DEFAULT_JOIN_BATCH_MS`]).
     pub fn set_lease_join_batch_ms(&self, ms: i64) {

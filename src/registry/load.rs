@@ -2,6 +2,7 @@
 //! each stream's load as of the database's clock, so every replica answers the same.
 
 use super::{Error, LoadTotals, Registry, Stream};
+use crate::config::LoadConfig;
 use crate::keyspace::load::{decay, held_ms};
 use crate::keyspace::{Limits, Rate};
 use crate::store::leases::LeaseRow;
@@ -9,28 +10,6 @@ use crate::store::load::{LoadRows, ShardRates, ShardRow};
 use crate::store::packed::{Entry, Packer, unpack};
 use crate::store::{StoreError, StreamRow, Tx};
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-/// How reports are smoothed and weighed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LoadConfig {
-    /// Rates halve over this many milliseconds without reports.
-    pub half_life_ms: i64,
-    /// A shard's write limit: utilisation 1 uses all of it.
-    pub limits: Limits,
-    /// The share of a shard's limit one key of an account should carry at most: an
-    /// account of load L is suggested ⌈L ÷ share⌉ keys.
-    pub hot_account_share: f64,
-}
-
-impl Default for LoadConfig {
-    fn default() -> Self {
-        LoadConfig {
-            half_life_ms: 120_000,
-            limits: Limits::default(),
-            hot_account_share: 0.5,
-        }
-    }
-}
 
 /// Most accounts one report entry may name.
 pub const MAX_REPORT_ACCOUNTS: usize = 1000;

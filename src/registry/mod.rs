@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::config::{ControllerConfig, DEFAULT_JOIN_BATCH_MS, LoadConfig};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
 use crate::store::{
     Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, MoveReason, Store, StoreError, Switch,
@@ -28,17 +29,15 @@ mod totals;
 
 use accounts::Accounts;
 pub use accounts::Held;
-pub use controller::{
-    ControllerConfig, FanoutDecision, Round, capped_loads, fanout_targets, key_loads, plan_round,
-};
+pub use controller::{FanoutDecision, Round, capped_loads, fanout_targets, key_loads, plan_round};
 pub use follow::POLL;
 pub use leases::{
-    Checkpointed, DEFAULT_JOIN_BATCH_MS, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease,
-    WEIGHT_RECHECK_MS, WorkerLeases,
+    Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease, WEIGHT_RECHECK_MS,
+    WorkerLeases,
 };
 pub use load::{
-    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadConfig, LoadReport,
-    MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ShardLoad, StreamLoad,
+    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS,
+    MAX_WINDOW_MS, ShardLoad, StreamLoad,
 };
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
@@ -154,7 +153,7 @@ pub struct Registry {
     /// Where single allocations and releases queue for group commit.
     group: std::sync::OnceLock<group::Queues>,
     metrics: metrics::Metrics,
-    /// See [`leases::DEFAULT_JOIN_BATCH_MS`].
+    /// See [`DEFAULT_JOIN_BATCH_MS`].
     lease_join_batch: std::sync::atomic::AtomicI64,
     /// `--load-tolerance`, as f64 bits: the band by-load plans stop inside.
     load_tolerance: std::sync::atomic::AtomicU64,
@@ -166,7 +165,7 @@ pub struct Registry {
     /// Since when the follower has failed to apply the log, while it does.
     follow_failing: std::sync::Mutex<Option<Instant>>,
     /// How observed load is smoothed and weighed.
-    load_config: RwLock<load::LoadConfig>,
+    load_config: RwLock<LoadConfig>,
     /// The newest event applied to memory, for long-polls of the log to wait on; and
     /// whether the server is draining, which ends them at once.
     applied: tokio::sync::watch::Sender<LogHead>,
@@ -321,7 +320,7 @@ impl Registry {
             }),
             group: std::sync::OnceLock::new(),
             metrics: Default::default(),
-            lease_join_batch: leases::DEFAULT_JOIN_BATCH_MS.into(),
+            lease_join_batch: DEFAULT_JOIN_BATCH_MS.into(),
             load_tolerance: ControllerConfig::default().load_tolerance.to_bits().into(),
             md5_cache: Default::default(),
             schema: 0.into(),

@@ -6,8 +6,9 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
+use super::ShardLoad;
 use super::load::{held, listed, open_shards, stored};
-use super::{LoadConfig, ShardLoad};
+use crate::config::LoadConfig;
 use crate::store::load::LoadRows;
 use crate::store::{StoreError, StreamRow};
 

@@ -137,7 +137,7 @@ async fn via_proxy(
     let mut config = keyspread::config::ServeConfig::for_tests(url);
     config.trusted_proxies = proxies
         .iter()
-        .map(|p| keyspread::http::parse_network(p).unwrap())
+        .map(|p| keyspread::config::parse_network(p).unwrap())
         .collect();
     let state = keyspread::AppState::open(&config).await.unwrap();
     let app = keyspread::app(state).layer(MockConnectInfo(peer));

@@ -12,7 +12,7 @@ use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 /// A server without a token that trusts proxies on 127.0.0.1.
 async fn behind_local_proxy() -> TestApp {
     spawn_app_with(|c| {
-        c.trusted_proxies = vec![keyspread::http::parse_network("127.0.0.1").unwrap()];
+        c.trusted_proxies = vec![keyspread::config::parse_network("127.0.0.1").unwrap()];
     })
     .await
 }

@@ -24,6 +24,7 @@ mod import;
 mod keys;
 mod kinesalite;
 mod kinesis;
+mod layout;
 mod leases;
 mod leases_kinesis;
 mod leases_load;

@@ -347,7 +347,7 @@ async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_rate() {
             c.limit_token_holders = true;
             c.token = Some(token.parse().unwrap());
             if trusted {
-                c.trusted_proxies = vec![keyspread::http::parse_network("127.0.0.1").unwrap()];
+                c.trusted_proxies = vec![keyspread::config::parse_network("127.0.0.1").unwrap()];
             }
         })
         .await;
