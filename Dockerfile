@@ -9,13 +9,16 @@ WORKDIR /src
 # empty stand-in, so that only the dependencies are built in this layer.
 COPY Cargo.toml Cargo.lock ./
 COPY crates/keyspace/Cargo.toml crates/keyspace/
-RUN mkdir -p src benches crates/keyspace/src \
- && echo 'fn main() {}' > src/main.rs && touch src/lib.rs crates/keyspace/src/lib.rs \
+COPY crates/client/Cargo.toml crates/client/
+RUN mkdir -p src benches crates/keyspace/src crates/client/src \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs crates/keyspace/src/lib.rs crates/client/src/lib.rs \
  && for bench in $(grep -A1 '^\[\[bench\]\]' Cargo.toml | sed -n 's/^name = "\(.*\)"$/\1/p'); do \
       echo 'fn main() {}' > "benches/$bench.rs"; done \
  && cargo build --release --locked \
- && rm -rf src benches crates/keyspace/src
+ && rm -rf src benches crates/keyspace/src crates/client/src
 COPY crates/keyspace/src ./crates/keyspace/src
+COPY crates/client/src ./crates/client/src
 COPY src ./src
 COPY migrations ./migrations
 COPY benches ./benches

@@ -449,9 +449,10 @@ impl Db {
 }
 
 async fn start(config: ServeConfig, dir: tempfile::TempDir) -> TestApp {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    // Port 0 unless a test pinned it (to restart on the same address).
+    let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .expect("bind port 0");
+        .unwrap_or_else(|e| panic!("bind {}: {e}", config.listen));
     let addr = listener.local_addr().unwrap();
     let state = keyspread::AppState::open(&config)
         .await
