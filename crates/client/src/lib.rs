@@ -17,8 +17,9 @@
 
 mod table;
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -84,10 +85,11 @@ struct Page {
 /// The table and when it was last known to be current.
 struct Shared {
     table: RwLock<Table>,
-    /// When a request last confirmed the table current (a snapshot or an answered poll).
-    synced: RwLock<Instant>,
+    /// When a request last confirmed the table current (a snapshot or an answered poll),
+    /// Unix milliseconds: one clock read per lookup serves both the switch and the age.
+    synced_ms: AtomicI64,
     max_age: Duration,
-    snapshots: std::sync::atomic::AtomicU64,
+    snapshots: AtomicU64,
     /// The table's event id after each change, for `allocate` to wait on.
     applied: watch::Sender<i64>,
 }
@@ -130,7 +132,7 @@ impl Mirror {
         let (applied, _) = watch::channel(table.event_id());
         let shared = Arc::new(Shared {
             table: RwLock::new(table),
-            synced: RwLock::new(Instant::now()),
+            synced_ms: AtomicI64::new(now_ms()),
             max_age,
             snapshots: 1.into(),
             applied,
@@ -154,31 +156,36 @@ impl Mirror {
         })
     }
 
-    /// Fails with [`Error::Stale`] when the table may be past a switch it missed.
-    fn fresh(&self) -> Result<std::sync::RwLockReadGuard<'_, Table>, Error> {
-        let lag = self.lag();
+    /// The table and the instant to answer for (Unix milliseconds), or [`Error::Stale`]
+    /// when the table may be past a switch it missed.
+    fn fresh(&self) -> Result<(std::sync::RwLockReadGuard<'_, Table>, i64), Error> {
+        let now = now_ms();
+        let lag = lag_ms(now, self.shared.synced_ms.load(Ordering::Relaxed));
         if lag > self.shared.max_age {
             return Err(Error::Stale(lag));
         }
-        Ok(self.shared.table.read().expect("the table lock"))
+        Ok((self.shared.table.read().expect("the table lock"), now))
     }
 
     /// The keys of `account` in force now (by this machine's clock: a staged move's next
     /// keys from its `switch_at` on), by index; `None` when it holds none.
     pub fn keys(&self, account: &str) -> Result<Option<Keys>, Error> {
-        Ok(self.fresh()?.keys(account, now_ms()))
+        let (table, now) = self.fresh()?;
+        Ok(table.keys(account, now))
     }
 
     /// The keys of `account` in force now and the switch still ahead, for producers that
     /// hold records back just before a switch.
     pub fn lookup(&self, account: &str) -> Result<Option<Lookup>, Error> {
-        Ok(self.fresh()?.lookup(account, now_ms()))
+        let (table, now) = self.fresh()?;
+        Ok(table.lookup(account, now))
     }
 
     /// The key records of `sub_key` use now: keys in force now, index by DESIGN's jump
     /// hash of the sub-key's MD5 (the same selector the server's `GET /shard-of` uses).
     pub fn key_for(&self, account: &str, sub_key: &str) -> Result<Option<String>, Error> {
-        Ok(self.fresh()?.key_for(account, sub_key, now_ms()))
+        let (table, now) = self.fresh()?;
+        Ok(table.key_for(account, sub_key, now))
     }
 
     /// Allocates `account` (`POST /keys/{account}`; an account already held keeps its
@@ -218,7 +225,7 @@ impl Mirror {
 
     /// How long since the table was last confirmed current.
     pub fn lag(&self) -> Duration {
-        self.shared.synced.read().expect("the sync lock").elapsed()
+        lag_ms(now_ms(), self.shared.synced_ms.load(Ordering::Relaxed))
     }
 
     /// The id of the last event the table reflects.
@@ -228,9 +235,7 @@ impl Mirror {
 
     /// How many snapshots this mirror has taken (1 at start; more only when it had to).
     pub fn snapshots(&self) -> u64 {
-        self.shared
-            .snapshots
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.shared.snapshots.load(Ordering::Relaxed)
     }
 
     /// How many accounts the table holds.
@@ -246,6 +251,11 @@ impl Mirror {
     pub fn max_age(&self) -> Duration {
         self.shared.max_age
     }
+}
+
+/// Time since `synced_ms`, none when the clock went back.
+fn lag_ms(now_ms: i64, synced_ms: i64) -> Duration {
+    Duration::from_millis(now_ms.saturating_sub(synced_ms).max(0) as u64)
 }
 
 fn server(base: &str, e: impl std::fmt::Display) -> Error {
@@ -404,7 +414,7 @@ async fn follow(
         };
         match outcome {
             Ok(event_id) => {
-                *shared.synced.write().expect("the sync lock") = Instant::now();
+                shared.synced_ms.store(now_ms(), Ordering::Relaxed);
                 shared.applied.send_replace(event_id);
                 backoff = Duration::from_millis(100);
             }
@@ -412,10 +422,8 @@ async fn follow(
                 Ok((table, _)) => {
                     let event_id = table.event_id();
                     *shared.table.write().expect("the table lock") = table;
-                    *shared.synced.write().expect("the sync lock") = Instant::now();
-                    shared
-                        .snapshots
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    shared.synced_ms.store(now_ms(), Ordering::Relaxed);
+                    shared.snapshots.fetch_add(1, Ordering::Relaxed);
                     shared.applied.send_replace(event_id);
                 }
                 Err(_) => {

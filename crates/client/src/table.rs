@@ -125,7 +125,7 @@ pub struct Unapplied(pub String);
 /// Every account's keys, as of one event id.
 #[derive(Debug, Clone, Default)]
 pub struct Table {
-    accounts: HashMap<String, Account>,
+    accounts: HashMap<String, Account, foldhash::fast::RandomState>,
     event_id: i64,
 }
 
@@ -141,7 +141,7 @@ impl Table {
     /// An empty table as of `event_id` (a snapshot's head), to be filled by [`Table::insert`].
     pub fn new(event_id: i64) -> Table {
         Table {
-            accounts: HashMap::new(),
+            accounts: HashMap::default(),
             event_id,
         }
     }
