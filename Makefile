@@ -4,7 +4,7 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: help run test proofs load-proof soak test-deps rust-client crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+.PHONY: help run test proofs load-proof soak test-deps rust-client mirror-producer crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
 
 # `make` alone lists the targets; CI names the ones it runs.
 .DEFAULT_GOAL := help
@@ -64,7 +64,7 @@ crash:
 ## the TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5), and the
 ## Rust client progenitor generates (built here, before the tests run beside it).
 test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed \
-	examples/typescript/node_modules/.installed rust-client
+	examples/typescript/node_modules/.installed rust-client mirror-producer
 
 $(VENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,12 @@ examples/typescript/node_modules/.installed: examples/typescript/package.json ex
 rust-client:
 	$(CARGO) build --locked --quiet --manifest-path examples/rust/Cargo.toml \
 		--target-dir $(or $(CARGO_TARGET_DIR),target)/rust-client
+
+## Build the Rust producer of examples/mirror_producer (the mirror and the AWS SDK for Rust),
+## which tests/api/mirror_kinesis.rs runs against kinesalite.
+mirror-producer:
+	$(CARGO) build --locked --quiet --manifest-path examples/mirror_producer/Cargo.toml \
+		--target-dir $(or $(CARGO_TARGET_DIR),target)/mirror-producer
 
 ## Format the code.
 fmt:

@@ -167,6 +167,45 @@ impl KinesisApi {
         out.shard_id
     }
 
+    /// Every record of one shard from its start, oldest first: (partition key, data).
+    pub(crate) async fn read_shard(&self, stream: &str, shard_id: &str) -> Vec<(String, Vec<u8>)> {
+        let iterator: Value = parse(
+            &self
+                .post(
+                    "GetShardIterator",
+                    json!({"StreamName": stream, "ShardId": shard_id,
+                           "ShardIteratorType": "TRIM_HORIZON"}),
+                )
+                .await,
+        );
+        let mut at = iterator["ShardIterator"].as_str().map(str::to_owned);
+        let mut records = Vec::new();
+        while let Some(iterator) = at.take() {
+            let page: Value = parse(
+                &self
+                    .post(
+                        "GetRecords",
+                        json!({"ShardIterator": iterator, "Limit": 10000}),
+                    )
+                    .await,
+            );
+            let got = page["Records"].as_array().expect("Records");
+            for record in got {
+                let data = base64(record["Data"].as_str().unwrap_or_default());
+                let key = record["PartitionKey"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                records.push((key, data));
+            }
+            // An open shard hands out a next iterator forever: stop at the first empty page.
+            if !got.is_empty() {
+                at = page["NextShardIterator"].as_str().map(str::to_owned);
+            }
+        }
+        records
+    }
+
     async fn post(&self, action: &str, body: Value) -> String {
         let response = self
             .client
@@ -278,6 +317,26 @@ pub(crate) async fn expect_status(
         .unwrap_or_else(|err| panic!("{what}: reading the body: {err}"));
     assert_eq!(got.as_u16(), status, "{what} answered {got}: {body}");
     body
+}
+
+/// Standard base64 (the AWS JSON protocol's blobs), decoded.
+fn base64(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut bits, mut held) = (0u32, 0u32);
+    for c in text.bytes().filter(|&c| c != b'=') {
+        let value = ALPHABET
+            .iter()
+            .position(|&a| a == c)
+            .expect("a base64 digit") as u32;
+        bits = (bits << 6) | value;
+        held += 6;
+        if held >= 8 {
+            held -= 8;
+            out.push((bits >> held) as u8);
+        }
+    }
+    out
 }
 
 pub(crate) fn parse<T: DeserializeOwned>(body: &str) -> T {

@@ -36,6 +36,7 @@ mod load_kinesis;
 mod long_poll;
 mod makefile;
 mod mirror;
+mod mirror_kinesis;
 mod names;
 mod observability;
 mod order_kinesis;

@@ -361,3 +361,40 @@ async fn a_mirror_agrees_with_every_lookup_after_a_history_of_changes() {
     assert!(pending > 0, "the history ends with a switch pending");
     assert_eq!(mirror.snapshots(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_sends_its_token_and_says_why_an_allocation_was_refused() {
+    const TOKEN: &str = "mirror-token-0123456789abcdef";
+    let app = spawn_app_with(|c| c.token = Some(TOKEN.parse().unwrap())).await;
+    let without = Mirror::start(&app.url("")).await.expect("reads are open");
+    match without.allocate("acme").await {
+        Err(Error::Refused { status, detail, .. }) => {
+            assert_eq!(status, 401, "{detail}");
+            assert!(!detail.is_empty());
+        }
+        other => panic!("allocated without the token: {other:?}"),
+    }
+    let options = keyspread_client::Options {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    };
+    let with = Mirror::start_with(&app.url(""), options)
+        .await
+        .expect("a mirror");
+    let keys = with
+        .allocate("acme")
+        .await
+        .expect("allocated with the token");
+    assert_eq!(Some(keys.to_vec()), looked_up(&app, "acme").await);
+    let shown = format!(
+        "{:?}",
+        keyspread_client::Options {
+            token: Some(TOKEN.into()),
+            ..Default::default()
+        }
+    );
+    assert!(
+        !shown.contains(TOKEN),
+        "the token is never printed: {shown}"
+    );
+}

@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 use tokio::sync::watch;
 
+pub use keyspace::sub_key_index;
 pub use table::{Event, Keys, Lookup, SnapshotLine, Switch, Table, Unapplied};
 
 /// What a mirror can fail with.
@@ -46,15 +47,26 @@ pub enum Error {
 }
 
 /// How a mirror talks to keyspread.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Options {
-    /// Bearer token for mutations (`allocate`), when the server has one.
+    /// Bearer token, when the server has one: sent with every request.
     pub token: Option<String>,
     /// Longest one long-poll waits (`wait_s`, at most 60); capped at a third of the
     /// server's `max_age_s` so that a quiet log still counts as synced in time.
     pub wait: Duration,
     /// Longest a request may take beyond its long-poll wait.
     pub timeout: Duration,
+}
+
+/// Shows whether a token is set, never the token.
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("wait", &self.wait)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl Default for Options {
@@ -124,8 +136,16 @@ impl Mirror {
 
     pub async fn start_with(url: &str, options: Options) -> Result<Mirror, Error> {
         let base = url.trim_end_matches('/').to_owned();
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &options.token {
+            let mut bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| server(&base, "the token is not a valid header value"))?;
+            bearer.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, bearer);
+        }
         let client = reqwest::Client::builder()
             .connect_timeout(options.timeout)
+            .default_headers(headers)
             .build()
             .map_err(|e| server(&base, e))?;
         let (table, max_age) = snapshot(&client, &base, options.timeout).await?;
@@ -192,10 +212,7 @@ impl Mirror {
     /// keys), then answers its keys from the mirror once the mirror has followed the change.
     pub async fn allocate(&self, account: &str) -> Result<Keys, Error> {
         let url = format!("{}/keys/{}", self.base, encode(account));
-        let mut request = self.client.post(&url).timeout(self.options.timeout);
-        if let Some(token) = &self.options.token {
-            request = request.bearer_auth(token);
-        }
+        let request = self.client.post(&url).timeout(self.options.timeout);
         let response = request.send().await.map_err(|e| server(&self.base, e))?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(|e| server(&self.base, e))?;
