@@ -20,49 +20,67 @@ struct Row {
     switch_at: Option<i64>,
 }
 
-/// An account: its rows, and what they answer before and after their switch.
+/// An account: its rows, and what they answer from each of their switches on.
 #[derive(Debug, Clone)]
 struct Account {
     rows: Vec<Option<Row>>,
-    now: Keys,
-    next: Option<(Keys, i64)>,
+    /// `(from, keys)`, by `from` (Unix milliseconds): the keys in force from `from` until
+    /// the next stage's. The first stage is from the beginning of time; there is one more
+    /// per distinct `switch_at` of the rows (usually none or one).
+    stages: Vec<(i64, Keys)>,
 }
 
 impl Account {
     fn new(rows: Vec<Option<Row>>) -> Option<Account> {
         let mut account = Account {
             rows,
-            now: Arc::from([]),
-            next: None,
+            stages: Vec::new(),
         };
         account.derive();
         (account.rows.iter().any(Option::is_some)).then_some(account)
     }
 
-    /// Recomputes the answers from the rows: before the (one) pending switch, and after.
+    /// The keys in force at `moment`: each row's new key from its switch on, its old key
+    /// (if any) before it.
+    fn in_force(&self, moment: i64) -> Keys {
+        let keys: Vec<String> = (self.rows.iter().flatten())
+            .filter_map(|r| match r.switch_at {
+                Some(at) if at > moment => r.prev.clone(),
+                _ => Some(r.key.clone()),
+            })
+            .collect();
+        Keys::from(keys)
+    }
+
+    /// Recomputes the stages from the rows.
     fn derive(&mut self) {
         while matches!(self.rows.last(), Some(None)) {
             self.rows.pop();
         }
-        let switch_at = self.rows.iter().flatten().filter_map(|r| r.switch_at).max();
-        let before: Vec<String> = (self.rows.iter().flatten())
-            .filter_map(|r| match r.switch_at {
-                Some(_) => r.prev.clone(),
-                None => Some(r.key.clone()),
-            })
+        let mut switches: Vec<i64> = self
+            .rows
+            .iter()
+            .flatten()
+            .filter_map(|r| r.switch_at)
             .collect();
-        self.next = switch_at.map(|at| {
-            let after: Vec<String> = self.rows.iter().flatten().map(|r| r.key.clone()).collect();
-            (Keys::from(after), at)
-        });
-        self.now = Keys::from(before);
+        switches.sort_unstable();
+        switches.dedup();
+        let mut stages = vec![(i64::MIN, self.in_force(i64::MIN))];
+        stages.extend(switches.into_iter().map(|at| (at, self.in_force(at))));
+        self.stages = stages;
+    }
+
+    /// The stage in force at `now_ms`, and the one after it.
+    fn at(&self, now_ms: i64) -> (&Keys, Option<&(i64, Keys)>) {
+        let n = self
+            .stages
+            .partition_point(|(from, _)| *from <= now_ms)
+            .max(1);
+        (&self.stages[n - 1].1, self.stages.get(n))
     }
 
     fn keys_at(&self, now_ms: i64) -> &Keys {
-        match &self.next {
-            Some((after, at)) if now_ms >= *at => after,
-            _ => &self.now,
-        }
+        self.at(now_ms).0
     }
 }
 
@@ -261,17 +279,13 @@ impl Table {
     /// The keys of `account` in force at `now_ms` (Unix milliseconds), with the switch
     /// still ahead of it.
     pub fn lookup(&self, account: &str, now_ms: i64) -> Option<Lookup> {
-        let held = self.accounts.get(account)?;
-        let next = match &held.next {
-            Some((keys, at)) if now_ms < *at => Some(Switch {
+        let (keys, next) = self.accounts.get(account)?.at(now_ms);
+        Some(Lookup {
+            keys: keys.clone(),
+            next: next.map(|(at, keys)| Switch {
                 keys: keys.clone(),
                 at: *at,
             }),
-            _ => None,
-        };
-        Some(Lookup {
-            keys: held.keys_at(now_ms).clone(),
-            next,
         })
     }
 
@@ -379,6 +393,43 @@ mod tests {
         let unknown = table.apply(&event(serde_json::json!({"id": 8, "kind": "merge"})));
         assert!(unknown.unwrap_err().0.contains("unknown kind"));
         assert_eq!(table.event_id(), 7);
+    }
+
+    #[test]
+    fn a_switch_already_passed_stays_passed_when_another_key_starts_switching() {
+        let mut table = Table::new(0);
+        let apply = |table: &mut Table, json| table.apply(&event(json)).unwrap();
+        apply(
+            &mut table,
+            serde_json::json!({"id": 1, "kind": "allocate", "account": "a", "index": 0, "key_after": "10"}),
+        );
+        apply(
+            &mut table,
+            serde_json::json!({"id": 2, "kind": "allocate", "account": "a", "index": 1, "key_after": "11"}),
+        );
+        // Key 0 switched at T; key 1 switches an hour later.
+        apply(
+            &mut table,
+            serde_json::json!({"id": 3, "kind": "move", "account": "a", "index": 0,
+            "key_before": "10", "key_after": "20", "switch_at": T}),
+        );
+        apply(
+            &mut table,
+            serde_json::json!({"id": 4, "kind": "move", "account": "a", "index": 1,
+            "key_before": "11", "key_after": "21", "switch_at": "2026-11-27T11:00:00.000Z"}),
+        );
+        assert_eq!(&*table.keys("a", T_MS - 1).unwrap(), ["10", "11"]);
+        assert_eq!(&*table.keys("a", T_MS).unwrap(), ["20", "11"]);
+        let between = table.lookup("a", T_MS + 1).unwrap();
+        assert_eq!(&*between.keys, ["20", "11"]);
+        let next = between.next.unwrap();
+        assert_eq!(
+            (&*next.keys, next.at),
+            (&["20".to_owned(), "21".to_owned()][..], T_MS + 3_600_000)
+        );
+        // Before T the next switch is T's, as the server answers `next`.
+        assert_eq!(table.lookup("a", T_MS - 1).unwrap().next.unwrap().at, T_MS);
+        assert_eq!(&*table.keys("a", T_MS + 3_600_000).unwrap(), ["20", "21"]);
     }
 
     #[test]
