@@ -95,6 +95,10 @@ struct Driver {
     recent: VecDeque<String>,
     locks: Vec<std::thread::JoinHandle<()>>,
     watcher: Watcher,
+    /// A producer's mirror (crates/client) following replica 0: asked with every lookup
+    /// and judged as that replica's answers are (op `mirror`), and at every quiet check;
+    /// started anew when replica 0 is restarted (its address changes).
+    mirror: keyspread_client::Mirror,
     quiet_violations: Vec<Violation>,
     quiet_checks: u32,
     balance_judged: u32,
@@ -130,6 +134,9 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         .unwrap();
     let fast_clock = (fast.zip(faketime)).map(|((r, secs), lib)| (r, ClockAhead::new(lib, secs)));
     let replicas = Replicas::start(url, dir, n, fast_clock, &client).await;
+    // Replica 0 keeps the host's clock (a fast one is the last): the mirror's clock.
+    let mirror =
+        (keyspread_client::Mirror::start(&replicas.urls[0]).await).expect("a mirror of replica 0");
     let clock = Clock::new();
     let now = clock.now();
     let mut d = Driver {
@@ -174,6 +181,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         recent: VecDeque::new(),
         locks: Vec::new(),
         watcher: Watcher::start(url, clock),
+        mirror,
         quiet_violations: Vec::new(),
         quiet_checks: 0,
         balance_judged: 0,
@@ -322,6 +330,7 @@ impl Driver {
                 let (r, a) = (self.pick(false), self.account());
                 self.call(r, "lookup", Method::GET, format!("/keys/{a}"), None)
                     .await;
+                self.mirror_lookup(&a);
             }
             30..52 => self.allocate().await,
             52..60 => {
@@ -368,8 +377,41 @@ impl Driver {
                 let r = self.pick(false);
                 self.call(r, "lookup", Method::GET, format!("/keys/{a}"), None)
                     .await;
+                self.mirror_lookup(&a);
             }
         }
+    }
+
+    /// Asks the mirror for `account` and records its answer as replica 0's would be
+    /// (status 0 when it refused to answer: stale).
+    fn mirror_lookup(&mut self, account: &str) {
+        let sent = self.clock.now();
+        let (status, answer) = match self.mirror.lookup(account) {
+            Ok(Some(lookup)) => (
+                200,
+                json!({
+                    "hash_keys": lookup.keys.to_vec(),
+                    "next": lookup.next.map(|n| json!({
+                        "hash_keys": n.keys.to_vec(),
+                        "switch_at": rfc3339_ms(n.at),
+                    })),
+                }),
+            ),
+            Ok(None) => (404, Value::Null),
+            Err(e) => (0, json!(e.to_string())),
+        };
+        self.calls.push(Call {
+            replica: 0,
+            op: "mirror",
+            method: Method::GET,
+            path: format!("/keys/{account}"),
+            body: None,
+            status,
+            answer,
+            retry_after: false,
+            sent,
+            received: self.clock.now(),
+        });
     }
 
     async fn allocate(&mut self) {
@@ -507,6 +549,10 @@ impl Driver {
             _ => {
                 let r = self.faults_rng.below(self.replicas.len() as u64) as usize;
                 let refused = self.replicas.kill_and_restart(r, &self.client).await;
+                if r == 0 {
+                    self.mirror = (keyspread_client::Mirror::start(&self.replicas.urls[r]).await)
+                        .expect("a mirror of the restarted replica");
+                }
                 for why in refused {
                     self.quiet_violations.push(Violation {
                         check: "(e) a killed replica starts again on the database",
@@ -564,4 +610,11 @@ async fn send(
         sent,
         received: clock.now(),
     }
+}
+
+/// Unix milliseconds as RFC 3339, as the server writes `switch_at`.
+fn rfc3339_ms(ms: i64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).unwrap();
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use reqwest::Method;
 
 use super::super::Violation;
-use super::super::model::{Model, answered, view};
+use super::super::events::Observed;
+use super::super::model::{Model, View, answered, view};
 use super::balance::Balance;
 use super::{Driver, POOL};
 use crate::helpers::Db;
@@ -121,6 +122,64 @@ impl Driver {
                 }
             }
         }
+        found.extend(self.compare_mirror(&model, &names, &events, at).await);
         (found, events.len())
+    }
+
+    /// (g) The producers' mirror, once it has followed the log to its last event, answers
+    /// every account as the log does.
+    async fn compare_mirror(
+        &self,
+        model: &Model,
+        names: &[String],
+        events: &[Observed],
+        at: i64,
+    ) -> Vec<Violation> {
+        const CHECK: &str = "(g) a producer's mirror equal to the log after 1 s of quiet";
+        let last = events.iter().map(|e| e.id).max().unwrap_or(0);
+        let mut waited = 0;
+        while self.mirror.event_id() < last && waited < 3_000 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            waited += 20;
+        }
+        if self.mirror.event_id() < last {
+            return vec![Violation {
+                check: CHECK,
+                what: format!(
+                    "quiet check at +{} ms: the mirror is at event {} of {last} after 3 s",
+                    self.clock.rel(at),
+                    self.mirror.event_id()
+                ),
+            }];
+        }
+        let mut found = Vec::new();
+        for name in names {
+            let expected = model.now(name).map(|k| view(k, at));
+            let mirrored = match self.mirror.lookup(name) {
+                Ok(lookup) => lookup.map(|l| View {
+                    keys: l.keys.iter().map(|k| k.parse().unwrap()).collect(),
+                    next: l
+                        .next
+                        .map(|n| (n.keys.iter().map(|k| k.parse().unwrap()).collect(), n.at)),
+                }),
+                Err(e) => {
+                    found.push(Violation {
+                        check: CHECK,
+                        what: format!("quiet check at +{} ms: {name}: {e}", self.clock.rel(at)),
+                    });
+                    continue;
+                }
+            };
+            if mirrored != expected {
+                found.push(Violation {
+                    check: CHECK,
+                    what: format!(
+                        "quiet check at +{} ms: the mirror answers {name} {mirrored:?}; the log says {expected:?}",
+                        self.clock.rel(at),
+                    ),
+                });
+            }
+        }
+        found
     }
 }
