@@ -157,3 +157,17 @@ pub(super) fn gapped(position: i64, ids: impl IntoIterator<Item = i64>) -> bool 
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::gapped;
+
+    #[test]
+    fn ids_that_follow_on_from_the_position_skip_nothing() {
+        assert!(!gapped(7, []));
+        assert!(!gapped(7, [8, 9, 10]));
+        assert!(gapped(7, [9, 10]), "the first id skips 8");
+        assert!(gapped(7, [8, 10]), "a kept event, then a skip");
+        assert!(gapped(0, [1, 2, 40]));
+    }
+}

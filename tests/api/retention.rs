@@ -263,6 +263,17 @@ async fn a_replica_stopped_while_the_log_is_compacted_past_it_reloads_and_agrees
         "{}",
         servers[1].log_text()
     );
+    let (_, metrics) = api.get(1, "/metrics").await;
+    let metrics = metrics.as_str().unwrap_or_default();
+    assert!(
+        metrics.contains("\nkeyspread_table_reloads_total 1\n"),
+        "{metrics}"
+    );
+    let compacted = servers[0].log_text();
+    assert!(
+        compacted.contains("compacted the event log") && compacted.contains(" horizon="),
+        "{compacted}"
+    );
     // It follows the log on from there.
     let (status, _) = api
         .call(0, reqwest::Method::POST, "/keys/after-reload", None)
