@@ -330,3 +330,51 @@ async fn a_soak_of_allocations_and_releases_leaves_the_log_bounded() {
     assert!(changes > 2 * KEEP, "the soak changed too little: {changes}");
     assert_eq!(ids.len() as u64, KEEP);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_made_for_load_stays_through_the_controllers_cooldown() {
+    let mut app = keeping(5).await;
+    app.stop().await;
+    // Logged while no server runs, so that the next one starts past them: a move the
+    // controller made for load a moment ago, one made before the cooldown (600 s), and
+    // changes after both.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let old = now - 700_000;
+    let mut db = app.db().await;
+    let moved = |at: i64| {
+        format!(
+            "INSERT INTO events (at, kind, account, idx, weight, reason, switch_at) \
+             VALUES ({at}, 'move', 'hot-{at}', 0, 1, 'load', {at})"
+        )
+    };
+    db.execute_script(&format!("{}; {}", moved(old), moved(now)))
+        .await;
+    let reweights: Vec<String> = (0..20)
+        .map(|_| format!("({now}, 'reweight', 'busy', 0, 1)"))
+        .collect();
+    db.execute_script(&format!(
+        "INSERT INTO events (at, kind, account, idx, weight) VALUES {}",
+        reweights.join(", ")
+    ))
+    .await;
+    let newest = db.last_event_id().await;
+    let recent = newest - 20;
+    let app = app.restart().await;
+    let ids = compacted_through(&app, newest - 5, &[recent]).await;
+    assert_eq!(
+        ids.len(),
+        6,
+        "the newest five and the recent load move: {ids:?}"
+    );
+    assert!(
+        ids.contains(&recent),
+        "the load move within the cooldown went: {ids:?}"
+    );
+    assert!(
+        !ids.contains(&(recent - 1)),
+        "the one before the cooldown goes: {ids:?}"
+    );
+}
