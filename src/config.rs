@@ -176,6 +176,29 @@ pub struct ServeConfig {
           value_parser = parse_network)]
     pub trusted_proxies: Vec<ipnet::IpNet>,
 
+    /// How much of the event log to keep, as `AGE,COUNT` (`7d,1000000`; AGE in s, m, h or
+    /// d) or `off`. An event is dropped once it is older than AGE and more than COUNT newer
+    /// events follow it; the newest event, and those a pending staged move or the load
+    /// controller's cooldown still needs, always stay. Readers of `GET /events` behind what
+    /// was dropped are answered 410 and start again from `GET /snapshot`.
+    #[arg(
+        long,
+        env = "KEYSPREAD_EVENT_RETENTION",
+        default_value = "7d,1000000",
+        value_parser = parse_event_retention
+    )]
+    pub event_retention: EventRetention,
+
+    /// Seconds between two compactions of the event log by this replica (see
+    /// `--event-retention`).
+    #[arg(
+        long,
+        env = "KEYSPREAD_EVENT_COMPACTION_INTERVAL_S",
+        default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub event_compaction_interval_s: u64,
+
     /// The load controller (`--auto-rebalance` and its flags).
     #[command(flatten)]
     pub controller: ControllerConfig,
@@ -205,6 +228,8 @@ impl ServeConfig {
             limit_token_holders: false,
             allowed_hosts: Vec::new(),
             trusted_proxies: Vec::new(),
+            event_retention: EventRetention::DEFAULT,
+            event_compaction_interval_s: 60,
             controller: Default::default(),
         }
     }
@@ -241,6 +266,7 @@ impl fmt::Debug for ServeConfig {
             .field("keyspace_bits", &self.keyspace_bits)
             .field("primary_stream", &self.primary_stream)
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("event_retention", &self.event_retention)
             .finish_non_exhaustive()
     }
 }
@@ -419,6 +445,73 @@ fn positive_rate(text: &str) -> Result<f64, String> {
     }
 }
 
+/// How much of the event log a server keeps (`--event-retention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventRetention {
+    /// Every event stays.
+    Off,
+    /// Events older than `max_age_ms` with more than `keep` newer events after them go.
+    Keep { max_age_ms: i64, keep: u64 },
+}
+
+impl EventRetention {
+    /// Seven days, and at least the newest million events.
+    pub const DEFAULT: EventRetention = EventRetention::Keep {
+        max_age_ms: 7 * 86_400_000,
+        keep: 1_000_000,
+    };
+}
+
+impl fmt::Display for EventRetention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EventRetention::Off => f.write_str("off"),
+            EventRetention::Keep { max_age_ms, keep } => {
+                write!(f, "{}s,{keep}", max_age_ms / 1000)
+            }
+        }
+    }
+}
+
+/// `off`, or `AGE,COUNT`: AGE a whole number of s, m, h or d (`0` alone too), COUNT events.
+fn parse_event_retention(text: &str) -> Result<EventRetention, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(EventRetention::Off);
+    }
+    let Some((age, count)) = text.split_once(',') else {
+        return Err(format!(
+            "expected AGE,COUNT (such as 7d,1000000) or off, got {text:?}"
+        ));
+    };
+    let age = age.trim();
+    let (number, unit_ms) = match age.char_indices().last() {
+        Some((i, 's')) => (&age[..i], 1_000),
+        Some((i, 'm')) => (&age[..i], 60_000),
+        Some((i, 'h')) => (&age[..i], 3_600_000),
+        Some((i, 'd')) => (&age[..i], 86_400_000),
+        _ if age == "0" => ("0", 0),
+        _ => {
+            return Err(format!(
+                "the age {age:?} needs a unit: s, m, h or d (7d, 12h)"
+            ));
+        }
+    };
+    let max_age_ms = number
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_ms))
+        .filter(|ms| (0..=3650 * 86_400_000).contains(ms))
+        .ok_or_else(|| format!("the age {age:?} is not a whole number of at most 3650 days"))?;
+    let keep = count.trim().parse::<u64>().map_err(|_| {
+        format!(
+            "the count {:?} is not a whole number of events",
+            count.trim()
+        )
+    })?;
+    Ok(EventRetention::Keep { max_age_ms, keep })
+}
+
 /// A share of a shard's limit: above 0, at most 1.
 fn account_share(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
@@ -437,6 +530,41 @@ mod tests {
     struct Flags {
         #[command(flatten)]
         serve: ServeConfig,
+    }
+
+    #[test]
+    fn event_retention_takes_an_age_and_a_count_or_off_and_says_what_is_wrong() {
+        use clap::Parser as _;
+        let parse = |args: &[&str]| {
+            Flags::try_parse_from(std::iter::once("keyspread").chain(args.iter().copied()))
+                .map(|f| f.serve.event_retention)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(&[]).unwrap(), EventRetention::DEFAULT);
+        let keep = |max_age_ms, keep| EventRetention::Keep { max_age_ms, keep };
+        assert_eq!(parse(&["--event-retention=0,100"]).unwrap(), keep(0, 100));
+        assert_eq!(
+            parse(&["--event-retention=12h,5"]).unwrap(),
+            keep(43_200_000, 5)
+        );
+        assert_eq!(
+            parse(&["--event-retention=90s, 0"]).unwrap(),
+            keep(90_000, 0)
+        );
+        assert_eq!(
+            parse(&["--event-retention=OFF"]).unwrap(),
+            EventRetention::Off
+        );
+        for (value, needle) in [
+            ("7d", "expected AGE,COUNT"),
+            ("7,100", "needs a unit"),
+            ("-1d,100", "not a whole number of at most 3650 days"),
+            ("4000d,100", "not a whole number of at most 3650 days"),
+            ("7d,lots", "the count \"lots\" is not a whole number"),
+        ] {
+            let err = parse(&[&format!("--event-retention={value}")]).unwrap_err();
+            assert!(err.contains(needle), "{value}: {err}");
+        }
     }
 
     #[test]

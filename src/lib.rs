@@ -81,6 +81,11 @@ impl AppState {
         registry.set_load_config(config.load_config());
         // Other processes and replicas may write too: follow the event log.
         registry.follow();
+        registry.retain(
+            config.event_retention,
+            std::time::Duration::from_secs(config.event_compaction_interval_s),
+            config.controller.move_cooldown_s as i64 * 1000,
+        );
         let lookup_cache = config::LookupCache::parse(config.lookup_cache_control.clone())
             .map_err(StartError::LookupCacheControl)?;
         registry.set_load_tolerance(config.controller.load_tolerance);

@@ -189,6 +189,7 @@ impl From<registry::Error> for ApiError {
                  another writer): send the change again later",
             ),
             E::SchemaNewer { .. } => ApiError::unavailable(err.to_string()),
+            E::Compacted { .. } => ApiError::new(StatusCode::GONE, "compacted", err.to_string()),
             E::Store(_) => ApiError::internal(&err),
         }
     }

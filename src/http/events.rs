@@ -7,7 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, PROBLEM_JSON, Problem};
 use crate::AppState;
 use crate::keyspace::{AccountId, HashKey};
 use crate::store::{Change, LoggedEvent, MoveReason};
@@ -190,31 +190,32 @@ pub struct EventPage {
 
 /// The event log, oldest first, paged by id. With `wait_s`, a long-poll: when no event after
 /// `after` exists yet, the answer waits until one does (on a replica: until its follower
-/// applies it) or `wait_s` passes, then answers empty with `next` = `after`.
+/// applies it) or `wait_s` passes, then answers empty with `next` = `after`. A reader whose
+/// `after` is below the log's horizon (the events after it were compacted away) gets 410.
 #[utoipa::path(
     get, path = "/events", tag = "observability",
     params(EventParams),
     responses(
         (status = 200, description = "Events after `after`, at most `limit` (waiting up to `wait_s` for the first)", body = EventPage),
         (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Events after `after` were compacted away (`--event-retention`): take a new `GET /snapshot` and follow the log from its `event_id`", body = CompactedProblem, content_type = "application/problem+json"),
     )
 )]
 async fn events(
     State(state): State<AppState>,
     Query(params): Query<EventParams>,
-) -> Result<Json<EventPage>, ApiError> {
+) -> Result<Json<EventPage>, EventsError> {
     let after = params.after.unwrap_or(0);
     if after < 0 {
-        return Err(ApiError::bad_request(format!(
-            "after must be 0 or more, got {after}"
-        )));
+        return Err(ApiError::bad_request(format!("after must be 0 or more, got {after}")).into());
     }
     let limit = super::page_limit(params.limit, MAX_EVENTS)?;
     let wait_s = params.wait_s.unwrap_or(0);
     if wait_s > MAX_WAIT_S {
         return Err(ApiError::bad_request(format!(
             "wait_s must be 0..={MAX_WAIT_S}, got {wait_s}"
-        )));
+        ))
+        .into());
     }
     let wait = std::time::Duration::from_secs(u64::from(wait_s));
     let logged = state.registry.wait_for_events(after, limit, wait).await?;
@@ -223,4 +224,70 @@ async fn events(
         events: logged.into_iter().map(EventBody::from).collect(),
         next,
     }))
+}
+
+/// The 410 problem: the events after `after` were compacted away.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CompactedProblem {
+    /// `urn:keyspread:problem:compacted`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `Gone`.
+    pub title: String,
+    /// 410.
+    pub status: u16,
+    /// What was dropped, and what the reader does next.
+    pub detail: String,
+    /// The log's horizon: events at or below it may be gone, and `after` must be at least
+    /// this. A reader behind it takes a new `GET /snapshot`.
+    pub horizon: i64,
+}
+
+/// What `GET /events` answers instead of a page.
+#[derive(Debug)]
+enum EventsError {
+    Compacted { horizon: i64, detail: String },
+    Api(ApiError),
+}
+
+impl From<ApiError> for EventsError {
+    fn from(err: ApiError) -> Self {
+        EventsError::Api(err)
+    }
+}
+
+impl From<crate::registry::Error> for EventsError {
+    fn from(err: crate::registry::Error) -> Self {
+        match err {
+            crate::registry::Error::Compacted { horizon, .. } => EventsError::Compacted {
+                horizon,
+                detail: err.to_string(),
+            },
+            other => EventsError::Api(other.into()),
+        }
+    }
+}
+
+impl axum::response::IntoResponse for EventsError {
+    fn into_response(self) -> axum::response::Response {
+        use axum::http::{HeaderValue, StatusCode, header};
+        match self {
+            EventsError::Api(err) => err.into_response(),
+            EventsError::Compacted { horizon, detail } => {
+                let status = StatusCode::GONE;
+                let body = CompactedProblem {
+                    kind: "urn:keyspread:problem:compacted".to_owned(),
+                    title: status.canonical_reason().unwrap_or("Gone").to_owned(),
+                    status: status.as_u16(),
+                    detail,
+                    horizon,
+                };
+                let mut response = (status, Json(body)).into_response();
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+                response
+            }
+        }
+    }
 }

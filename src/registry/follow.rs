@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::streams::Stream;
-use super::{Accounts, Error, Registry, Writer};
+use super::{Accounts, Error, Registry, Writer, retention};
 use crate::keyspace::{self, Allocator};
 use crate::store::{CHANNEL, Change, Event, Store, StoreError, StreamRow, Switch, Tx};
 
@@ -36,7 +36,14 @@ impl Registry {
     pub(super) async fn begin(&self, w: &mut Writer) -> Result<(Tx, i64), Error> {
         w.tx_started = Some(std::time::Instant::now());
         let mut tx = self.store.begin().await?;
-        let events = tx.events_after(w.last_event).await?;
+        let mut events = tx.events_after(w.last_event).await?;
+        if retention::gapped(w.last_event, events.iter().map(|e| e.id))
+            && tx.event_horizon().await? > w.last_event
+        {
+            // Under the write lock: the table read now is the one this change decides on.
+            self.reload(w).await?;
+            events = tx.events_after(w.last_event).await?;
+        }
         let streams = if changes_streams(&events) {
             Some(self.parse_streams(tx.load_streams().await?)?)
         } else {
@@ -79,6 +86,13 @@ impl Registry {
         }
         if events.is_empty() {
             return Ok(0);
+        }
+        if retention::gapped(w.last_event, events.iter().map(|e| e.id))
+            && self.store.event_horizon().await? > w.last_event
+        {
+            let applied = events.len();
+            self.reload(&mut w).await?;
+            return Ok(applied);
         }
         let streams = if changes_streams(&events) {
             Some(self.parse_streams(self.store.load_streams().await?)?)

@@ -21,6 +21,9 @@ pub struct Metrics {
     follow_delay: Histogram,
     last_follow_delay_ms: Gauge,
     follow_reads: Counter,
+    events_dropped: Counter,
+    event_horizon: Gauge,
+    reloads: Counter,
     pub(super) lease_heartbeats: Counter,
     pub(super) lease_assignments: Counter,
     pub(super) lease_assign_time: Histogram,
@@ -93,6 +96,17 @@ impl Registry {
             newer
         });
         self.metrics.tree_nodes.set(w.alloc.tree_nodes() as i64);
+    }
+
+    /// Counts a compaction: `dropped` events, leaving the log's horizon at `horizon`.
+    pub(super) fn count_compacted(&self, dropped: u64, horizon: i64) {
+        self.metrics.events_dropped.add(dropped);
+        self.metrics.event_horizon.set(horizon);
+    }
+
+    /// Counts a reload of the whole table after compaction passed this process by.
+    pub(super) fn count_reload(&self) {
+        self.metrics.reloads.add(1);
     }
 
     /// The id of the newest event applied to memory, without waiting for the writer.
@@ -179,6 +193,17 @@ impl Registry {
                  notice of another writer (a notice of this process's own commit needs none).",
                 &m.follow_reads,
             ),
+            (
+                "keyspread_events_compacted_total",
+                "Events of the log this process's compactions dropped (--event-retention).",
+                &m.events_dropped,
+            ),
+            (
+                "keyspread_table_reloads_total",
+                "Times this process read the whole table again because events it had not \
+                 applied were compacted away.",
+                &m.reloads,
+            ),
         ];
         for (name, help, counter) in counters {
             single(out, name, "counter", help, counter.get());
@@ -228,6 +253,14 @@ impl Registry {
         );
         m.lease_assign_time
             .render(out, "keyspread_lease_assignment_seconds", "");
+        single(
+            out,
+            "keyspread_event_horizon_id",
+            "gauge",
+            "The log's horizon as this process's last compaction left it: events at or below \
+             it may be gone, and GET /events after an id below it answers 410.",
+            m.event_horizon.get(),
+        );
         let applied = m.applied_event.get();
         single(
             out,

@@ -23,6 +23,7 @@ mod load;
 mod md5_loads;
 mod metrics;
 mod rebalance;
+mod retention;
 mod snapshot;
 mod streams;
 mod totals;
@@ -41,6 +42,7 @@ pub use load::{
 };
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
+pub use retention::Compacted;
 pub use snapshot::Snapshot;
 pub use streams::{Stream, StreamChange};
 pub use totals::{AccountTotals, LoadTotals};
@@ -95,6 +97,10 @@ pub enum Error {
         "the database's schema (migration {found}) is newer than this keyspread knows (up to {known}): it serves reads but refuses changes until it is upgraded"
     )]
     SchemaNewer { found: i64, known: i64 },
+    #[error(
+        "events after {after} were compacted away (the log keeps those after {horizon}): take a new GET /snapshot and follow the log from its event_id"
+    )]
+    Compacted { after: i64, horizon: i64 },
     #[error(transparent)]
     Store(StoreError),
 }
@@ -240,16 +246,20 @@ fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<KeyRow>>) -> Result
     Ok(accounts)
 }
 
-impl Registry {
-    /// Loads every committed assignment and stream and rebuilds the allocation tree;
-    /// `primary` names the stream new keys balance on, overriding the database's choice.
-    pub async fn open(
-        store: Store,
-        keyspace: Keyspace,
-        primary: Option<String>,
-    ) -> Result<Arc<Registry>, Error> {
-        let started = Instant::now();
-        store.bind_keyspace(keyspace.bits()).await?;
+/// The committed table as one consistent state of the database holds it, ready to serve.
+struct Table {
+    alloc: Allocator,
+    accounts: Accounts,
+    last_event: i64,
+    streams: Vec<crate::store::StreamRow>,
+    schema: i64,
+}
+
+impl Table {
+    /// Reads every assignment, pending move and stream, and rebuilds the allocation tree:
+    /// at start-up, and when a replica must start again from the table (see
+    /// `retention`).
+    async fn load(store: &Store, keyspace: Keyspace) -> Result<Table, Error> {
         // One consistent state, so that the rows and the last event id agree while other
         // replicas write; no lock, so that they need not wait for a large table's read.
         let mut snapshot = store.snapshot().await?;
@@ -299,6 +309,33 @@ impl Registry {
         for (account, cap) in caps {
             accounts.set_max_fanout(&account, Some(cap));
         }
+        Ok(Table {
+            alloc,
+            accounts,
+            last_event,
+            streams,
+            schema,
+        })
+    }
+}
+
+impl Registry {
+    /// Loads every committed assignment and stream and rebuilds the allocation tree;
+    /// `primary` names the stream new keys balance on, overriding the database's choice.
+    pub async fn open(
+        store: Store,
+        keyspace: Keyspace,
+        primary: Option<String>,
+    ) -> Result<Arc<Registry>, Error> {
+        let started = Instant::now();
+        store.bind_keyspace(keyspace.bits()).await?;
+        let Table {
+            alloc,
+            accounts,
+            last_event,
+            streams,
+            schema,
+        } = Table::load(&store, keyspace).await?;
         tracing::info!(
             accounts = accounts.len(),
             switching = accounts.switching(),
@@ -906,7 +943,7 @@ impl Registry {
     ) -> Result<Vec<LoggedEvent>, Error> {
         // Watching before the read: an event applied in between is not missed.
         let mut applied = self.applied.subscribe();
-        let logged = self.log(after, limit).await?;
+        let logged = self.log_kept(after, limit).await?;
         if !logged.is_empty() || wait.is_zero() {
             return Ok(logged);
         }
@@ -915,10 +952,26 @@ impl Registry {
             head.is_ok_and(|a| !a.draining)
         };
         if tokio::time::timeout(wait, woken).await == Ok(true) {
-            self.log(after, limit).await
+            self.log_kept(after, limit).await
         } else {
             Ok(Vec::new())
         }
+    }
+
+    /// [`Registry::log`], refused with [`Error::Compacted`] when events after `after`
+    /// may have been dropped: the horizon is read after the events, and it is raised
+    /// before any is dropped, so a page that passed some by is never answered. (An empty
+    /// page passed none by: the newest event is never dropped.)
+    async fn log_kept(&self, after: i64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
+        let logged = self.log(after, limit).await?;
+        // Ids that follow on from `after` with no gap skipped nothing.
+        if retention::gapped(after, logged.iter().map(|l| l.event.id)) {
+            let horizon = self.store.event_horizon().await?;
+            if after < horizon {
+                return Err(Error::Compacted { after, horizon });
+            }
+        }
+        Ok(logged)
     }
 
     /// Ends every long-poll of the log now and each later one at once: the server drains.

@@ -25,6 +25,7 @@ use crate::keyspace::{AccountId, HashKey, Move};
 use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
 pub use postgres::CHANNEL;
+pub use retention::Compaction;
 
 /// `migrations` (a backend's `sqlx::migrate!`), ready to run on a database that a newer
 /// keyspread may have migrated further.
@@ -546,6 +547,9 @@ macro_rules! in_tx {
         }
     };
 }
+
+// After the macros, which it uses.
+mod retention;
 
 impl Store {
     /// Opens the database at `url` (a SQLite file is created if missing) and migrates it.

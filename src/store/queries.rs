@@ -160,6 +160,68 @@ macro_rules! queries {
             rows.into_iter().map(EventRow::decode).collect()
         }
 
+        /// The event log's horizon: events at or below it may have been dropped (0: none).
+        pub async fn event_horizon(conn: &mut Conn) -> Result<i64> {
+            let stored: Option<String> = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'event_horizon'")
+                .fetch_optional(&mut *conn)
+                .await?;
+            stored.map_or(Ok(0), |v| v.parse().map_err(|_| StoreError::Corrupt(format!("event_horizon {v:?}"))))
+        }
+
+        /// Raises the event log's horizon to `through`; a higher one stays.
+        pub async fn raise_event_horizon(conn: &mut Conn, through: i64) -> Result<()> {
+            sqlx::query(
+                "INSERT INTO meta (name, value) VALUES ('event_horizon', $1) ON CONFLICT (name) DO UPDATE \
+                 SET value = excluded.value WHERE CAST(meta.value AS BIGINT) < CAST(excluded.value AS BIGINT)",
+            )
+            .bind(through.to_string())
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        /// The newest event id a compaction may drop through: below the newest event, the
+        /// newest `keep` events, and every event logged at or after `cutoff` (Unix ms).
+        pub async fn compaction_bound(conn: &mut Conn, keep: i64, cutoff: i64) -> Result<i64> {
+            let by_count: Option<i64> = sqlx::query_scalar("SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET $1")
+                .bind(keep.max(1))
+                .fetch_optional(&mut *conn)
+                .await?;
+            let Some(by_count) = by_count else {
+                return Ok(0);
+            };
+            let young: Option<i64> = sqlx::query_scalar("SELECT MIN(id) FROM events WHERE id <= $1 AND at >= $2")
+                .bind(by_count)
+                .bind(cutoff)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(young.map_or(by_count, |id| id - 1))
+        }
+
+        /// Drops up to `batch` events at or below `through`, oldest first, but the events
+        /// that staged moves pending after `pending_after` (Unix ms) name (`GET /moves`
+        /// reads them) and moves made for load at or after `cooldown_from` (the controller's
+        /// cooldown reads them). Answers how many went.
+        pub async fn drop_events(conn: &mut Conn, through: i64, pending_after: i64, cooldown_from: i64, batch: i64) -> Result<u64> {
+            let done = sqlx::query(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE id <= $1 \
+                 AND id NOT IN (SELECT moved_by FROM assignments WHERE moved_by IS NOT NULL AND switch_at > $2) \
+                 AND (reason IS NULL OR reason <> 'load' OR at < $3) ORDER BY id LIMIT $4)",
+            )
+            .bind(through)
+            .bind(pending_after)
+            .bind(cooldown_from)
+            .bind(batch)
+            .execute(&mut *conn)
+            .await?;
+            Ok(done.rows_affected())
+        }
+
+        /// How many events the log holds.
+        pub async fn count_events(conn: &mut Conn) -> Result<i64> {
+            Ok(sqlx::query_scalar("SELECT COUNT(*) FROM events").fetch_one(&mut *conn).await?)
+        }
+
         pub async fn set_max_fanout(conn: &mut Conn, account: &str, max_fanout: Option<u32>, at: i64) -> Result<i64> {
             let done = sqlx::query("UPDATE assignments SET max_fanout = $1 WHERE account = $2 AND idx = 0")
                 .bind(max_fanout.map(i64::from))

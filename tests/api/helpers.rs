@@ -366,6 +366,14 @@ impl Db {
             .unwrap())
     }
 
+    /// The ids of the events the log holds, oldest first.
+    pub async fn event_ids(&mut self) -> Vec<i64> {
+        on_db!(self, c => sqlx::query_scalar("SELECT id FROM events ORDER BY id")
+            .fetch_all(c)
+            .await
+            .unwrap())
+    }
+
     /// Every event about an account, oldest first: id, kind, account, key before, key
     /// after, weight.
     pub async fn account_events(&mut self) -> Vec<AccountEvent> {

@@ -48,6 +48,7 @@ mod readme;
 mod rebalance;
 mod replicas;
 mod reshard;
+mod retention;
 mod rust_client;
 mod schemathesis;
 mod secrets;
