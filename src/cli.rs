@@ -7,11 +7,13 @@ use crate::config::Token;
 use crate::http::PutStream;
 use crate::keyspace::{self, Allocator, Keyspace, Load, ShardMap, Skew};
 
+mod export;
 mod fanout;
 mod leases;
 mod load;
 mod rows;
 
+pub use export::{Exported, export_database, export_server};
 pub use fanout::{FanoutFigures, fanout_figures, simulate_fanout};
 pub use leases::{SchemeFigures, lease_figures, simulate_leases};
 pub use load::{LoadRound, LoadSimulation, load_rounds, simulate_load};

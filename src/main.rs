@@ -45,6 +45,33 @@ enum Command {
               value_parser = clap::value_parser!(u32).range(1..=128))]
         keyspace_bits: u32,
     },
+    /// Write the whole table as a snapshot (NDJSON: a head line, then one assignment a line,
+    /// exactly as `GET /snapshot` answers it), from a running server (--from) or straight
+    /// from its database (--database-url), as of one event. The backup `keyspread import`
+    /// takes back with every key and every pending switch.
+    Export {
+        /// The running keyspread to read (`http://HOST:PORT`); without it the database is
+        /// read directly.
+        #[arg(long, env = "KEYSPREAD_EXPORT_FROM")]
+        from: Option<String>,
+        /// Bearer token, if the server's reads need one.
+        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
+        token: Option<Token>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// Read from the database: the lookups' `Cache-Control` the server runs with, whose
+        /// lifetime the head's `max_age_s` gives (as `serve` takes it).
+        #[arg(
+            long,
+            env = "KEYSPREAD_LOOKUP_CACHE_CONTROL",
+            default_value = "max-age=60"
+        )]
+        lookup_cache_control: String,
+        /// Where to write it; standard output if not given. The file appears only once the
+        /// whole snapshot is in it.
+        #[arg(long, short, env = "KEYSPREAD_EXPORT_OUTPUT")]
+        output: Option<PathBuf>,
+    },
     /// Print the OpenAPI document.
     Openapi {
         /// OpenAPI version: 3.1 (the document), or 3.0 (its 3.0.3 rendition, for
@@ -171,6 +198,19 @@ async fn main() -> ExitCode {
             database: DatabaseArgs { database_url },
             keyspace_bits,
         } => report(import(&file, &database_url, keyspace_bits).await),
+        Command::Export {
+            from,
+            token,
+            database: DatabaseArgs { database_url },
+            lookup_cache_control,
+            output,
+        } => {
+            let source = match from {
+                Some(url) => Source::Server(url, token),
+                None => Source::Database(database_url, lookup_cache_control),
+            };
+            report(export(source, output.as_deref()).await)
+        }
         Command::Openapi { version } => print_out(&format!(
             "{}\n",
             match version {
@@ -236,6 +276,63 @@ async fn main() -> ExitCode {
             token,
         }) => report(cli::put_stream(&url, token.as_ref(), &name, &file, primary).await),
     }
+}
+
+/// Where `keyspread export` reads the table.
+enum Source {
+    /// A running server's URL, and its token.
+    Server(String, Option<Token>),
+    /// A database URL, and the lookups' `Cache-Control` the server runs with.
+    Database(String, String),
+}
+
+/// Runs `keyspread export`: to `output` (written beside it, then renamed, so the file is
+/// whole or absent), or to standard output.
+async fn export(source: Source, output: Option<&std::path::Path>) -> Result<String, String> {
+    let run = async |out: &mut dyn Write| match &source {
+        Source::Server(url, token) => cli::export_server(url, token.as_ref(), out).await,
+        Source::Database(url, cache_control) => {
+            let header = axum::http::HeaderValue::from_str(cache_control)
+                .map_err(|_| "--lookup-cache-control: not visible ASCII".to_owned())?;
+            let cache = http::LookupCache::parse(header)
+                .map_err(|e| format!("--lookup-cache-control: {e}"))?;
+            cli::export_database(url, cache.lifetime(), out).await
+        }
+    };
+    let Some(path) = output else {
+        let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+        let done = run(&mut stdout).await?;
+        return Ok(exported(&done, "standard output"));
+    };
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let file = std::fs::File::create(&partial)
+        .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let done = match run(&mut out).await {
+        Ok(done) => out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|file| file.sync_all())
+            .and_then(|()| std::fs::rename(&partial, path))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+            .map(|()| done),
+        Err(err) => Err(err),
+    };
+    if done.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    done.map(|done| exported(&done, &path.display().to_string()))
+}
+
+/// What `keyspread export` says it did (on stderr: its output may be the snapshot).
+fn exported(done: &cli::Exported, to: &str) -> String {
+    print_err_line(&format!(
+        "exported {} accounts as of event {} ({} bytes) to {to}",
+        done.accounts, done.event_id, done.bytes
+    ));
+    String::new()
 }
 
 /// Runs `keyspread import`, showing progress on stderr.
@@ -331,6 +428,11 @@ fn print_out(text: &str) -> ExitCode {
 /// Writes `keyspread: MESSAGE` on stderr; a closed stderr leaves nobody to tell.
 fn print_err(message: &str) {
     let _ = writeln!(std::io::stderr(), "keyspread: {message}");
+}
+
+/// Writes a line of what a command did on stderr, when its output is data.
+fn print_err_line(message: &str) {
+    let _ = writeln!(std::io::stderr(), "{message}");
 }
 
 async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {

@@ -50,7 +50,7 @@ pub use lookup_cache::LookupCache;
 pub use metrics::HttpMetrics;
 pub use rebalance::MAX_SWITCH_AFTER_S;
 pub use shards::ShardOf;
-pub use snapshot::SnapshotHead;
+pub use snapshot::{NDJSON, SnapshotHead, line as ndjson_line, page_lines};
 pub use streams::{PutStream, StreamMap};
 
 use crate::AppState;
