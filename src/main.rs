@@ -33,10 +33,22 @@ enum Command {
     Serve(ServeConfig),
     /// Create or upgrade the database schema, then exit (`serve` also does this).
     Migrate(DatabaseArgs),
-    /// Move an existing table into keyspread: a CSV of account,weight[,hash_key[,fanout]]
-    /// rows; rows that bring a hash key keep it (as key 0 of their fanout).
+    /// Move a table into keyspread: a CSV of account,weight[,hash_key[,fanout]] rows (rows
+    /// that bring a hash key keep it, as key 0 of their fanout; the others get keys from
+    /// the walk), or a snapshot `keyspread export` wrote.
+    ///
+    /// A snapshot comes back whole: every key of every account by index, and every pending
+    /// switch with its next keys and its time (a switch whose time has passed is simply the
+    /// new keys). Every line is checked before anything is written; nothing is written if
+    /// one is refused (a malformed line, a key outside the keyspace, a key two accounts
+    /// share). Into a database that already holds accounts it goes only if nothing
+    /// conflicts: an account already there must hold exactly the keys, weight and switch
+    /// the file gives it (it is left as it is), and no key of the file may be held by
+    /// another account. Each write is logged, so running servers, their replicas and
+    /// producers' mirrors see the accounts at once. created_at becomes the time of the
+    /// import.
     Import {
-        /// The CSV file.
+        /// The CSV file, or the snapshot file.
         file: PathBuf,
         #[command(flatten)]
         database: DatabaseArgs,
@@ -351,11 +363,10 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
         .map_err(|e| e.to_string())?;
     let terminal = std::io::stderr().is_terminal();
     let mut shown = 0;
-    let open = || std::fs::File::open(file).map(std::io::BufReader::new);
-    let summary = cli::import(&registry, open, |rows| {
+    let mut progress = |rows: u64, total: u64, what: &str| {
         let rate = rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
         let line = format!(
-            "imported {rows}/{total} rows ({:.0}%), {rate:.0} rows/s",
+            "imported {rows}/{total} {what} ({:.0}%), {rate:.0} {what}/s",
             100.0 * rows as f64 / total.max(1) as f64
         );
         if terminal {
@@ -364,8 +375,19 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
             let _ = writeln!(std::io::stderr(), "{line}");
             shown = rows;
         }
-    })
-    .await?;
+    };
+    let open = || std::fs::File::open(file).map(std::io::BufReader::new);
+    let mut first = String::new();
+    let _ = std::io::BufRead::read_line(&mut open().map_err(|e| e.to_string())?, &mut first);
+    if cli::is_snapshot(&first) {
+        let accounts = total.saturating_sub(1);
+        let summary = cli::restore(&registry, open, |n| progress(n, accounts, "accounts")).await?;
+        if terminal {
+            let _ = writeln!(std::io::stderr());
+        }
+        return restored(&summary, started.elapsed().as_secs_f64());
+    }
+    let summary = cli::import(&registry, open, |rows| progress(rows, total, "rows")).await?;
     if terminal {
         let _ = writeln!(std::io::stderr());
     }
@@ -390,6 +412,32 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
     } else {
         Err(out)
     }
+}
+
+/// What an import of a snapshot did: `Err` when it refused lines (and wrote nothing).
+fn restored(summary: &cli::RestoreSummary, seconds: f64) -> Result<String, String> {
+    let mut out = format!(
+        "snapshot of event {}: {} accounts in {seconds:.1} s: {} written with {} keys ({} \
+         pending switches kept), {} already present, {} lines refused\n",
+        summary.event_id,
+        summary.accounts,
+        summary.written,
+        summary.keys,
+        summary.pending,
+        summary.present,
+        summary.refused.len(),
+    );
+    if summary.refused.is_empty() {
+        return Ok(out);
+    }
+    out.push_str("nothing was written:\n");
+    for (line, why) in summary.refused.iter().take(20) {
+        out.push_str(&format!("  line {line}: {why}\n"));
+    }
+    if summary.refused.len() > 20 {
+        out.push_str(&format!("  ... and {} more\n", summary.refused.len() - 20));
+    }
+    Err(out)
 }
 
 /// Lines in a file, for the progress figure.
