@@ -382,10 +382,21 @@ async fn import_refuses_bad_lines_by_number_and_writes_nothing() {
         app.get("/keys/held").await.body["hash_key"],
         held.to_string()
     );
-    // Imported again, every account is already there just so: nothing changes.
+    // Imported again, every account is already there just so: nothing changes; a file
+    // that holds them and more (an import stopped midway, run again) adds the rest.
     let report = import(&snapshot_file(dir.path(), &good), &app.config.database_url).await;
     assert!(
         report.contains("0 written with 0 keys (0 pending switches kept), 2 already present"),
+        "{report}"
+    );
+    let more = [
+        good[0].clone(),
+        good[1].clone(),
+        line("c", 3, &[30, 31], None),
+    ];
+    let report = import(&snapshot_file(dir.path(), &more), &app.config.database_url).await;
+    assert!(
+        report.contains("1 written with 2 keys (0 pending switches kept), 2 already present"),
         "{report}"
     );
 }
