@@ -7,14 +7,18 @@ use crate::config::Token;
 use crate::http::PutStream;
 use crate::keyspace::{self, Allocator, Keyspace, Load, ShardMap, Skew};
 
+mod export;
 mod fanout;
 mod leases;
 mod load;
+mod restore;
 mod rows;
 
+pub use export::{Exported, export_database, export_server};
 pub use fanout::{FanoutFigures, fanout_figures, simulate_fanout};
 pub use leases::{SchemeFigures, lease_figures, simulate_leases};
 pub use load::{LoadRound, LoadSimulation, load_rounds, simulate_load};
+pub use restore::{RestoreSummary, is_snapshot, restore};
 pub use rows::{Row, Rows};
 
 /// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a

@@ -33,10 +33,22 @@ enum Command {
     Serve(ServeConfig),
     /// Create or upgrade the database schema, then exit (`serve` also does this).
     Migrate(DatabaseArgs),
-    /// Move an existing table into keyspread: a CSV of account,weight[,hash_key[,fanout]]
-    /// rows; rows that bring a hash key keep it (as key 0 of their fanout).
+    /// Move a table into keyspread: a CSV of account,weight[,hash_key[,fanout]] rows (rows
+    /// that bring a hash key keep it, as key 0 of their fanout; the others get keys from
+    /// the walk), or a snapshot `keyspread export` wrote.
+    ///
+    /// A snapshot comes back whole: every key of every account by index, and every pending
+    /// switch with its next keys and its time (a switch whose time has passed is simply the
+    /// new keys). Every line is checked before anything is written; nothing is written if
+    /// one is refused (a malformed line, a key outside the keyspace, a key two accounts
+    /// share). Into a database that already holds accounts it goes only if nothing
+    /// conflicts: an account already there must hold exactly the keys, weight and switch
+    /// the file gives it (it is left as it is), and no key of the file may be held by
+    /// another account. Each write is logged, so running servers, their replicas and
+    /// producers' mirrors see the accounts at once. created_at becomes the time of the
+    /// import.
     Import {
-        /// The CSV file.
+        /// The CSV file, or the snapshot file.
         file: PathBuf,
         #[command(flatten)]
         database: DatabaseArgs,
@@ -44,6 +56,33 @@ enum Command {
         #[arg(long, env = "KEYSPREAD_KEYSPACE_BITS", default_value_t = 128,
               value_parser = clap::value_parser!(u32).range(1..=128))]
         keyspace_bits: u32,
+    },
+    /// Write the whole table as a snapshot (NDJSON: a head line, then one assignment a line,
+    /// exactly as `GET /snapshot` answers it), from a running server (--from) or straight
+    /// from its database (--database-url), as of one event. The backup `keyspread import`
+    /// takes back with every key and every pending switch.
+    Export {
+        /// The running keyspread to read (`http://HOST:PORT`); without it the database is
+        /// read directly.
+        #[arg(long, env = "KEYSPREAD_EXPORT_FROM")]
+        from: Option<String>,
+        /// Bearer token, if the server's reads need one.
+        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
+        token: Option<Token>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// Read from the database: the lookups' `Cache-Control` the server runs with, whose
+        /// lifetime the head's `max_age_s` gives (as `serve` takes it).
+        #[arg(
+            long,
+            env = "KEYSPREAD_LOOKUP_CACHE_CONTROL",
+            default_value = "max-age=60"
+        )]
+        lookup_cache_control: String,
+        /// Where to write it; standard output if not given. The file appears only once the
+        /// whole snapshot is in it.
+        #[arg(long, short, env = "KEYSPREAD_EXPORT_OUTPUT")]
+        output: Option<PathBuf>,
     },
     /// Print the OpenAPI document.
     Openapi {
@@ -171,6 +210,19 @@ async fn main() -> ExitCode {
             database: DatabaseArgs { database_url },
             keyspace_bits,
         } => report(import(&file, &database_url, keyspace_bits).await),
+        Command::Export {
+            from,
+            token,
+            database: DatabaseArgs { database_url },
+            lookup_cache_control,
+            output,
+        } => {
+            let source = match from {
+                Some(url) => Source::Server(url, token),
+                None => Source::Database(database_url, lookup_cache_control),
+            };
+            report(export(source, output.as_deref()).await)
+        }
         Command::Openapi { version } => print_out(&format!(
             "{}\n",
             match version {
@@ -238,6 +290,63 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Where `keyspread export` reads the table.
+enum Source {
+    /// A running server's URL, and its token.
+    Server(String, Option<Token>),
+    /// A database URL, and the lookups' `Cache-Control` the server runs with.
+    Database(String, String),
+}
+
+/// Runs `keyspread export`: to `output` (written beside it, then renamed, so the file is
+/// whole or absent), or to standard output.
+async fn export(source: Source, output: Option<&std::path::Path>) -> Result<String, String> {
+    let run = async |out: &mut dyn Write| match &source {
+        Source::Server(url, token) => cli::export_server(url, token.as_ref(), out).await,
+        Source::Database(url, cache_control) => {
+            let header = axum::http::HeaderValue::from_str(cache_control)
+                .map_err(|_| "--lookup-cache-control: not visible ASCII".to_owned())?;
+            let cache = keyspread::config::LookupCache::parse(header)
+                .map_err(|e| format!("--lookup-cache-control: {e}"))?;
+            cli::export_database(url, cache.lifetime(), out).await
+        }
+    };
+    let Some(path) = output else {
+        let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+        let done = run(&mut stdout).await?;
+        return Ok(exported(&done, "standard output"));
+    };
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let file = std::fs::File::create(&partial)
+        .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let done = match run(&mut out).await {
+        Ok(done) => out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|file| file.sync_all())
+            .and_then(|()| std::fs::rename(&partial, path))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+            .map(|()| done),
+        Err(err) => Err(err),
+    };
+    if done.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    done.map(|done| exported(&done, &path.display().to_string()))
+}
+
+/// What `keyspread export` says it did (on stderr: its output may be the snapshot).
+fn exported(done: &cli::Exported, to: &str) -> String {
+    print_err_line(&format!(
+        "exported {} accounts as of event {} ({} bytes) to {to}",
+        done.accounts, done.event_id, done.bytes
+    ));
+    String::new()
+}
+
 /// Runs `keyspread import`, showing progress on stderr.
 async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result<String, String> {
     use std::io::IsTerminal;
@@ -254,11 +363,10 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
         .map_err(|e| e.to_string())?;
     let terminal = std::io::stderr().is_terminal();
     let mut shown = 0;
-    let open = || std::fs::File::open(file).map(std::io::BufReader::new);
-    let summary = cli::import(&registry, open, |rows| {
+    let mut progress = |rows: u64, total: u64, what: &str| {
         let rate = rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
         let line = format!(
-            "imported {rows}/{total} rows ({:.0}%), {rate:.0} rows/s",
+            "imported {rows}/{total} {what} ({:.0}%), {rate:.0} {what}/s",
             100.0 * rows as f64 / total.max(1) as f64
         );
         if terminal {
@@ -267,8 +375,19 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
             let _ = writeln!(std::io::stderr(), "{line}");
             shown = rows;
         }
-    })
-    .await?;
+    };
+    let open = || std::fs::File::open(file).map(std::io::BufReader::new);
+    let mut first = String::new();
+    let _ = std::io::BufRead::read_line(&mut open().map_err(|e| e.to_string())?, &mut first);
+    if cli::is_snapshot(&first) {
+        let accounts = total.saturating_sub(1);
+        let summary = cli::restore(&registry, open, |n| progress(n, accounts, "accounts")).await?;
+        if terminal {
+            let _ = writeln!(std::io::stderr());
+        }
+        return restored(&summary, started.elapsed().as_secs_f64());
+    }
+    let summary = cli::import(&registry, open, |rows| progress(rows, total, "rows")).await?;
     if terminal {
         let _ = writeln!(std::io::stderr());
     }
@@ -293,6 +412,32 @@ async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result
     } else {
         Err(out)
     }
+}
+
+/// What an import of a snapshot did: `Err` when it refused lines (and wrote nothing).
+fn restored(summary: &cli::RestoreSummary, seconds: f64) -> Result<String, String> {
+    let mut out = format!(
+        "snapshot of event {}: {} accounts in {seconds:.1} s: {} written with {} keys ({} \
+         pending switches kept), {} already present, {} lines refused\n",
+        summary.event_id,
+        summary.accounts,
+        summary.written,
+        summary.keys,
+        summary.pending,
+        summary.present,
+        summary.refused.len(),
+    );
+    if summary.refused.is_empty() {
+        return Ok(out);
+    }
+    out.push_str("nothing was written:\n");
+    for (line, why) in summary.refused.iter().take(20) {
+        out.push_str(&format!("  line {line}: {why}\n"));
+    }
+    if summary.refused.len() > 20 {
+        out.push_str(&format!("  ... and {} more\n", summary.refused.len() - 20));
+    }
+    Err(out)
 }
 
 /// Lines in a file, for the progress figure.
@@ -331,6 +476,11 @@ fn print_out(text: &str) -> ExitCode {
 /// Writes `keyspread: MESSAGE` on stderr; a closed stderr leaves nobody to tell.
 fn print_err(message: &str) {
     let _ = writeln!(std::io::stderr(), "keyspread: {message}");
+}
+
+/// Writes a line of what a command did on stderr, when its output is data.
+fn print_err_line(message: &str) {
+    let _ = writeln!(std::io::stderr(), "{message}");
 }
 
 async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {

@@ -48,7 +48,7 @@ pub use local::LocalNames;
 pub use metrics::HttpMetrics;
 pub use rebalance::MAX_SWITCH_AFTER_S;
 pub use shards::ShardOf;
-pub use snapshot::SnapshotHead;
+pub use snapshot::{NDJSON, SnapshotHead, line as ndjson_line, page_lines};
 pub use streams::{PutStream, StreamMap};
 
 use crate::AppState;

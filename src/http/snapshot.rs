@@ -93,14 +93,16 @@ async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(([(header::CONTENT_TYPE, ndjson)], Body::from_stream(stream)).into_response())
 }
 
-fn line<T: Serialize>(value: &T) -> Result<Bytes, serde_json::Error> {
+/// One NDJSON line: `value` and a newline (the head of a snapshot).
+pub fn line<T: Serialize>(value: &T) -> Result<Bytes, serde_json::Error> {
     let mut out = serde_json::to_vec(value)?;
     out.push(b'\n');
     Ok(out.into())
 }
 
-/// A page of assignments as lines, each as producers must use it now.
-fn page_lines(page: Vec<crate::store::Assignment>) -> Result<Bytes, std::io::Error> {
+/// A page of assignments as lines, each as producers must use it now: the body of
+/// `GET /snapshot` and of `keyspread export`.
+pub fn page_lines(page: Vec<crate::store::Assignment>) -> Result<Bytes, std::io::Error> {
     let now = crate::registry::now_ms();
     let mut out = Vec::with_capacity(page.len() * 160);
     for a in page {

@@ -23,6 +23,7 @@ mod load;
 mod md5_loads;
 mod metrics;
 mod rebalance;
+mod restore;
 mod retention;
 mod snapshot;
 mod streams;
@@ -42,6 +43,7 @@ pub use load::{
 };
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
+pub use restore::{RestoreChunk, Restored};
 pub use retention::Compacted;
 pub use snapshot::Snapshot;
 pub use streams::{Stream, StreamChange};

@@ -2,7 +2,7 @@
 //! producer's mirror starts from before it follows the log.
 
 use super::{Error, Registry};
-use crate::store::{Assignment, Tx};
+use crate::store::{Assignment, Store, Tx};
 
 /// Accounts a page holds at most.
 const PAGE_ACCOUNTS: u32 = 1000;
@@ -40,11 +40,12 @@ impl Snapshot {
     }
 }
 
-impl Registry {
-    /// Starts a [`Snapshot`] of the committed table: one consistent state of the database
-    /// (every event up to its newest), whatever replica answers.
-    pub async fn snapshot(&self) -> Result<Snapshot, Error> {
-        let mut tx = self.store.snapshot().await?;
+impl Snapshot {
+    /// Starts a snapshot of `store`'s committed table: one consistent state of the database
+    /// (every event up to its newest). `keyspread export` reads a database this way without
+    /// a registry of its own.
+    pub async fn of(store: &Store) -> Result<Snapshot, Error> {
+        let mut tx = store.snapshot().await?;
         let event_id = tx.last_event_id().await?;
         let accounts = tx.count_accounts().await?;
         Ok(Snapshot {
@@ -54,5 +55,13 @@ impl Registry {
             after: None,
             done: false,
         })
+    }
+}
+
+impl Registry {
+    /// Starts a [`Snapshot`] of the committed table: one consistent state of the database
+    /// (every event up to its newest), whatever replica answers.
+    pub async fn snapshot(&self) -> Result<Snapshot, Error> {
+        Snapshot::of(&self.store).await
     }
 }

@@ -26,7 +26,7 @@ async fn import(app: &TestApp, csv: &str) -> std::process::Output {
 /// Waits until the running server has applied every event the database holds: an import
 /// commits several transactions (keyed rows' other keys come in the last), and the server
 /// follows them one poll at a time.
-async fn caught_up(app: &TestApp) {
+pub async fn caught_up(app: &TestApp) {
     let logged = app.db().await.last_event_id().await;
     let started = Instant::now();
     loop {

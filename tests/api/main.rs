@@ -6,6 +6,7 @@ mod replay;
 mod skip;
 
 mod abuse;
+mod backup;
 mod bounds;
 mod connections;
 mod controller;
