@@ -14,4 +14,4 @@ server's event log, so lookups cost no round trip and go on while the server is 
 from .mirror import KeyspreadError, Lookup, Mirror, Next, Stale
 from .selector import jump, sub_key_index
 
-__all__ = ["Mirror", "Stale", "KeyspreadError", "Lookup", "Next", "jump", "sub_key_index"]
+__all__ = ["KeyspreadError", "Lookup", "Mirror", "Next", "Stale", "jump", "sub_key_index"]

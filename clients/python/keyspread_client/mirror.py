@@ -10,7 +10,7 @@ import urllib.parse
 from collections import namedtuple
 
 from .selector import sub_key_index
-from .table import Batch, Unapplicable, apply, entry_of, unix_ms
+from .table import Batch, Unapplicable, apply, entry_of
 
 log = logging.getLogger("keyspread_client")
 
@@ -208,15 +208,17 @@ class Mirror:
                 if self._closing.is_set():
                     break
                 log.warning("keyspread mirror cannot sync (%s); retrying in %.1f s", err, backoff)
-                conn = _closed(conn)
+                _close(conn)
+                conn = None
                 self._closing.wait(backoff)
                 backoff = min(backoff * 2, _BACKOFF_S[1])
-            except Exception:  # noqa: BLE001 (the thread must outlive a bug: lookups go stale)
+            except Exception:  # the thread must outlive a bug: lookups go stale meanwhile
                 log.exception("keyspread mirror failed to sync; retrying in %.1f s", backoff)
-                conn = _closed(conn)
+                _close(conn)
+                conn = None
                 self._closing.wait(backoff)
                 backoff = min(backoff * 2, _BACKOFF_S[1])
-        _closed(conn)
+        _close(conn)
 
     def _poll_s(self):
         """How long a long-poll waits: well inside ``max_age_s``, so that an idle log keeps
@@ -318,10 +320,10 @@ def _detail(body):
         return body.decode(errors="replace")
 
 
-def _closed(conn):
+def _close(conn):
+    """Closes ``conn``, if any."""
     if conn is not None:
         conn.close()
-    return None
 
 
 

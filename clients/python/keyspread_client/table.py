@@ -44,7 +44,7 @@ class Switch:
     """Key ``index`` of an account keeps ``old`` (``None``: the key is new and not sent
     yet) until ``at`` (Unix milliseconds)."""
 
-    __slots__ = ("index", "old", "at")
+    __slots__ = ("at", "index", "old")
 
     def __init__(self, index, old, at):
         self.index, self.old, self.at = index, old, at
@@ -60,7 +60,7 @@ class Entry:
     """One account: its keys by index as the table holds them (a switching key's new
     value), their weights, and the switches still pending."""
 
-    __slots__ = ("keys", "weights", "created_at", "max_fanout", "switches", "until")
+    __slots__ = ("created_at", "keys", "max_fanout", "switches", "until", "weights")
 
     def __init__(self, keys, weights, created_at, max_fanout=None, switches=()):
         self.keys = tuple(keys)

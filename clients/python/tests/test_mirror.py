@@ -214,7 +214,7 @@ class Server:
     """``keyspread serve`` as a child process on a loopback port, its log in a file."""
 
     def __init__(self, env=(), port=0):
-        self.log = tempfile.NamedTemporaryFile(prefix="keyspread-", suffix=".log", delete=False)
+        fd, self.log = tempfile.mkstemp(prefix="keyspread-", suffix=".log")
         environ = dict(os.environ, DATABASE_URL=DATABASE_URL,
                        KEYSPREAD_LISTEN=f"127.0.0.1:{port}", RUST_LOG="info")
         for name in ("KEYSPREAD_TOKEN", "KEYSPREAD_PRIMARY_STREAM", "KEYSPREAD_KEYSPACE_BITS"):
@@ -222,7 +222,8 @@ class Server:
         environ.update(env)
         self.env = env
         self.process = subprocess.Popen([BIN, "serve"], env=environ,
-                                        stdout=subprocess.DEVNULL, stderr=self.log)
+                                        stdout=subprocess.DEVNULL, stderr=fd)
+        os.close(fd)
         self.url = until(self._listening, 30, step=0.05)
         if not self.url:
             raise AssertionError(f"keyspread did not start: {self.text()[-2000:]}")
@@ -232,7 +233,7 @@ class Server:
         self.port = int(self.url.rsplit(":", 1)[1])
 
     def text(self):
-        with open(self.log.name, encoding="utf-8", errors="replace") as f:
+        with open(self.log, encoding="utf-8", errors="replace") as f:
             return f.read()
 
     def _listening(self):

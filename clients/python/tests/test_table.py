@@ -133,7 +133,7 @@ class StartsOver(unittest.TestCase):
         return mirror.snapshots
 
     def test_gone_takes_a_new_snapshot(self):
-        mirror, handler = self.started([(410, {"title": "Gone", "detail": "compacted"}), EMPTY])
+        mirror, _handler = self.started([(410, {"title": "Gone", "detail": "compacted"}), EMPTY])
         self.assertEqual(self.wait_snapshots(mirror, 2), 2)
         self.assertEqual(mirror.event_id, 5)
         self.assertEqual(mirror.keys("a"), ["10"])
