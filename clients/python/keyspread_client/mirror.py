@@ -22,6 +22,8 @@ Next = namedtuple("Next", "keys switch_at")
 _PAGE = 1000
 _LONGEST_POLL_S = 25
 _BACKOFF_S = (0.1, 5.0)
+# How much before max_age_s the watcher marks the table stale: more than it takes to wake.
+_WAKE_S = 0.05
 
 
 class Stale(Exception):
@@ -72,6 +74,8 @@ class Mirror:
         self._max_age_s = 0
         self._synced_at = None
         self._fresh_until = float("-inf")
+        # Lookups read this flag, not a clock: the watcher clears it when the sync ages.
+        self._fresh = False
         self._snapshots = 0
         self._applied = threading.Condition()
         self._closing = threading.Event()
@@ -79,13 +83,17 @@ class Mirror:
         self._snapshot()
         self._thread = threading.Thread(target=self._follow, name="keyspread-mirror", daemon=True)
         self._thread.start()
+        self._watcher = threading.Thread(target=self._watch, name="keyspread-mirror-watch",
+                                         daemon=True)
+        self._watcher.start()
 
     # Lookups: in memory, no lock.
 
     def keys(self, account):
-        """The keys (decimal strings, by index) to send ``account``'s records with now, or
-        ``None`` when the table does not hold the account."""
-        if self._monotonic() > self._fresh_until:
+        """The keys (a tuple of decimal strings, by index) to send ``account``'s records with
+        now, or ``None`` when the table does not hold the account. A tuple, not a list: the
+        table's own, handed out without a copy and unchangeable by the caller."""
+        if not self._fresh:
             raise self._stale()
         entry = self._table.get(account)
         if entry is None:
@@ -93,8 +101,8 @@ class Mirror:
         if entry.until:
             now = self._clock() * 1000
             if entry.until > now:
-                return entry.keys_at(now)
-        return list(entry.keys)
+                return tuple(entry.keys_at(now))
+        return entry.keys
 
     def key_for(self, account, sub_key):
         """The key records of ``sub_key`` (an order id, a user id) of ``account`` go under
@@ -109,15 +117,15 @@ class Mirror:
         """:class:`Lookup` of ``account`` (keys now, and the nearest switch still ahead), or
         ``None``: both read at one instant, for producers that hold records back just before
         a switch."""
-        if self._monotonic() > self._fresh_until:
+        if not self._fresh:
             raise self._stale()
         entry = self._table.get(account)
         if entry is None:
             return None
         now = self._clock() * 1000
         ahead = entry.next_at(now)
-        nxt = Next(ahead[0], ahead[1] / 1000) if ahead else None
-        return Lookup(entry.keys_at(now), nxt)
+        nxt = Next(tuple(ahead[0]), ahead[1] / 1000) if ahead else None
+        return Lookup(tuple(entry.keys_at(now)), nxt)
 
     def __len__(self):
         return len(self._table)
@@ -159,7 +167,7 @@ class Mirror:
             self._applied.wait_for(lambda: self._table.get(account) is not None, timeout)
         keys = self.keys(account)
         if keys is None:
-            keys = entry_of(answer).keys_at(self._clock() * 1000)
+            keys = tuple(entry_of(answer).keys_at(self._clock() * 1000))
         return keys
 
     def wait_for(self, event_id, timeout):
@@ -170,6 +178,8 @@ class Mirror:
     def close(self):
         """Stops following the log (a long-poll in flight is cut)."""
         self._closing.set()
+        with self._applied:
+            self._applied.notify_all()  # the watcher
         polling = self._polling
         if polling is not None and polling.sock is not None:
             try:
@@ -277,9 +287,21 @@ class Mirror:
         log.info("keyspread mirror holds %d accounts as of event %d", len(table), head["event_id"])
 
     def _synced(self, started):
-        # The answer holds every event committed before the request was sent.
+        """Notes a sync whose request was sent at ``started`` (the answer holds every event
+        committed before then); the caller holds ``_applied`` and notifies the watcher."""
         self._synced_at = started
         self._fresh_until = started + self._max_age_s
+        self._fresh = self._max_age_s > 0
+
+    def _watch(self):
+        """Clears ``_fresh`` once the last sync is ``max_age_s`` old (a little before, for
+        the time this thread takes to wake), and waits for the next sync."""
+        with self._applied:
+            while not self._closing.is_set():
+                left = self._fresh_until - _WAKE_S - self._monotonic()
+                if left <= 0:
+                    self._fresh = False
+                self._applied.wait(left if left > 0 else None)
 
     # HTTP.
 

@@ -89,10 +89,10 @@ class Live(unittest.TestCase):
         status, server = call(url or URL, "GET", "/keys/" + quoted(account))
         self.assertEqual(status, 200, server)
         got = mirror.lookup(account)
-        self.assertEqual(got.keys, server["hash_keys"], account)
+        self.assertEqual(got.keys, tuple(server["hash_keys"]), account)
         if "next" in server:
             self.assertIsNotNone(got.next, f"{account}: the server has {server['next']}")
-            self.assertEqual(got.next.keys, server["next"]["hash_keys"])
+            self.assertEqual(got.next.keys, tuple(server["next"]["hash_keys"]))
         else:
             self.assertIsNone(got.next, account)
 
@@ -119,7 +119,7 @@ class Live(unittest.TestCase):
 
         status, made = call(URL, "POST", "/keys/" + quoted(account))
         self.assertEqual(status, 201, made)
-        self.assertEqual(until(lambda: mirror.keys(account), 1.0), made["hash_keys"])
+        self.assertEqual(until(lambda: mirror.keys(account), 1.0), tuple(made["hash_keys"]))
         self.assertGreater(mirror.event_id, before)
 
         status, grown = call(URL, "PATCH", "/keys/" + quoted(account), {"fanout": 4, "weight": 4})
@@ -288,7 +288,8 @@ class Process(unittest.TestCase):
                 return True
 
         self.assertTrue(until(stale, 4.0), "no Stale 4 s after the server froze")
-        self.assertGreater(mirror.lag_s, 2.0)
+        # Marked a moment before max_age_s (the watcher's wake-up time), never later.
+        self.assertGreater(mirror.lag_s, 2.0 - 0.1)
         self.assertGreater(time.monotonic() - stopped, 2.0 - 0.6, "Stale came too early")
         with self.assertRaises(Stale):
             mirror.key_for(account, "x")
@@ -315,7 +316,7 @@ class Process(unittest.TestCase):
         status, made = call(server.url, "POST", "/keys/" + after)
         self.assertEqual(status, 201, made)
 
-        self.assertEqual(until(lambda: mirror.keys(after), 10.0), made["hash_keys"])
+        self.assertEqual(until(lambda: mirror.keys(after), 10.0), tuple(made["hash_keys"]))
         self.assertEqual(mirror.snapshots, 1, "it resumed without a new snapshot")
         self.assertGreater(mirror.event_id, position)
         self.assertEqual(mirror.keys(before), keys)

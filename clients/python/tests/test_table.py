@@ -136,7 +136,7 @@ class StartsOver(unittest.TestCase):
         mirror, _handler = self.started([(410, {"title": "Gone", "detail": "compacted"}), EMPTY])
         self.assertEqual(self.wait_snapshots(mirror, 2), 2)
         self.assertEqual(mirror.event_id, 5)
-        self.assertEqual(mirror.keys("a"), ["10"])
+        self.assertEqual(mirror.keys("a"), ("10",))
 
     def test_an_unknown_kind_takes_a_new_snapshot(self):
         odd = {"id": 6, "kind": "teleport", "at": AT, "account": "a"}
