@@ -23,7 +23,7 @@ its old owner has let go. This worker keeps to its side of that:
   producers' keys and consumers' leases by.
 
 One thread does it all, a heartbeat between batches, so nothing is handed on after an
-answer that took the shard away. The generated client (`keyspread_client`, see
+answer that took the shard away. The generated client (`keyspread_api`, see
 python_client.md) talks to keyspread; boto3 to Kinesis. A program that keeps accounts in
 order across keyspread's moves hands each batch to the order-aware consumer's logic
 (`consumer=`, see order_aware_consumer.py) instead of printing it.
@@ -47,10 +47,10 @@ import sys
 import time
 import urllib.parse
 
-from keyspread_client import AuthenticatedClient, Client
-from keyspread_client.api.leases import checkpoint as checkpoint_api
-from keyspread_client.api.leases import leave as leave_api
-from keyspread_client.models import CheckpointRequest, OwnLeaseState, WorkerBody
+from keyspread_api import AuthenticatedClient, Client
+from keyspread_api.api.leases import checkpoint as checkpoint_api
+from keyspread_api.api.leases import leave as leave_api
+from keyspread_api.models import CheckpointRequest, OwnLeaseState, WorkerBody
 
 # Records per GetRecords call: a batch is what a revocation may leave unprocessed.
 BATCH = 100

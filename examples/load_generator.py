@@ -202,7 +202,7 @@ def main():
         producer = OrderSafeProducer(WithoutExplicitKeys(kinesis), args.stream, None)
         producer.lookups = PartitionKeyOnly()
     else:
-        from keyspread_client import Client
+        from keyspread_api import Client
 
         producer = OrderSafeProducer(kinesis, args.stream, Client(base_url=args.keyspread, timeout=10))
     generator = LoadGenerator(producer, account_names(args.accounts), args.rate, args.zipf, args.seed)

@@ -39,10 +39,10 @@ import json
 import sys
 import time
 
-from keyspread_client import Client
-from keyspread_client.api.observability import events as events_api
-from keyspread_client.api.rebalance import moves as moves_api
-from keyspread_client.models import EventKind, EventPage, MovesPage
+from keyspread_api import Client
+from keyspread_api.api.observability import events as events_api
+from keyspread_api.api.rebalance import moves as moves_api
+from keyspread_api.models import EventKind, EventPage, MovesPage
 
 
 class Shards:

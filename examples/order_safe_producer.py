@@ -20,9 +20,15 @@ Usage as a library (boto3 + the generated client, see examples/python_client.md)
     producer.put("acme", b"...")                       # or sub_key="order-17"
     producer.flush()                                   # until every record is in
 
+With a mirror (clients/python: the whole table in this process, following keyspread's log;
+no lookup round trips, and sending goes on while keyspread is away, until the mirror is
+stale), the same rules with the mirror's keys:
+
+    producer = OrderSafeProducer(kinesis, "orders", mirror=Mirror("http://127.0.0.1:8080"))
+
 Usage from the command line (one record per line of stdin, `ACCOUNT<TAB>DATA`):
 
-    order_safe_producer.py --keyspread http://127.0.0.1:8080 --stream orders < records.tsv
+    order_safe_producer.py --keyspread http://127.0.0.1:8080 --stream orders [--mirror] < records.tsv
 """
 
 import argparse
@@ -31,9 +37,9 @@ import re
 import sys
 import time
 
-from keyspread_client import Client
-from keyspread_client.api.keys import lookup
-from keyspread_client.models import Assignment
+from keyspread_api import Client
+from keyspread_api.api.keys import lookup
+from keyspread_api.models import Assignment
 from sub_key import sub_key_index  # examples/sub_key.py: DESIGN.md's jump hash of the MD5
 
 # Kinesis takes at most 500 records in one PutRecords call.
@@ -91,6 +97,29 @@ class Lookups:
         return list(a.hash_keys)
 
 
+class MirrorLookups:
+    """Each account's keys from a `keyspread_client.Mirror`: in memory, no request."""
+
+    def __init__(self, mirror, clock=time.time):
+        self.mirror = mirror
+        self.clock = clock
+
+    def keys(self, account, guard=0.0):
+        """The keys to send `account`'s records with now; `None` within `guard` seconds
+        before a switch, and while the mirror is stale (it may have missed a switch)."""
+        from keyspread_client import Stale
+
+        try:
+            found = self.mirror.lookup(account)
+        except Stale:
+            return None
+        if found is None:
+            raise LookupError(f"lookup {account}: keyspread holds no such account")
+        if found.next and found.next.switch_at - self.clock() < guard:
+            return None
+        return found.keys
+
+
 def _max_age(cache_control):
     found = re.search(r"max-age=(\d+)", cache_control)
     return int(found.group(1)) if found else 0
@@ -99,10 +128,10 @@ def _max_age(cache_control):
 class OrderSafeProducer:
     """Queues records per account key and sends them by the three rules above."""
 
-    def __init__(self, kinesis, stream, client, clock=time.time):
+    def __init__(self, kinesis, stream, client=None, clock=time.time, mirror=None):
         self.kinesis = kinesis
         self.stream = stream
-        self.lookups = Lookups(client, clock)
+        self.lookups = MirrorLookups(mirror, clock) if mirror else Lookups(client, clock)
         # (account, index) -> records waiting, oldest first; the head goes next.
         self.queues = collections.OrderedDict()
         self.sent = 0
@@ -172,12 +201,19 @@ def main():
     parser.add_argument("--keyspread", required=True, help="e.g. http://127.0.0.1:8080")
     parser.add_argument("--stream", required=True)
     parser.add_argument("--endpoint-url", help="a Kinesis endpoint other than AWS's (kinesalite)")
+    parser.add_argument("--mirror", action="store_true",
+                        help="keys from a mirror of keyspread's table (pip install ./clients/python)")
     args = parser.parse_args()
 
     import boto3  # credentials and region as boto3 reads them (AWS_DEFAULT_REGION, ...)
 
     kinesis = boto3.client("kinesis", endpoint_url=args.endpoint_url)
-    producer = OrderSafeProducer(kinesis, args.stream, Client(base_url=args.keyspread))
+    if args.mirror:
+        from keyspread_client import Mirror
+
+        producer = OrderSafeProducer(kinesis, args.stream, mirror=Mirror(args.keyspread))
+    else:
+        producer = OrderSafeProducer(kinesis, args.stream, Client(base_url=args.keyspread))
     try:
         for line in sys.stdin:
             account, _, data = line.rstrip("\n").partition("\t")

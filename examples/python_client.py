@@ -2,18 +2,18 @@
 """Allocate an account's Kinesis hash key, read it back and find its shard.
 
 Usage: python_client.py BASE_URL ACCOUNT [--weight W] [--shards N] [--token TOKEN]
-Needs the generated package keyspread_client (see python_client.md).
+Needs the generated package keyspread_api (see python_client.md).
 """
 
 import argparse
 import os
 import sys
 
-from keyspread_client import AuthenticatedClient, Client
-from keyspread_client.api.keys import allocate, lookup
-from keyspread_client.api.shards import shard_of
-from keyspread_client.models import AllocateRequest, Assignment
-from keyspread_client.types import UNSET
+from keyspread_api import AuthenticatedClient, Client
+from keyspread_api.api.keys import allocate, lookup
+from keyspread_api.api.shards import shard_of
+from keyspread_api.models import AllocateRequest, Assignment
+from keyspread_api.types import UNSET
 
 
 def main():

@@ -44,6 +44,7 @@ mod order_kinesis;
 mod outage;
 mod pipes;
 mod python_client;
+mod python_mirror;
 mod rate;
 mod readme;
 mod rebalance;

@@ -98,3 +98,21 @@ async fn staged_moves_keep_every_account_in_order_through_failures_on_kinesalite
     );
     assert_eq!(blind["lost"], 0, "{blind}");
 }
+
+/// The same proof with each producer reading its keys from a Python mirror of the table
+/// (`order_safe_producer.py`'s mirror path, clients/python) instead of per-account lookups:
+/// the staged move reaches the producers through the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_reading_keys_from_mirrors_keep_every_account_in_order_on_kinesalite() {
+    let kinesalite = Kinesalite::start().await;
+    let work = tempfile::tempdir().unwrap();
+    let client_dir = generate(work.path()).await;
+    let mirrored = prove(&kinesalite, &client_dir, 0, "mirror", &[]).await;
+    assert!(mirrored["moves"].as_u64() >= Some(5), "{mirrored}");
+    assert!(mirrored["records"].as_u64() >= Some(5000), "{mirrored}");
+    assert!(mirrored["failed_entries"].as_u64() > Some(0), "{mirrored}");
+    for figure in ["inversions", "lost", "duplicates"] {
+        assert_eq!(mirrored[figure], 0, "{figure}: {mirrored}");
+    }
+    assert_eq!(mirrored["handed_on"], mirrored["records"], "{mirrored}");
+}

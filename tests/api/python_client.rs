@@ -9,7 +9,7 @@ use crate::helpers::spawn_app;
 
 // Keeps the package name fixed; no post hooks, so ruff need not be on PATH.
 /// `GET /snapshot` answers NDJSON, which the generator reads as bytes when told so.
-const GENERATOR_CONFIG: &str = r#"{"package_name_override": "keyspread_client", "content_type_overrides": {"application/x-ndjson": "application/octet-stream"}, "post_hooks": []}"#;
+const GENERATOR_CONFIG: &str = r#"{"package_name_override": "keyspread_api", "content_type_overrides": {"application/x-ndjson": "application/octet-stream"}, "post_hooks": []}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_python_client_drives_the_live_server() {
@@ -36,7 +36,7 @@ async fn generated_python_client_drives_the_live_server() {
 }
 
 /// Generates the Python client from the committed OpenAPI document under `work`; answers
-/// the directory that holds the package `keyspread_client` (for `PYTHONPATH`).
+/// the directory that holds the package `keyspread_api` (for `PYTHONPATH`).
 pub async fn generate(work: &Path) -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let generator = tool(
@@ -55,7 +55,7 @@ pub async fn generate(work: &Path) -> PathBuf {
         .arg("--path")
         .arg(&document)
         .arg("--output-path")
-        .arg(client_dir.join("keyspread_client"))
+        .arg(client_dir.join("keyspread_api"))
         .args(["--meta", "none", "--fail-on-warning"])
         .arg("--config")
         .arg(&config)

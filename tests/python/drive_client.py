@@ -3,7 +3,7 @@
 
 Usage: drive_client.py --client-dir DIR --base-url http://127.0.0.1:PORT
 
-DIR holds the generated package `keyspread_client`. Every call goes through a
+DIR holds the generated package `keyspread_api`. Every call goes through a
 generated `sync_detailed`, so the status codes and bodies the server sends are
 checked against what openapi/openapi.json promised. Prints one line per step;
 exits 1 after listing every mismatch.
@@ -27,7 +27,7 @@ class Mismatch(Exception):
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--client-dir", required=True, help="directory holding keyspread_client/")
+    parser.add_argument("--client-dir", required=True, help="directory holding keyspread_api/")
     parser.add_argument("--base-url", required=True, help="http://127.0.0.1:PORT of a running keyspread")
     return parser.parse_args()
 
@@ -37,14 +37,14 @@ sys.path.insert(0, ARGS.client_dir)
 
 # Generated names: if the document renames an operation or schema, this is
 # where the client breaks, exactly as it would for a platform team.
-from keyspread_client import Client  # noqa: E402
-from keyspread_client.api.keys import allocate, list_keys, lookup, release, reweight  # noqa: E402
-from keyspread_client.api.rebalance import apply, preview  # noqa: E402
-from keyspread_client.api.leases import checkpoint, heartbeat, leases, leave  # noqa: E402
-from keyspread_client.api.shards import shard_of  # noqa: E402
-from keyspread_client.api.streams import put_stream  # noqa: E402
-from keyspread_client.errors import UnexpectedStatus  # noqa: E402
-from keyspread_client.models import (  # noqa: E402
+from keyspread_api import Client  # noqa: E402
+from keyspread_api.api.keys import allocate, list_keys, lookup, release, reweight  # noqa: E402
+from keyspread_api.api.rebalance import apply, preview  # noqa: E402
+from keyspread_api.api.leases import checkpoint, heartbeat, leases, leave  # noqa: E402
+from keyspread_api.api.shards import shard_of  # noqa: E402
+from keyspread_api.api.streams import put_stream  # noqa: E402
+from keyspread_api.errors import UnexpectedStatus  # noqa: E402
+from keyspread_api.models import (  # noqa: E402
     AllocateRequest,
     ApplyRequest,
     Assignment,
@@ -63,7 +63,7 @@ from keyspread_client.models import (  # noqa: E402
     ReweightRequest,
     ShardOf,
 )
-from keyspread_client.types import UNSET, Unset  # noqa: E402
+from keyspread_api.types import UNSET, Unset  # noqa: E402
 
 # Plain Client: on loopback with no token configured, mutations need no auth.
 CLIENT = Client(base_url=ARGS.base_url, raise_on_unexpected_status=True, httpx_args={"trust_env": False})

@@ -319,7 +319,7 @@ def main():
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--client-dir", required=True, help="holds the generated keyspread_client")
+    parser.add_argument("--client-dir", required=True, help="holds the generated keyspread_api")
     parser.add_argument("--keyspread", required=True)
     parser.add_argument("--kinesis", required=True)
     parser.add_argument("--stream", required=True)

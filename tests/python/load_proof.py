@@ -215,7 +215,7 @@ def moves(events, cooldown_s):
 def run(args):
     sys.path.insert(0, args.client_dir)
     sys.path.insert(0, args.examples)
-    from keyspread_client import Client
+    from keyspread_api import Client
     from lease_worker import LeaseWorker
     from order_aware_consumer import OrderAwareConsumer
 
@@ -383,7 +383,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     one = sub.add_parser("run", help="one run on a fresh stream")
-    one.add_argument("--client-dir", required=True, help="holds the generated keyspread_client")
+    one.add_argument("--client-dir", required=True, help="holds the generated keyspread_api")
     one.add_argument("--keyspread", required=True)
     one.add_argument("--kinesis", required=True)
     one.add_argument("--stream", required=True)

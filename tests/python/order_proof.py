@@ -17,7 +17,9 @@ the checker counts, per (account, sub-key), numbers handed on out of order (inve
 twice (duplicates) or never (lost).
 
 Modes: `staged` (the order-safe producer, a move staged `--switch-after` seconds ahead:
-0 inversions expected), `immediate` (the same producer, the move at once: producers with
+0 inversions expected), `mirror` (the same, each producer reading its keys from a
+`keyspread_client.Mirror` of clients/python, which learns of the move from the log: 0
+inversions expected), `immediate` (the same producer, the move at once: producers with
 cached lookups write to both shards), `naive` (a staged move, but a producer that puts
 several records per key in one call and resends failures at the end of the batch).
 
@@ -132,9 +134,11 @@ def refresh_if_asked(p, refresh, lookups, streams):
     """Looks every key up again when it is producer `p`'s step of the rebalance."""
     mine, done = (ASK_BEFORE, BEFORE_DONE) if p == 1 else (APPLIED, AFTER_DONE)
     if refresh.value == mine:
-        lookups.cache.clear()
-        for account, _ in streams:
-            lookups.assignment(account)
+        # A mirror has no cache to refresh: it follows the log.
+        if hasattr(lookups, "cache"):
+            lookups.cache.clear()
+            for account, _ in streams:
+                lookups.assignment(account)
         refresh.value = done
 
 
@@ -142,20 +146,26 @@ def producer(p, cfg, streams, turn, refresh, counters, stop_at, report):
     """One producer process: writes during its turns until `stop_at`."""
     sys.path.insert(0, cfg["client_dir"])
     sys.path.insert(0, cfg["examples"])
-    from keyspread_client import Client
+    from keyspread_api import Client
     from order_safe_producer import Lookups, OrderSafeProducer
 
     client = Client(base_url=cfg["keyspread"], timeout=10)
     kinesis = FailingKinesis(kinesis_client(cfg["kinesis"]), cfg["fail_rate"], random.Random(cfg["seed"] + p))
     if cfg["mode"] == "naive":
         out = NaiveProducer(kinesis, cfg["stream"], Lookups(client))
+    elif cfg["mode"] == "mirror":
+        sys.path.insert(0, os.path.join(cfg["examples"], "..", "clients", "python"))
+        from keyspread_client import Mirror
+
+        out = OrderSafeProducer(kinesis, cfg["stream"], mirror=Mirror(cfg["keyspread"]))
     else:
         out = OrderSafeProducer(kinesis, cfg["stream"], client)
     lookups = out.lookups
     # Staggered caches: the second process looks its keys up later than the first.
     time.sleep(p * cfg["stagger"])
     for account, _ in streams:
-        lookups.assignment(account)
+        if hasattr(lookups, "assignment"):
+            lookups.assignment(account)
     tick = 0.1
     while time.time() < stop_at:
         refresh_if_asked(p, refresh, lookups, streams)
@@ -187,11 +197,11 @@ def wait_for(refresh, step, timeout=15.0):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--client-dir", required=True, help="holds the generated keyspread_client")
+    parser.add_argument("--client-dir", required=True, help="holds the generated keyspread_api")
     parser.add_argument("--keyspread", required=True)
     parser.add_argument("--kinesis", required=True, help="kinesalite's endpoint")
     parser.add_argument("--stream", required=True)
-    parser.add_argument("--mode", choices=["staged", "immediate", "naive"], required=True)
+    parser.add_argument("--mode", choices=["staged", "mirror", "immediate", "naive"], required=True)
     parser.add_argument("--seconds", type=float, default=22)
     parser.add_argument("--rebalance-at", type=float, default=7)
     parser.add_argument("--switch-after", type=int, default=6)
@@ -208,11 +218,11 @@ def main():
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
     sys.path.insert(0, args.client_dir)
     sys.path.insert(0, examples)
-    from keyspread_client import Client
-    from keyspread_client.api.keys import allocate, release
-    from keyspread_client.api.rebalance import apply, preview
-    from keyspread_client.api.shards import shard_of
-    from keyspread_client.models import AllocateRequest, ApplyRequest, RebalancePlan
+    from keyspread_api import Client
+    from keyspread_api.api.keys import allocate, release
+    from keyspread_api.api.rebalance import apply, preview
+    from keyspread_api.api.shards import shard_of
+    from keyspread_api.models import AllocateRequest, ApplyRequest, RebalancePlan
     from order_aware_consumer import OrderAwareConsumer
 
     client = Client(base_url=args.keyspread, timeout=30)

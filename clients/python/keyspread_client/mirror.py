@@ -1,0 +1,351 @@
+"""The mirror: keyspread's whole table in the producer, following the server's event log."""
+
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.parse
+from collections import namedtuple
+
+from .selector import sub_key_index
+from .table import Batch, Unapplicable, apply, entry_of
+
+log = logging.getLogger("keyspread_client")
+
+#: What :meth:`Mirror.lookup` answers: the keys to send now, and the next switch, if any.
+Lookup = namedtuple("Lookup", "keys next")
+#: The keys that take over at ``switch_at`` (Unix seconds, by the local clock).
+Next = namedtuple("Next", "keys switch_at")
+
+_PAGE = 1000
+_LONGEST_POLL_S = 25
+_BACKOFF_S = (0.1, 5.0)
+# How much before max_age_s the watcher marks the table stale: more than it takes to wake.
+_WAKE_S = 0.05
+
+
+class Stale(Exception):
+    """The mirror has not heard from the server for longer than the snapshot's
+    ``max_age_s``: it may have missed a switch whose time has come."""
+
+
+class KeyspreadError(Exception):
+    """The server refused a request; ``status`` and ``detail`` say why."""
+
+    def __init__(self, status, detail):
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+class _Gone(Exception):
+    """``GET /events`` answered 410: the log no longer holds the mirror's position."""
+
+
+class Mirror:
+    """keyspread's table in memory, kept in step with the server.
+
+    ``Mirror(url)`` reads ``GET /snapshot`` (line by line) before it returns, then a daemon
+    thread long-polls ``GET /events`` from the snapshot's event id and applies each batch of
+    events at once. A lookup of an account the table does not hold answers ``None``; every
+    lookup raises :class:`Stale` once the last successful sync is older than the snapshot's
+    ``max_age_s``. The server going away changes nothing until then: the thread retries
+    with backoff and resumes from its event id; it takes a new snapshot only when the
+    server no longer has that position (410) or an event does not fit the table.
+
+    ``clock`` (Unix seconds, ``time.time`` by default) decides when staged switches take
+    over; ``monotonic`` measures how old the last sync is.
+    """
+
+    def __init__(self, url, token=None, timeout=10.0, clock=time.time, monotonic=time.monotonic):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http(s)://HOST[:PORT][/PREFIX], got {url!r}")
+        self._scheme, self._netloc = parts.scheme, parts.netloc
+        self._prefix = parts.path.rstrip("/")
+        self._headers = {"User-Agent": "keyspread-client-python/0.1", "Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._timeout = timeout
+        self._clock, self._monotonic = clock, monotonic
+        self._table = {}
+        self._event_id = 0
+        self._max_age_s = 0
+        self._synced_at = None
+        self._fresh_until = float("-inf")
+        # Lookups read this flag, not a clock: the watcher clears it when the sync ages.
+        self._fresh = False
+        self._snapshots = 0
+        self._applied = threading.Condition()
+        self._closing = threading.Event()
+        self._polling = None  # the connection a long-poll waits on, for close()
+        self._snapshot()
+        self._thread = threading.Thread(target=self._follow, name="keyspread-mirror", daemon=True)
+        self._thread.start()
+        self._watcher = threading.Thread(target=self._watch, name="keyspread-mirror-watch",
+                                         daemon=True)
+        self._watcher.start()
+
+    # Lookups: in memory, no lock.
+
+    def keys(self, account):
+        """The keys (a tuple of decimal strings, by index) to send ``account``'s records with
+        now, or ``None`` when the table does not hold the account. A tuple, not a list: the
+        table's own, handed out without a copy and unchangeable by the caller."""
+        if not self._fresh:
+            raise self._stale()
+        entry = self._table.get(account)
+        if entry is None:
+            return None
+        if entry.until:
+            now = self._clock() * 1000
+            if entry.until > now:
+                return tuple(entry.keys_at(now))
+        return entry.keys
+
+    def key_for(self, account, sub_key):
+        """The key records of ``sub_key`` (an order id, a user id) of ``account`` go under
+        now: the jump hash of its MD5 picks one of the account's keys. ``None`` when the
+        table does not hold the account."""
+        keys = self.keys(account)
+        if keys is None:
+            return None
+        return keys[sub_key_index(sub_key, len(keys))] if len(keys) > 1 else keys[0]
+
+    def lookup(self, account):
+        """:class:`Lookup` of ``account`` (keys now, and the nearest switch still ahead), or
+        ``None``: both read at one instant, for producers that hold records back just before
+        a switch."""
+        if not self._fresh:
+            raise self._stale()
+        entry = self._table.get(account)
+        if entry is None:
+            return None
+        now = self._clock() * 1000
+        ahead = entry.next_at(now)
+        nxt = Next(tuple(ahead[0]), ahead[1] / 1000) if ahead else None
+        return Lookup(tuple(entry.keys_at(now)), nxt)
+
+    def __len__(self):
+        return len(self._table)
+
+    @property
+    def lag_s(self):
+        """Seconds since the last successful sync with the server."""
+        return self._monotonic() - self._synced_at
+
+    @property
+    def event_id(self):
+        """The newest event the table holds."""
+        return self._event_id
+
+    @property
+    def max_age_s(self):
+        """How long the table may be used without a sync (the server's lookup max-age)."""
+        return self._max_age_s
+
+    @property
+    def snapshots(self):
+        """How many snapshots the mirror has taken (1 unless it had to start over)."""
+        return self._snapshots
+
+    def _stale(self):
+        return Stale(f"no sync with {self._netloc} for {self.lag_s:.1f} s, longer than "
+                     f"max_age_s {self._max_age_s}: a switch may have been missed")
+
+    # Changes.
+
+    def allocate(self, account, weight=None, fanout=None, timeout=5.0):
+        """Allocates keys for ``account`` (``POST /keys/{account}``, idempotent) and answers
+        its keys from the mirror once the mirror holds the account, or from the server's
+        answer if the mirror has not heard of it within ``timeout`` seconds."""
+        body = {k: v for k, v in (("weight", weight), ("fanout", fanout)) if v is not None}
+        path = "/keys/" + urllib.parse.quote(account, safe="")
+        answer = json.loads(self._request("POST", path, body, self._timeout))
+        with self._applied:
+            self._applied.wait_for(lambda: self._table.get(account) is not None, timeout)
+        keys = self.keys(account)
+        if keys is None:
+            keys = tuple(entry_of(answer).keys_at(self._clock() * 1000))
+        return keys
+
+    def wait_for(self, event_id, timeout):
+        """Waits until the table holds event ``event_id``; answers whether it does."""
+        with self._applied:
+            return self._applied.wait_for(lambda: self._event_id >= event_id, timeout)
+
+    def close(self):
+        """Stops following the log (a long-poll in flight is cut)."""
+        self._closing.set()
+        with self._applied:
+            self._applied.notify_all()  # the watcher
+        polling = self._polling
+        if polling is not None and polling.sock is not None:
+            try:
+                polling.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self._timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+    # Following the log.
+
+    def _follow(self):
+        backoff = _BACKOFF_S[0]
+        must_snapshot = False
+        conn = None
+        while not self._closing.is_set():
+            try:
+                if must_snapshot:
+                    self._snapshot()
+                    must_snapshot = False
+                else:
+                    conn = conn or self._connect(self._poll_s() + self._timeout)
+                    self._polling = conn
+                    self._poll(conn)
+                backoff = _BACKOFF_S[0]
+            except (_Gone, Unapplicable) as why:
+                log.warning("keyspread mirror takes a new snapshot: %s", why)
+                must_snapshot = True
+            except (OSError, http.client.HTTPException, KeyspreadError, ValueError) as err:
+                if self._closing.is_set():
+                    break
+                log.warning("keyspread mirror cannot sync (%s); retrying in %.1f s", err, backoff)
+                _close(conn)
+                conn = None
+                self._closing.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_S[1])
+            except Exception:  # the thread must outlive a bug: lookups go stale meanwhile
+                log.exception("keyspread mirror failed to sync; retrying in %.1f s", backoff)
+                _close(conn)
+                conn = None
+                self._closing.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_S[1])
+        _close(conn)
+
+    def _poll_s(self):
+        """How long a long-poll waits: well inside ``max_age_s``, so that an idle log keeps
+        the mirror fresh."""
+        return min(_LONGEST_POLL_S, self._max_age_s // 4)
+
+    def _poll(self, conn):
+        """One long-poll, then the pages behind it until the log's end, applied at once."""
+        wait_s = self._poll_s()
+        started = self._monotonic()
+        events, after = [], self._event_id
+        while True:
+            path = f"/events?after={after}&limit={_PAGE}&wait_s={0 if events else wait_s}"
+            page = json.loads(self._get(conn, path))
+            events.extend(page["events"])
+            after = page["next"]
+            if len(page["events"]) < _PAGE:
+                break
+        batch = Batch(self._table)
+        for event in events:
+            apply(batch, event)
+        with self._applied:
+            batch.commit()
+            self._event_id = after
+            self._synced(started)
+            self._applied.notify_all()
+        if not events and wait_s == 0:
+            # A server whose max-age is under 4 s is asked every quarter of it.
+            self._closing.wait(self._max_age_s / 4 if self._max_age_s else 1.0)
+
+    def _snapshot(self):
+        """Reads ``GET /snapshot`` line by line into a new table, then puts it in place."""
+        started = self._monotonic()
+        conn = self._connect(self._timeout)
+        try:
+            conn.request("GET", self._prefix + "/snapshot", headers=self._headers)
+            response = conn.getresponse()
+            if response.status != 200:
+                raise KeyspreadError(response.status, _detail(response.read()))
+            head = json.loads(response.readline())
+            table = {}
+            for line in response:
+                a = json.loads(line)
+                table[a["account"]] = entry_of(a)
+            if len(table) != head["accounts"]:
+                raise ValueError(f"snapshot cut short: {len(table)} of {head['accounts']} accounts")
+        finally:
+            conn.close()
+        with self._applied:
+            self._table = table
+            self._event_id = head["event_id"]
+            self._max_age_s = head["max_age_s"]
+            self._snapshots += 1
+            self._synced(started)
+            self._applied.notify_all()
+        log.info("keyspread mirror holds %d accounts as of event %d", len(table), head["event_id"])
+
+    def _synced(self, started):
+        """Notes a sync whose request was sent at ``started`` (the answer holds every event
+        committed before then); the caller holds ``_applied`` and notifies the watcher."""
+        self._synced_at = started
+        self._fresh_until = started + self._max_age_s
+        self._fresh = self._max_age_s > 0
+
+    def _watch(self):
+        """Clears ``_fresh`` once the last sync is ``max_age_s`` old (a little before, for
+        the time this thread takes to wake), and waits for the next sync."""
+        with self._applied:
+            while not self._closing.is_set():
+                left = self._fresh_until - _WAKE_S - self._monotonic()
+                if left <= 0:
+                    self._fresh = False
+                self._applied.wait(left if left > 0 else None)
+
+    # HTTP.
+
+    def _connect(self, timeout):
+        kind = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+        return kind(self._netloc, timeout=timeout)
+
+    def _get(self, conn, path):
+        conn.request("GET", self._prefix + path, headers=self._headers)
+        response = conn.getresponse()
+        body = response.read()
+        if response.status == 410:
+            raise _Gone(_detail(body))
+        if response.status != 200:
+            raise KeyspreadError(response.status, _detail(body))
+        return body
+
+    def _request(self, method, path, body, timeout):
+        conn = self._connect(timeout)
+        try:
+            headers = dict(self._headers, **{"Content-Type": "application/json"})
+            conn.request(method, self._prefix + path, json.dumps(body), headers=headers)
+            response = conn.getresponse()
+            answer = response.read()
+            if response.status >= 300:
+                raise KeyspreadError(response.status, _detail(answer))
+            return answer
+        finally:
+            conn.close()
+
+
+def _detail(body):
+    """A problem+json answer's ``detail`` (else its text)."""
+    try:
+        problem = json.loads(body)
+        return problem.get("detail") or problem.get("title") or body.decode(errors="replace")
+    except (ValueError, AttributeError):
+        return body.decode(errors="replace")
+
+
+def _close(conn):
+    """Closes ``conn``, if any."""
+    if conn is not None:
+        conn.close()
+
+
+

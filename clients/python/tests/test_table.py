@@ -1,0 +1,155 @@
+"""The mirror's fold, and when it starts over, against a scripted server (no keyspread)."""
+
+import http.server
+import json
+import threading
+import time
+import unittest
+
+from keyspread_client import Mirror
+from keyspread_client.table import Batch, Entry, Unapplicable, apply, entry_of, unix_ms
+
+AT = "2026-01-01T00:00:00.000Z"
+LATER = "2026-01-01T00:01:00.000Z"
+T0, T1 = unix_ms(AT), unix_ms(LATER)
+
+
+def event(kind, account="a", index=0, **fields):
+    return dict(fields, id=1, kind=kind, at=AT, account=account, index=index)
+
+
+def folded(table, *events):
+    batch = Batch(table)
+    for e in events:
+        apply(batch, e)
+    batch.commit()
+    return table
+
+
+class Fold(unittest.TestCase):
+    def test_allocate_move_and_release_follow_the_servers_fold(self):
+        table = folded({}, event("allocate", key_after="10", weight=2),
+                       event("allocate", index=1, key_after="20", weight=1))
+        self.assertEqual(table["a"].keys, ("10", "20"))
+        self.assertEqual(table["a"].weight, 3)
+        folded(table, event("move", index=1, key_before="20", key_after="30", switch_at=LATER))
+        self.assertEqual(table["a"].keys_at(T1 - 1), ["10", "20"])
+        self.assertEqual(table["a"].keys_at(T1), ["10", "30"])
+        self.assertEqual(table["a"].next_at(T0), (["10", "30"], T1))
+        folded(table, event("release", index=1, key_before="30", weight=1))
+        self.assertEqual(table["a"].keys_at(T0), ["10"], "the release ends the switch")
+        folded(table, event("release", key_before="10", weight=2))
+        self.assertNotIn("a", table)
+
+    def test_a_key_a_raised_fanout_adds_is_sent_from_its_switch(self):
+        table = folded({}, event("allocate", key_after="10"),
+                       event("allocate", index=1, key_after="20", switch_at=LATER))
+        self.assertEqual(table["a"].keys_at(T1 - 1), ["10"])
+        self.assertEqual(table["a"].keys_at(T1), ["10", "20"])
+
+    def test_a_snapshot_line_with_next_is_the_same_entry_as_the_events(self):
+        line = {"account": "a", "hash_keys": ["10", "20"], "weight": 3, "created_at": AT,
+                "next": {"hash_keys": ["10", "30", "40"], "switch_at": LATER}}
+        entry = entry_of(line)
+        self.assertEqual(entry.keys_at(T0), ["10", "20"])
+        self.assertEqual(entry.keys_at(T1), ["10", "30", "40"])
+        self.assertEqual(entry.weights, (1, 1, 1))
+
+    def test_events_that_do_not_fit_the_table_are_refused(self):
+        table = folded({}, event("allocate", key_after="10"))
+        for bad in (event("allocate", index=2, key_after="20"),
+                    event("move", key_before="99", key_after="30", switch_at=LATER),
+                    event("release", key_before="99"),
+                    event("reweight", index=1, weight=4),
+                    event("split", key_after="1")):
+            with self.assertRaises(Unapplicable, msg=bad["kind"]):
+                folded(dict(table), bad)
+        folded(table, {"id": 2, "kind": "stream_put", "at": AT, "stream": "s"})
+        self.assertEqual(table["a"], Entry(("10",), (1,), AT))
+
+    def test_a_batch_is_invisible_until_committed(self):
+        table = folded({}, event("allocate", key_after="10"))
+        batch = Batch(table)
+        apply(batch, event("release", key_before="10"))
+        apply(batch, event("allocate", account="b", key_after="20"))
+        self.assertEqual(set(table), {"a"})
+        batch.commit()
+        self.assertEqual(set(table), {"b"})
+
+
+class Scripted(http.server.BaseHTTPRequestHandler):
+    """Answers the snapshot it is given, then each /events answer in turn (the last one
+    over and over)."""
+
+    snapshot, answers, calls = "", [], []
+
+    def do_GET(self):
+        self.calls.append(self.path)
+        if self.path == "/snapshot":
+            status, body = 200, self.snapshot
+        else:
+            status, body = self.answers[0] if len(self.answers) == 1 else self.answers.pop(0)
+            time.sleep(0.02)
+        data = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_):
+        pass
+
+
+class Quiet(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # a mirror that closes cuts its long-poll
+
+
+def serve(snapshot, answers):
+    handler = type("Handler", (Scripted,), {"snapshot": snapshot, "answers": answers, "calls": []})
+    server = Quiet(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, handler
+
+
+HEAD = json.dumps({"event_id": 5, "accounts": 1, "max_age_s": 60})
+LINE = json.dumps({"account": "a", "hash_keys": ["10"], "weight": 1, "created_at": AT})
+EMPTY = (200, {"events": [], "next": 5})
+
+
+class StartsOver(unittest.TestCase):
+    def started(self, answers):
+        server, handler = serve(HEAD + "\n" + LINE + "\n", answers)
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        mirror = Mirror(f"http://127.0.0.1:{server.server_address[1]}")
+        self.addCleanup(mirror.close)
+        return mirror, handler
+
+    def wait_snapshots(self, mirror, n):
+        deadline = time.monotonic() + 5
+        while mirror.snapshots < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return mirror.snapshots
+
+    def test_gone_takes_a_new_snapshot(self):
+        mirror, _handler = self.started([(410, {"title": "Gone", "detail": "compacted"}), EMPTY])
+        self.assertEqual(self.wait_snapshots(mirror, 2), 2)
+        self.assertEqual(mirror.event_id, 5)
+        self.assertEqual(mirror.keys("a"), ("10",))
+
+    def test_an_unknown_kind_takes_a_new_snapshot(self):
+        odd = {"id": 6, "kind": "teleport", "at": AT, "account": "a"}
+        mirror, _ = self.started([(200, {"events": [odd], "next": 6}), EMPTY])
+        self.assertEqual(self.wait_snapshots(mirror, 2), 2)
+
+    def test_a_snapshot_cut_short_is_not_taken(self):
+        server, _ = serve(HEAD + "\n", [EMPTY])
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        with self.assertRaisesRegex(ValueError, "cut short: 0 of 1"):
+            Mirror(f"http://127.0.0.1:{server.server_address[1]}")
+
+
+if __name__ == "__main__":
+    unittest.main()
