@@ -85,7 +85,7 @@ async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
         weight: None,
     };
     let made = answered(
-        &client,
+        client,
         &format!("allocate {account}"),
         client.allocate(&id, &three),
     )
