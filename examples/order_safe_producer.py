@@ -9,7 +9,7 @@ keys) in order on the stream, through rebalances and partial failures:
    by ETag for their `max-age`; keyspread cuts that short before a switch. In the last
    half second before a switch the account's records wait for it, so that none sent with
    the old key arrives late on the old shard.
-2. Put at most one record per account key in each PutRecords call (seed 003): Kinesis
+2. Put at most one record per account key in each PutRecords call: Kinesis
    orders a call's records only within a shard and may fail any of them.
 3. Resend a failed record before that key's next one: it stays at the head of its queue.
 

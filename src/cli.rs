@@ -138,7 +138,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn simulate_reproduces_the_seed_figure() {
+    fn simulate_reproduces_the_readme_figure() {
         let out = simulate(14, 2, Keyspace::KINESIS).unwrap();
         let md5: Vec<&str> = out.lines().nth(2).unwrap().split_whitespace().collect();
         let ours: Vec<&str> = out.lines().nth(3).unwrap().split_whitespace().collect();

@@ -96,8 +96,8 @@ enum Command {
     Simulate {
         #[command(subcommand)]
         what: Option<SimulateCommand>,
-        /// Accounts, named "1".."N" as in the seed example; with --fanout, the accounts whose
-        /// load is compared (default 100).
+        /// Accounts, named "1".."N"; with --fanout, the accounts whose load is compared
+        /// (default 100).
         #[arg(long, required_unless_present = "fanout")]
         accounts: Option<u64>,
         /// Shards of the uniform map.
@@ -129,8 +129,8 @@ enum OpenapiVersion {
 /// What else `simulate` compares.
 #[derive(Subcommand)]
 enum SimulateCommand {
-    /// Shard leases over consumer workers: seed 004's hash ring, a KCL-style lease taker and
-    /// keyspread, after a cold start and when one worker joins or leaves.
+    /// Shard leases over consumer workers: a hash ring, a KCL-style lease taker and keyspread,
+    /// after a cold start and when one worker joins or leaves.
     Leases {
         /// Shards of the stream.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]

@@ -1,5 +1,5 @@
 //! `keyspread simulate --fanout K`: an account's K keys as MD5 of `account#i` (the suffix
-//! of seed 001) against keyspread's placement, on a uniform map.
+//! of a suffixed partition key) against keyspread's placement, on a uniform map.
 
 use std::fmt::Write as _;
 
@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn chance_of_distinct_shards() {
-        // 4!/4^4, the seed's figure; 16!/12!/16^4; and every one of 4 shards hit by 8 keys:
+        // 4!/4^4, the figure README gives; 16!/12!/16^4; and every one of 4 shards hit by 8 keys:
         // 4! S(8,4) / 4^8 with the Stirling number S(8,4) = 1701.
         for (fanout, shards, want) in [
             (4, 4, 24.0 / 256.0),

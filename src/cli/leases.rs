@@ -1,4 +1,4 @@
-//! `keyspread simulate leases`: which worker reads which shard under seed 004's hash ring,
+//! `keyspread simulate leases`: which worker reads which shard under a hash ring,
 //! a taker modelled on the Kinesis Client Library's, and keyspread's assignment.
 //!
 //! The shards carry the weight of accounts placed on them by MD5 of their names (what
@@ -54,7 +54,7 @@ impl Rng {
     }
 }
 
-/// Seed 004's ring: the hash of stream and shard id, as a fraction of the hash space,
+/// The hash ring: the hash of stream and shard id, as a fraction of the hash space,
 /// picks a worker from the sorted list of names. `workers` are the live workers' numbers.
 fn ring(shards: usize, workers: &[usize], stream: &str) -> Owners {
     let mut names: Vec<String> = workers.iter().map(|w| format!("worker-{w:04}")).collect();
@@ -231,7 +231,7 @@ pub fn lease_figures(
             }
         }
     }
-    let names = ["hash ring (seed 004)", "KCL-style lease taker", "keyspread"];
+    let names = ["hash ring", "KCL-style lease taker", "keyspread"];
     Ok(names
         .into_iter()
         .zip(sums)

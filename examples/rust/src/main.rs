@@ -1,17 +1,23 @@
 //! keyspread from Rust: a client progenitor generated from openapi/openapi-3.0.json (see
-//! build.rs). Run it against a scratch server: it applies a rebalance.
+//! build.rs). It applies a rebalance, so a server it runs against sees keys move (staged,
+//! 30 s ahead); every name it makes starts with one prefix, random unless given, so it runs
+//! on a server that holds other accounts, as often as you like.
 //!
-//!     cargo run -- http://127.0.0.1:8080 [account prefix]
+//!     cargo run -- http://127.0.0.1:8080 [NAME_PREFIX]    # KEYSPREAD_TOKEN=... if set
 //!
-//! Prints one line per step; exits 1 at the first answer that is not what the contract says.
+//! Prints one line per step; at the first answer that is not what the contract says, prints
+//! one line saying what and why on stderr and exits 1.
 
+use std::collections::hash_map::RandomState;
+use std::future::Future;
+use std::hash::BuildHasher;
 use std::num::NonZeroU64;
 
 use futures::TryStreamExt;
 use keyspread::types::{
     AllocateRequest, ApplyRequest, Assignment, HeartbeatRequest, OwnLeaseState, Problem, PutStream,
 };
-use keyspread::{ByteStream, Client, Error};
+use keyspread::{ByteStream, Client, ClientInfo, Error, ResponseValue};
 
 /// The generated client: `Client`, one method per operation, and `types`.
 mod keyspread {
@@ -34,21 +40,38 @@ fn step(what: &str) {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Outcome {
+async fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(base_url), prefix) = (args.next(), args.next()) else {
-        return Err("usage: keyspread-rust-client BASE_URL [ACCOUNT_PREFIX]".into());
+        eprintln!("usage: keyspread-rust-client BASE_URL [NAME_PREFIX]");
+        std::process::exit(2);
     };
-    let prefix = prefix.unwrap_or_else(|| "rs-".into());
-    // On loopback with no token configured, mutations need no Authorization header; with
-    // a token, build a reqwest client with it as a default header: `Client::new_with_client`.
-    let client = Client::new(&base_url);
+    // Six hex digits from the standard library's random hasher keys.
+    let prefix = prefix.unwrap_or_else(|| {
+        let random = RandomState::new().hash_one(std::process::id());
+        format!("rs-{:06x}-", random & 0xff_ffff)
+    });
+    if let Err(error) = run(&base_url, &prefix).await {
+        eprintln!("failed: {error}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(base_url: &str, prefix: &str) -> Outcome {
+    // On loopback with no token configured, mutations need no Authorization header.
+    let mut http = reqwest::Client::builder();
+    if let Ok(token) = std::env::var("KEYSPREAD_TOKEN") {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("authorization", format!("Bearer {token}").parse()?);
+        http = http.default_headers(headers);
+    }
+    let client = Client::new_with_client(base_url, http.build()?);
 
     let hot = allocate_hot(&client, &format!("{prefix}hot")).await?;
     revalidate(&client, &hot).await?;
     sub_key(&client, &hot).await?;
-    staged_rebalance(&client, &prefix).await?;
-    heartbeat(&client, &prefix).await?;
+    staged_rebalance(&client, prefix).await?;
+    heartbeat(&client, prefix).await?;
     release(&client, &hot.account).await?;
     step("done");
     Ok(())
@@ -61,8 +84,17 @@ async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
         fanout: NonZeroU64::new(3),
         weight: None,
     };
-    let made = client.allocate(&id, &three).await?;
-    ensure!(made.status() == 201, "allocate: {}", made.status());
+    let made = answered(
+        client,
+        &format!("allocate {account}"),
+        client.allocate(&id, &three),
+    )
+    .await?;
+    ensure!(
+        made.status() == 201,
+        "allocate {account}: {}",
+        made.status()
+    );
     let hot = made.into_inner();
     ensure!(
         hot.fanout.get() == 3 && hot.hash_keys.len() == 3,
@@ -72,7 +104,12 @@ async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
         hot.hash_key == hot.hash_keys[0],
         "allocate: hash_key is not hash_keys[0]"
     );
-    let again = client.allocate(&id, &AllocateRequest::default()).await?;
+    let again = answered(
+        client,
+        "allocate again",
+        client.allocate(&id, &AllocateRequest::default()),
+    )
+    .await?;
     ensure!(again.status() == 200, "allocate again: {}", again.status());
     ensure!(
         again.hash_keys == hot.hash_keys,
@@ -89,7 +126,7 @@ async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
 /// Lookups carry an ETag; sending it back answers 304 while the keys hold.
 async fn revalidate(client: &Client, hot: &Assignment) -> Outcome {
     let id = hot.account.parse()?;
-    let first = client.lookup(&id, None).await?;
+    let first = answered(client, "lookup", client.lookup(&id, None)).await?;
     let etag = first.headers()["etag"].to_str()?.to_owned();
     ensure!(first.hash_keys == hot.hash_keys, "lookup: other keys");
     // progenitor models 2xx and 4xx/5xx answers only: a 304 comes back as unexpected.
@@ -108,10 +145,8 @@ async fn revalidate(client: &Client, hot: &Assignment) -> Outcome {
 async fn sub_key(client: &Client, hot: &Assignment) -> Outcome {
     let id = hot.account.parse()?;
     let shards = NonZeroU64::new(4);
-    let got = client
-        .shard_of(Some(&id), None, None, None, shards, None, Some("order-1"))
-        .await?
-        .into_inner();
+    let call = client.shard_of(Some(&id), None, None, None, shards, None, Some("order-1"));
+    let got = answered(client, "shard-of", call).await?.into_inner();
     // The jump hash of "order-1" over 3 keys is 2 (DESIGN.md's test vectors).
     ensure!(
         got.index == Some(2) && got.hash_key == hot.hash_keys[2],
@@ -133,31 +168,40 @@ async fn sub_key(client: &Client, hot: &Assignment) -> Outcome {
 /// Preview a rebalance onto 3 shards, apply it staged, and see `next` on a lookup.
 async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
     for i in 1..=6 {
-        let made = client
-            .allocate(
-                &format!("{prefix}{i}").parse()?,
-                &AllocateRequest::default(),
-            )
-            .await?;
+        let account = format!("{prefix}{i}");
+        let id = account.parse()?;
+        let one = AllocateRequest::default();
+        let call = client.allocate(&id, &one);
+        let made = answered(client, &format!("allocate {account}"), call).await?;
         ensure!(
             made.status() == 201,
             "allocate {prefix}{i}: {}",
             made.status()
         );
     }
-    let plan = client.preview(None, NonZeroU64::new(3), None).await?.into_inner();
+    // On a server that holds other accounts, 3 shards may already be even: the first shard
+    // count whose plan moves something.
+    let mut shards = 3;
+    let plan = loop {
+        let call = client.preview(None, NonZeroU64::new(shards), None);
+        let plan = answered(client, "preview", call).await?.into_inner();
+        if !plan.moves.is_empty() || shards == 64 {
+            break plan;
+        }
+        shards += 1;
+    };
     let Some(first) = plan.moves.first() else {
-        return Err(format!("preview: no moves in {plan:?}").into());
+        return Err("preview: no shard count up to 64 needs a move".into());
     };
     ensure!(
         plan.switch_at.is_none(),
         "preview: a switch_at before any apply"
     );
     let moved = first.account.parse()?;
-    let before = client.lookup(&moved, None).await?;
+    let before = answered(client, "lookup", client.lookup(&moved, None)).await?;
     let etag = before.headers()["etag"].to_str()?.to_owned();
     step(&format!(
-        "rebalance preview shards=3 -> {} move(s), {} key {} first",
+        "rebalance preview shards={shards} -> {} move(s), {} key {} first",
         plan.moves.len(),
         first.account,
         first.index
@@ -168,7 +212,9 @@ async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
         switch_after_s: Some(30),
         replan: None,
     };
-    let applied = client.apply(&staged).await?.into_inner();
+    let applied = answered(client, "apply", client.apply(&staged))
+        .await?
+        .into_inner();
     let Some(switch_at) = applied.switch_at else {
         return Err("apply: no switch_at".into());
     };
@@ -183,7 +229,7 @@ async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
     );
 
     // The old tag no longer matches: the answer changed with the apply.
-    let now = client.lookup(&moved, Some(&etag)).await?;
+    let now = answered(client, "lookup", client.lookup(&moved, Some(&etag))).await?;
     let max_age = now.headers()["cache-control"].to_str()?.to_owned();
     let Some(next) = &now.next else {
         return Err(format!("lookup after apply: no next in {:?}", &*now).into());
@@ -212,17 +258,21 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
         shard_count: NonZeroU64::new(4),
         ..Default::default()
     };
-    let put = client.put_stream(&name.parse()?, &four).await?;
+    let put = answered(
+        client,
+        &format!("put stream {name}"),
+        client.put_stream(&name.parse()?, &four),
+    )
+    .await?;
     ensure!(put.status() == 201, "put stream: {}", put.status());
     let worker = format!("{prefix}worker-1");
     let ttl = HeartbeatRequest {
         ttl_s: NonZeroU64::new(30),
         ..Default::default()
     };
-    let beat = client
-        .heartbeat(&name.parse()?, &worker.parse()?, &ttl)
-        .await?
-        .into_inner();
+    let (stream, member) = (name.parse()?, worker.parse()?);
+    let call = client.heartbeat(&stream, &member, &ttl);
+    let beat = answered(client, "heartbeat", call).await?.into_inner();
     let leases = &beat.leases;
     ensure!(leases.len() == 4, "heartbeat: {beat:?}");
     ensure!(
@@ -237,7 +287,12 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
         "heartbeat {worker} on {name} -> holds {}",
         held.join(", ")
     ));
-    let left = client.leave(&name.parse()?, &worker.parse()?).await?;
+    let left = answered(
+        client,
+        "leave",
+        client.leave(&name.parse()?, &worker.parse()?),
+    )
+    .await?;
     ensure!(left.status() == 204, "leave: {}", left.status());
     step(&format!("leave {worker} -> 204"));
     Ok(())
@@ -245,7 +300,7 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
 
 async fn release(client: &Client, account: &str) -> Outcome {
     let id = account.parse()?;
-    let gone = client.release(&id).await?;
+    let gone = answered(client, &format!("release {account}"), client.release(&id)).await?;
     ensure!(gone.status() == 204, "release: {}", gone.status());
     let after = client.lookup(&id, None).await;
     let (status, detail) = match after {
@@ -266,4 +321,34 @@ async fn release(client: &Client, account: &str) -> Outcome {
 async fn problem(body: ByteStream) -> Outcome<Problem> {
     let chunks: Vec<_> = body.into_inner().try_collect().await?;
     Ok(serde_json::from_slice(&chunks.concat())?)
+}
+
+/// Waits for `call` and says in one line why it failed, if it did: the answer's status and
+/// its problem's detail, or why keyspread could not be reached.
+async fn answered<T>(
+    client: &Client,
+    what: &str,
+    call: impl Future<Output = Result<ResponseValue<T>, Error<ByteStream>>>,
+) -> Outcome<ResponseValue<T>> {
+    match call.await {
+        Ok(answer) => Ok(answer),
+        Err(Error::ErrorResponse(answer)) => {
+            let status = answer.status();
+            let detail = match problem(answer.into_inner()).await {
+                Ok(problem) => format!(": {}", problem.detail),
+                Err(_) => String::new(),
+            };
+            Err(format!("{what}: {status}{detail}").into())
+        }
+        Err(Error::CommunicationError(error)) => {
+            // reqwest's own text is "error sending request"; the cause is at the bottom.
+            let mut cause: &dyn std::error::Error = &error;
+            while let Some(source) = cause.source() {
+                cause = source;
+            }
+            let base = client.baseurl();
+            Err(format!("cannot reach keyspread at {base}: {cause}").into())
+        }
+        Err(other) => Err(format!("{what}: {other}").into()),
+    }
 }
