@@ -17,13 +17,14 @@ use crate::helpers::fresh_database;
 use crate::process::Server;
 
 /// The sections whose shell blocks are one walk-through, in README's order.
-const WALK: [&str; 6] = [
+const WALK: [&str; 7] = [
     "The API at a glance",
     "Hot accounts",
     "Order-safe moves: producers and consumers",
     "Consumer leases: which worker reads which shard",
     "Streams: real shard maps",
     "Importing an existing table",
+    "Backups: export and import",
 ];
 
 fn readme() -> String {
