@@ -16,8 +16,8 @@ help:
 		/^[a-zA-Z][a-zA-Z0-9_-]*:([^=]|$$)/ { \
 			if (doc != "") { \
 				n = split(doc, line, "\n"); \
-				printf "  %-13s%s\n", substr($$1, 1, index($$1, ":") - 1), line[1]; \
-				for (i = 2; i <= n; i++) printf "  %-13s%s\n", "", line[i]; \
+				printf "  %-16s%s\n", substr($$1, 1, index($$1, ":") - 1), line[1]; \
+				for (i = 2; i <= n; i++) printf "  %-16s%s\n", "", line[i]; \
 			} \
 			doc = ""; open = 0; next } \
 		/^\t/ { doc = "" } \

@@ -398,3 +398,72 @@ async fn a_mirror_sends_its_token_and_says_why_an_allocation_was_refused() {
         "the token is never printed: {shown}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_whose_position_was_compacted_away_takes_a_new_snapshot() {
+    let mut app = spawn_app_with(|c| {
+        c.event_retention = keyspread::config::EventRetention::Keep {
+            max_age_ms: 0,
+            keep: 10,
+        };
+        c.event_compaction_interval_s = 1;
+    })
+    .await;
+    app.allocate("first").await;
+    let mirror = Mirror::start(&app.url("")).await.expect("a mirror");
+    let position = mirror.event_id();
+
+    // Away from the mirror's address, 60 changes are made and compacted down to 10.
+    let address = app.addr;
+    app.config.listen = "127.0.0.1:0".parse().unwrap();
+    let mut app = app.restart().await;
+    for i in 0..30 {
+        app.allocate(&format!("while-away-{i}")).await;
+    }
+    for i in 0..30 {
+        assert_eq!(
+            app.delete(&format!("/keys/while-away-{i}")).await.status,
+            204
+        );
+    }
+    app.allocate("after").await;
+    let started = Instant::now();
+    loop {
+        let page = app.get(&format!("/events?after={position}")).await;
+        if page.status == 410 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never compacted: {}",
+            page.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Back on the mirror's address: its next poll is below the horizon (410), so it takes a
+    // new snapshot instead of skipping what it missed.
+    app.config.listen = address;
+    let app = app.restart().await;
+    let want = looked_up(&app, "after").await;
+    let started = Instant::now();
+    while mirror.keys("after").ok().flatten().map(|k| k.to_vec()) != want {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not caught up: {:?}",
+            mirror.lag()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        mirror.snapshots(),
+        2,
+        "one snapshot at start, one after the 410"
+    );
+    assert_eq!(
+        mirror.keys("while-away-3").unwrap(),
+        None,
+        "released while away"
+    );
+    assert!(mirror.keys("first").unwrap().is_some());
+}
