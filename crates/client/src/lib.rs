@@ -157,14 +157,11 @@ impl Mirror {
             snapshots: 1.into(),
             applied,
         });
-        // Whole seconds, at least one: a poll that never waits would spin.
-        let wait = (options.wait.min(max_age / 3).min(Duration::from_secs(60)))
-            .max(Duration::from_secs(1));
         let follower = tokio::spawn(follow(
             shared.clone(),
             client.clone(),
             base.clone(),
-            wait,
+            Pace::for_max_age(options.wait, max_age),
             options.timeout,
         ));
         Ok(Mirror {
@@ -400,6 +397,32 @@ async fn poll(
     }
 }
 
+/// How the log is polled: long-polls of whole seconds, at most a third of `max_age_s` so
+/// that a quiet log is still confirmed well within it; under 3 s of `max_age_s`, polls
+/// that answer at once, a quarter of it apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Pace {
+    wait: Duration,
+    pause: Duration,
+}
+
+impl Pace {
+    fn for_max_age(longest: Duration, max_age: Duration) -> Pace {
+        let third = longest.min(max_age / 3).min(Duration::from_secs(60));
+        if third >= Duration::from_secs(1) {
+            Pace {
+                wait: Duration::from_secs(third.as_secs()),
+                pause: Duration::ZERO,
+            }
+        } else {
+            Pace {
+                wait: Duration::ZERO,
+                pause: (max_age / 4).max(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
 /// Follows the log for as long as the mirror lives: applies each page, takes a new
 /// snapshot when the log was compacted past its position or an event cannot be applied,
 /// and retries with backoff (from the same event id) while the server is away.
@@ -407,14 +430,17 @@ async fn follow(
     shared: Arc<Shared>,
     client: reqwest::Client,
     base: String,
-    wait: Duration,
+    pace: Pace,
     timeout: Duration,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let after = shared.table.read().expect("the table lock").event_id();
-        let outcome = match poll(&client, &base, after, wait, timeout).await {
+        let outcome = match poll(&client, &base, after, pace.wait, timeout).await {
             Ok(Polled::Page(page)) => {
+                if page.events.is_empty() && !pace.pause.is_zero() {
+                    tokio::time::sleep(pace.pause).await;
+                }
                 let mut table = shared.table.write().expect("the table lock");
                 let applied = (page.events.iter()).try_for_each(|event| table.apply(event));
                 if applied.is_ok() {
@@ -449,5 +475,34 @@ async fn follow(
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_confirm_the_table_well_within_max_age() {
+        let s = Duration::from_secs;
+        let pace = |longest, max_age| Pace::for_max_age(longest, max_age);
+        // The default lookup lifetime (60 s): long-polls of 20 s.
+        assert_eq!(
+            pace(s(20), s(60)),
+            Pace {
+                wait: s(20),
+                pause: Duration::ZERO
+            }
+        );
+        // Whole seconds, at most a third.
+        assert_eq!(pace(s(20), s(10)).wait, s(3));
+        assert_eq!(pace(s(20), s(3)).wait, s(1));
+        // Under 3 s a long-poll of a whole second would reach max_age: short polls.
+        let short = pace(s(20), s(1));
+        assert_eq!(
+            (short.wait, short.pause),
+            (Duration::ZERO, Duration::from_millis(250))
+        );
+        assert_eq!(pace(s(20), Duration::ZERO).pause, Duration::from_millis(50));
     }
 }

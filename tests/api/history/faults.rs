@@ -165,7 +165,8 @@ pub async fn terminate_backends(database_url: &str) -> usize {
 }
 
 /// (e) No 5xx and no unanswered request except inside a fault's window: a 503 with
-/// `Retry-After` while the database is disturbed; never a 500.
+/// `Retry-After` while the database is disturbed (or the mirror's refusal when stale);
+/// never a 500.
 pub fn judge(history: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     for call in &history.calls {
@@ -177,7 +178,10 @@ pub fn judge(history: &History) -> Vec<Violation> {
                 && call.sent <= f.until + FAULT_GRACE_MS
                 && f.replica.is_none_or(|r| r == call.replica)
         });
-        let excused = covered && call.status == 503 && call.retry_after;
+        // A mirror that could not sync for max_age_s refuses to answer (stale): honest
+        // while its replica is disturbed, a broken promise otherwise.
+        let stale_mirror = call.op == "mirror" && call.status == 0;
+        let excused = covered && (call.status == 503 && call.retry_after || stale_mirror);
         if !excused {
             out.push(Violation {
                 check: "(e) no 5xx outside injected faults",
