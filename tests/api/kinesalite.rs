@@ -18,6 +18,16 @@ const FAKE_AUTH: &str = "AWS4-HMAC-SHA256 \
     SignedHeaders=content-type;host;x-amz-date;x-amz-target, \
     Signature=0000000000000000000000000000000000000000000000000000000000000000";
 
+/// The proofs on kinesalite measure what a stream carries in windows of seconds; on a
+/// two-core machine two of them at once starve each other's producers and consumers. Each
+/// holds this for its whole run, so one runs at a time (lighter tests still run beside it).
+static ONE_PROOF: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits for the other proofs on kinesalite to finish; hold the answer while proving.
+pub(crate) async fn one_proof_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_PROOF.lock().await
+}
+
 /// kinesalite under node on 127.0.0.1, killed when dropped; it also exits
 /// by itself when its stdin (held open by `child`) closes.
 pub(crate) struct Kinesalite {

@@ -71,6 +71,7 @@ async fn the_proofs_checker_excuses_only_the_killed_workers_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time() {
+    let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     let figures = prove("churn").await;
     assert_one_reader_at_a_time(&figures);
     assert!(figures["hand_overs"].as_u64() > Some(0), "{figures}");
@@ -90,6 +91,7 @@ async fn four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_of_a_real_split_and_merge_are_read_after_their_parents() {
+    let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     let figures = prove("reshard").await;
     assert_one_reader_at_a_time(&figures);
     assert_eq!(

@@ -176,6 +176,7 @@ fn assert_in_order_and_whole(figures: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_closed_loop_keeps_zipf_load_within_15_percent_of_the_mean_on_kinesalite() {
+    let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     if !sqlite_only("the_closed_loop_keeps_zipf_load_within_15_percent_of_the_mean_on_kinesalite") {
         return;
     }

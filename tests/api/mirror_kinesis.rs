@@ -43,6 +43,7 @@ fn producer() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_mirror_producer_puts_every_record_where_shard_of_says_in_order() {
+    let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     let binary = producer();
     let kinesalite = Kinesalite::start().await;
     let kinesis = &kinesalite.api;
