@@ -292,6 +292,46 @@ pub struct PendingMove {
     pub applied_at: i64,
 }
 
+/// Who made a change, as the log records it: a token's name from the tokens file, `admin`
+/// for `--token`, `loopback` for a client on the server's host when no token is configured,
+/// `controller` for the closed loop's own rounds, `import` for `keyspread import`. Never a
+/// token.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Actor(compact_str::CompactString);
+
+impl Actor {
+    pub const LOOPBACK: &'static str = "loopback";
+    pub const CONTROLLER: &'static str = "controller";
+    pub const IMPORT: &'static str = "import";
+    /// The one token `--token` configures.
+    pub const ADMIN: &'static str = "admin";
+    /// Names no token may take: the log could not tell them from the server's own.
+    pub const RESERVED: [&'static str; 3] = [Self::LOOPBACK, Self::CONTROLLER, Self::IMPORT];
+
+    /// A name already checked (a tokens file's, or one of the constants above).
+    pub fn new(name: &str) -> Actor {
+        Actor(name.into())
+    }
+
+    pub fn loopback() -> Actor {
+        Actor::new(Self::LOOPBACK)
+    }
+
+    pub fn controller() -> Actor {
+        Actor::new(Self::CONTROLLER)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// One entry of the event log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
