@@ -21,6 +21,15 @@ pub use load::{LoadRound, LoadSimulation, load_rounds, simulate_load};
 pub use restore::{RestoreSummary, is_snapshot, restore};
 pub use rows::{Row, Rows};
 
+/// `keyspread token new`: 256 bits from the operating system, in URL-safe base64 (43
+/// characters a bearer header carries as they are).
+pub fn new_token() -> Result<String, String> {
+    use base64::Engine as _;
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no random bytes from the system: {e}"))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
 /// `keyspread simulate`: per-shard spread of `accounts` accounts named "1".."N" over a
 /// uniform map of `shards`: MD5-hashed by Kinesis, allocated by keyspread's plain walk, and
 /// allocated with that map as the primary stream.

@@ -10,10 +10,16 @@ use keyspace::Limits;
 mod controller;
 mod lookup_cache;
 mod net;
+mod tokens;
 
 pub use controller::ControllerConfig;
 pub use lookup_cache::{LookupCache, MAX_LIFETIME_S};
 pub use net::{HostName, normalize_host, parse_network};
+pub use tokens::{
+    ADMIN_TOKEN_NAME, Grant, LineError, MAX_NAME_LEN, MAX_TOKEN_LEN, RESERVED_NAMES, Role, Roles,
+    Tokens, TokensFileError, check_name, parse_roles,
+};
+pub use tokens::{digest as token_digest, line as tokens_file_line};
 
 /// Joins within this many milliseconds of a stream's last assignment wait for the next
 /// one, unless configured otherwise: a thousand workers starting together cost a few
@@ -58,9 +64,22 @@ pub struct ServeConfig {
     )]
     pub database_url: String,
 
-    /// Bearer token every mutation must carry; without one, only loopback clients may mutate.
+    /// One bearer token with the admin role (named `admin` in the event log). Without it or
+    /// --tokens-file, only loopback clients may mutate.
     #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
     pub token: Option<Token>,
+
+    /// A file of tokens with their roles, one a line: `NAME ROLE[,ROLE…] sha256:HEX` (roles:
+    /// read, produce, consume, admin; `keyspread token new` prints a line). Only digests are
+    /// kept; SIGHUP re-reads it, and a bad file keeps the tokens in force.
+    #[arg(long, env = "KEYSPREAD_TOKENS_FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
+
+    /// `open`: reads need no token. `token`: every read but /healthz and /readyz (and
+    /// /metrics, which has --metrics-token) needs a token of any role, the page included
+    /// (a browser asks for it: any user name, the token as the password).
+    #[arg(long, env = "KEYSPREAD_READ_ACCESS", value_enum, default_value_t = ReadAccess::Open)]
+    pub read_access: ReadAccess,
 
     /// Bearer token `GET /metrics` needs; without one, metrics are open to every client
     /// (they hold counts and latencies, never accounts or keys).
@@ -211,6 +230,8 @@ impl ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             database_url,
             token: None,
+            tokens_file: None,
+            read_access: ReadAccess::Open,
             metrics_token: None,
             keyspace_bits: 128,
             primary_stream: None,
@@ -269,6 +290,15 @@ impl fmt::Debug for ServeConfig {
             .field("event_retention", &self.event_retention)
             .finish_non_exhaustive()
     }
+}
+
+/// Who may read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReadAccess {
+    /// Anyone who reaches the port (a token is still needed to change anything).
+    Open,
+    /// A token of any role.
+    Token,
 }
 
 /// A bearer token. Never printed: `Debug` and `Display` show only that one is set.

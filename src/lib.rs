@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use crate::config::{ServeConfig, Token};
+use crate::config::ServeConfig;
 use crate::keyspace::Keyspace;
 use crate::registry::Registry;
 use crate::store::Store;
@@ -46,12 +46,15 @@ pub struct AppState {
 /// request clones).
 #[derive(Debug)]
 pub struct Access {
-    /// Bearer token of mutations. Without one, only loopback clients may mutate, and only
-    /// requests to this host's names from its own pages are served (`Host`, `Origin`); with
-    /// one, those checks are off, since the token is the protection.
-    pub token: Option<Token>,
+    /// The tokens in force (`--token`, `--tokens-file`). Without any, only loopback clients
+    /// may mutate, and only requests to this host's names from its own pages are served
+    /// (`Host`, `Origin`); with them, those checks are off, since the tokens are the
+    /// protection.
+    pub credentials: Option<http::Credentials>,
+    /// Whether reads need a token too.
+    pub read_access: config::ReadAccess,
     /// Bearer token `GET /metrics` needs, if any.
-    pub metrics_token: Option<Token>,
+    pub metrics_token: Option<config::Token>,
     /// Per-client rate limit of mutations, if any.
     pub mutation_limit: Option<http::MutationLimiter>,
     /// Whether the limit applies to clients allowed to mutate too, not only to the others.
@@ -96,19 +99,24 @@ impl AppState {
             controller.switch_after_ms.get_or_insert(lifetime_ms);
             registry.control(controller);
         }
+        let credentials =
+            http::Credentials::load(config.tokens_file.as_deref(), config.token.as_ref())?;
+        if credentials.is_none() && config.read_access == config::ReadAccess::Token {
+            return Err(StartError::ReadAccessWithoutTokens);
+        }
+        let access = Arc::new(Access {
+            credentials,
+            read_access: config.read_access,
+            metrics_token: config.metrics_token.clone(),
+            mutation_limit: http::MutationLimiter::new(config.mutation_rate, config.mutation_burst),
+            limit_token_holders: config.limit_token_holders,
+            local_names: http::LocalNames::new(config.allowed_hosts.clone()),
+            trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
+        });
+        reload_tokens_on_hangup(&access);
         Ok(AppState {
             registry,
-            access: Arc::new(Access {
-                token: config.token.clone(),
-                metrics_token: config.metrics_token.clone(),
-                mutation_limit: http::MutationLimiter::new(
-                    config.mutation_rate,
-                    config.mutation_burst,
-                ),
-                limit_token_holders: config.limit_token_holders,
-                local_names: http::LocalNames::new(config.allowed_hosts.clone()),
-                trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),
-            }),
+            access,
             request_timeout: config.request_timeout(),
             lookup_cache,
             http_metrics: Arc::new(http::HttpMetrics::for_routes()),
@@ -118,6 +126,44 @@ impl AppState {
             },
             heavy: http::HeavyWork::for_this_machine(),
         })
+    }
+}
+
+/// SIGHUP re-reads the tokens file: the new set is in force from the next request, and a
+/// file that cannot be taken leaves the set in force, saying why.
+fn reload_tokens_on_hangup(access: &Arc<Access>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Some(path) = access.credentials.as_ref().and_then(|c| c.file()) else {
+            return;
+        };
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(hangups) => hangups,
+            Err(err) => {
+                tracing::warn!(%err, path = %path.display(), "no SIGHUP handler: the tokens file is read at start-up only");
+                return;
+            }
+        };
+        let access = Arc::downgrade(access);
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let Some(access) = access.upgrade() else {
+                    return;
+                };
+                let Some(credentials) = &access.credentials else {
+                    return;
+                };
+                match credentials.reload() {
+                    Ok(count) => tracing::info!(
+                        tokens = count,
+                        names = ?credentials.names(),
+                        "SIGHUP: tokens file re-read"
+                    ),
+                    Err(err) => tracing::error!("SIGHUP: {err}; the tokens in force stay"),
+                }
+            }
+        });
     }
 }
 
@@ -132,6 +178,13 @@ pub enum StartError {
     Registry(#[from] registry::Error),
     #[error("--lookup-cache-control: {0}")]
     LookupCacheControl(String),
+    #[error(transparent)]
+    Credentials(#[from] http::CredentialsError),
+    #[error(
+        "--read-access token (KEYSPREAD_READ_ACCESS) needs tokens to read with: set --token or \
+         --tokens-file"
+    )]
+    ReadAccessWithoutTokens,
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, then drains in-flight requests.

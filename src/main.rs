@@ -31,6 +31,9 @@ struct Cli {
 enum Command {
     /// Run the HTTP service.
     Serve(ServeConfig),
+    /// Tokens for --tokens-file.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Create or upgrade the database schema, then exit (`serve` also does this).
     Migrate(DatabaseArgs),
     /// Move a table into keyspread: a CSV of account,weight[,hash_key[,fanout]] rows (rows
@@ -165,6 +168,30 @@ struct DatabaseArgs {
 }
 
 #[derive(Subcommand)]
+enum TokenCommand {
+    /// Draw a fresh token (256 random bits): prints the token once, on stdout, and on
+    /// stderr the line to add to the tokens file (its digest, never the token). Send SIGHUP
+    /// to the server after adding it.
+    New {
+        /// What the event log will call changes made with it: letters, digits, '-', '_',
+        /// '.', '@' (the fleet or the person, e.g. `producers` or `ana@ops`).
+        #[arg(long, value_parser = name_of_token)]
+        name: String,
+        /// read, produce, consume or admin; several joined by commas (`produce,consume`).
+        #[arg(long, value_parser = roles_of_token)]
+        role: keyspread::config::Roles,
+    },
+}
+
+fn name_of_token(name: &str) -> Result<String, String> {
+    keyspread::config::check_name(name)
+}
+
+fn roles_of_token(roles: &str) -> Result<keyspread::config::Roles, String> {
+    keyspread::config::parse_roles(roles)
+}
+
+#[derive(Subcommand)]
 enum StreamsCommand {
     /// Register a stream's map from `aws kinesis list-shards --stream-name NAME` output, or
     /// from any other body `PUT /streams/{name}` takes (`{"shard_count": 4}`).
@@ -199,6 +226,19 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Command::Token(TokenCommand::New { name, role }) => match cli::new_token() {
+            Ok(token) => {
+                print_err_line(&format!(
+                    "# the line for the tokens file (the token is printed once, on stdout):\n{}",
+                    keyspread::config::tokens_file_line(&name, role, &token)
+                ));
+                print_out(&format!("{token}\n"))
+            }
+            Err(err) => {
+                print_err(&err);
+                ExitCode::FAILURE
+            }
+        },
         Command::Migrate(DatabaseArgs { database_url }) => report(
             Store::connect(&database_url)
                 .await
@@ -489,11 +529,13 @@ async fn run(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
         database = %redact_url(&config.database_url),
         keyspace_bits = config.keyspace_bits,
         token = config.token.is_some(),
+        tokens_file = ?config.tokens_file,
+        read_access = ?config.read_access,
         metrics_token = config.metrics_token.is_some(),
         trusted_proxies = ?config.trusted_proxies,
         "starting keyspread"
     );
-    if config.token.is_none() && !config.listen.ip().is_loopback() {
+    if config.token.is_none() && config.tokens_file.is_none() && !config.listen.ip().is_loopback() {
         tracing::warn!("no KEYSPREAD_TOKEN: only clients on this host may change assignments");
     }
     // The address first: a taken port is reported before the database is touched (no

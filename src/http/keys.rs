@@ -286,8 +286,7 @@ pub struct BatchAnswer {
         (status = 413, description = "Body over 4 MiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid, duplicate or too many accounts, or more than 16,384 keys in all (the detail names the first)", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn allocate_batch(
     State(state): State<AppState>,
@@ -355,8 +354,7 @@ async fn allocate_batch(
         (status = 409, description = "The keyspace is full", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body, weight or fanout, or a weight below the fanout", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn allocate(
     State(state): State<AppState>,
@@ -489,8 +487,7 @@ fn weight_and_fanout(
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body, weight, fanout or max_fanout, none given, a weight below the fanout, or a fanout above max_fanout", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn reweight(
     State(state): State<AppState>,
@@ -533,8 +530,7 @@ async fn reweight(
         (status = 204, description = "Released; the key may be handed out again"),
         (status = 400, description = "Invalid account id", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The account has no hash key", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn release(
     State(state): State<AppState>,

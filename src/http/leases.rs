@@ -331,8 +331,7 @@ fn stream_name(name: &str) -> Result<(), ApiError> {
         (status = 409, description = "A new worker, and the group already has 10000", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "ttl_s outside 1..=600, or a load entry that is invalid (the detail names it, such as `load[2].window_ms`): a count that is not a whole number from 0, window_ms outside 1..=3600000, more than 1,000 accounts, an invalid account id, or a shard the stream's map does not list", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn heartbeat(
     State(state): State<AppState>,
@@ -369,8 +368,7 @@ async fn heartbeat(
         (status = 204, description = "Left; its leases are the others'"),
         (status = 400, description = "Invalid stream name or worker id", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream, or the worker is not in its group (it left, or expired)", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn leave(
     State(state): State<AppState>,
@@ -422,8 +420,7 @@ pub(super) async fn assignment(state: &AppState, name: &str) -> Result<LeasesBod
         (status = 409, description = "The worker does not hold this lease at this epoch: it passed to another worker (or ended); stop reading the shard. Or SHARD_END on a shard the stream's map does not name closed: it is still open", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A sequence number that is neither 1 to 128 digits nor SHARD_END, or a body missing a field", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn checkpoint(
     State(state): State<AppState>,

@@ -6,13 +6,15 @@ use std::net::SocketAddr;
 
 use axum::body::{Body, to_bytes};
 use axum::extract::connect_info::MockConnectInfo;
-use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, Method, Response, StatusCode, header};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::http::{HeaderMap, Response, StatusCode, header};
 use axum::middleware::Next;
 
 use super::client::Client;
 use super::error::{PROBLEM_JSON, problem};
-use crate::config::Token;
+use super::roles::{self, Need};
+use crate::config::{ReadAccess, Role, Token};
+use crate::store::Actor;
 use crate::{Access, AppState};
 
 /// Answers 408 when a request takes longer than `limit`, or than `limit` plus the wait a
@@ -33,41 +35,57 @@ pub async fn time_limit(
     }
 }
 
-/// Mutations need the bearer token when one is configured, else a loopback client and no
-/// foreign `Origin`. Refused ones are rate-limited per client, so tokens cannot be guessed
-/// quickly; allowed ones only with `--limit-token-holders`. Reads pass untouched. Behind a
-/// trusted proxy, the client is the one its `X-Forwarded-For` names; a request another
-/// proxy relayed (it carries a forwarding header) is from a remote client.
-pub async fn guard_mutations(
+/// Every operation needs what `roles::need` says. Without tokens (no `--token`, no
+/// `--tokens-file`), changes are taken from loopback clients only, and no foreign `Origin`;
+/// with them, a token whose role allows the operation, and reads too with `--read-access
+/// token`. Refused requests are rate-limited per client, so tokens cannot be guessed
+/// quickly; allowed changes only with `--limit-token-holders`. An allowed request carries
+/// its [`Actor`] to the handler. Behind a trusted proxy, the client is the one its
+/// `X-Forwarded-For` names; a request another proxy relayed (it carries a forwarding
+/// header) is from a remote client.
+pub async fn authorize(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response<Body> {
-    if matches!(
-        *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS
-    ) {
+    let template = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    let role = match roles::need(request.method(), &template) {
+        Need::Nothing | Need::MetricsToken => return next.run(request).await,
+        Need::Role(role) => role,
+    };
+    let access = &state.access;
+    let reads_open = access.read_access == ReadAccess::Open || access.credentials.is_none();
+    if role == Role::Read && reads_open {
         return next.run(request).await;
     }
-    let access = &state.access;
     let client =
         peer(&request).map(|addr| access.trusted_proxies.client(addr.ip(), request.headers()));
-    let refusal = match &access.token {
-        Some(token) => (!carries(request.headers(), token)).then(|| {
-            unauthorized("this request changes assignments: send Authorization: Bearer <token>")
-        }),
-        None => local_only(access, client, request.headers()),
+    let allowed = match &access.credentials {
+        Some(credentials) => credentials
+            .check(request.headers(), role)
+            .map(|grant| Actor::new(&grant.name)),
+        None => match local_only(access, client, request.headers()) {
+            Some(refused) => Err(refused),
+            None => Ok(Actor::loopback()),
+        },
     };
-    let limited = refusal.is_some() || access.limit_token_holders;
+    let limited = allowed.is_err() || (access.limit_token_holders && role != Role::Read);
     if limited
         && let (Some(limiter), Some(client)) = (&access.mutation_limit, client)
         && let Err(wait) = limiter.check(client)
     {
         return too_many(wait);
     }
-    match refusal {
-        Some(refused) => refused,
-        None => next.run(request).await,
+    match allowed {
+        Ok(actor) => {
+            request.extensions_mut().insert(actor);
+            next.run(request).await
+        }
+        Err(refused) => refused,
     }
 }
 
@@ -123,7 +141,7 @@ pub async fn guard_hosts(
     next: Next,
 ) -> Response<Body> {
     let access = &state.access;
-    if access.token.is_some() {
+    if access.credentials.is_some() {
         return next.run(request).await;
     }
     let names = &access.local_names;

@@ -1,5 +1,6 @@
 //! HTTP: routes, middleware, errors and the OpenAPI document.
 
+mod auth;
 mod aws_cli;
 mod client;
 mod error;
@@ -18,6 +19,7 @@ mod middleware;
 mod openapi;
 mod openapi30;
 mod rebalance;
+pub mod roles;
 mod shards;
 mod snapshot;
 mod streams;
@@ -37,6 +39,7 @@ use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_swagger_ui::SwaggerUi;
 
+pub use auth::{Credentials, CredentialsError};
 pub use client::{Client, TrustedProxies};
 pub use error::{ApiError, PROBLEM_JSON, Problem};
 pub use events::{EventBody, EventPage};
@@ -91,7 +94,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(ui::router().layer(small()));
     openapi::optional_bodies(api.get_openapi_mut());
     openapi::guarded_mutations(api.get_openapi_mut());
-    openapi::guarded_hosts(api.get_openapi_mut());
+    openapi::role_security(api.get_openapi_mut());
     api
 }
 
@@ -280,12 +283,7 @@ fn rendition_30(doc: &utoipa::openapi::OpenApi) -> String {
 pub fn router(state: AppState) -> Router {
     let timeout = state.request_timeout;
     let record = metrics::RecordLayer(Arc::clone(&state.http_metrics));
-    let (routes, doc) = api()
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::guard_mutations,
-        ))
-        .split_for_parts();
+    let (routes, doc) = api().split_for_parts();
     let trace = TraceLayer::new_for_http().make_span_with(|request: &Request| {
         let id = request
             .headers()
@@ -303,6 +301,11 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .merge(SwaggerUi::new("/docs").url("/openapi.json", doc))
+        // Every route, the documents and Swagger UI included; unknown paths get their 404.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::authorize,
+        ))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

@@ -6,6 +6,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContactBuilder, OpenApi, RefOr};
 
 use super::PROBLEM_JSON;
+use super::roles::{self, Need};
+use crate::config::Role;
 use crate::keyspace::HashKey;
 
 /// Document-wide settings; `paths` come from the routers.
@@ -15,10 +17,14 @@ use crate::keyspace::HashKey;
         title = "keyspread",
         description = "The authoritative registry of account -> Kinesis ExplicitHashKey. \
                        Hash keys travel as decimal strings; errors are application/problem+json. \
-                       Mutations need the bearer token when the server has one. Without one, \
-                       only clients on the server's host may mutate, not from pages of other \
-                       sites (Origin), and only requests naming a loopback host or one of \
-                       --allowed-hosts are answered (Host), reads included.",
+                       Each operation names the role it needs (x-keyspread-role): read, \
+                       produce (allocate), consume (a consumer worker's calls) or admin \
+                       (everything). A server with tokens (--token, --tokens-file) takes a \
+                       change only with a bearer token of that role, and reads too with \
+                       --read-access token. Without tokens, only clients on the server's host \
+                       may change anything, not from pages of other sites (Origin), and only \
+                       requests naming a loopback host or one of --allowed-hosts are answered \
+                       (Host), reads included.",
     ),
     components(schemas(HashKey)),
     modifiers(&BearerAuth),
@@ -44,7 +50,25 @@ impl Modify for BearerAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A token from --token (role admin) or --tokens-file; each operation's \
+                         requirement names the role it needs (x-keyspread-role): read, \
+                         produce, consume or admin, and admin may do everything",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "metricsToken",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("--metrics-token, which only GET /metrics takes"))
+                    .build(),
+            ),
         );
     }
 }
@@ -87,19 +111,13 @@ fn is_null(schema: &RefOr<Schema>) -> bool {
 }
 
 /// What every mutation may answer besides its own responses, said once, here, for all:
-/// 401 and 403 from the token check (`middleware::guard_mutations`), 429 from the
-/// per-client rate limit, 503 when the database cannot take the change.
+/// 429 from the per-client rate limit, 503 when the database cannot take the change (401
+/// and 403 come from [`role_security`]).
 pub fn guarded_mutations(doc: &mut OpenApi) {
     use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
     let problem = || {
         ContentBuilder::new()
             .schema(Some(Ref::from_schema_name("Problem")))
-            .build()
-    };
-    let refused = |description: &str| {
-        ResponseBuilder::new()
-            .description(description)
-            .content(PROBLEM_JSON, problem())
             .build()
     };
     let retry_after = |description: &str| {
@@ -116,15 +134,6 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
             .build()
     };
     let guards = [
-        ("401", refused("Token missing or wrong")),
-        (
-            "403",
-            refused(
-                "No token configured, and the client is not on the server's host, or the \
-                 request came from a page of another site (Origin) or names a host that is \
-                 neither loopback nor in --allowed-hosts",
-            ),
-        ),
         (
             "429",
             retry_after("Too many mutations from this client; retry after the given seconds"),
@@ -148,35 +157,100 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
     }
 }
 
-/// Reads may answer 403 too: without a token, a request naming a host that is neither
-/// loopback nor in `--allowed-hosts` is refused (`middleware::guard_hosts`, against DNS
-/// rebinding).
-pub fn guarded_hosts(doc: &mut OpenApi) {
+/// Every operation states what it needs, from [`roles::OPERATIONS`]: `x-keyspread-role`,
+/// its security requirements (`{}` first where it may go without a token: reads while they
+/// are open, and every change on a server without tokens, from its own host), and the 401
+/// and 403 it may answer. An operation the table lacks stops the document being built.
+pub fn role_security(doc: &mut OpenApi) {
+    use utoipa::openapi::extensions::ExtensionsBuilder;
+    use utoipa::openapi::security::SecurityRequirement;
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-    let refused = ResponseBuilder::new()
-        .description(
-            "No token configured, and the request names a host that is neither loopback \
-             nor in --allowed-hosts",
-        )
-        .content(
-            PROBLEM_JSON,
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("Problem")))
+    let refused = |description: String| {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    PROBLEM_JSON,
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
                 .build(),
         )
-        .build();
-    let reads = doc
-        .paths
-        .paths
-        .values_mut()
-        .filter_map(|item| item.get.as_mut());
-    for operation in reads {
-        operation
-            .responses
-            .responses
-            .insert("403".to_owned(), RefOr::T(refused.clone()));
+    };
+    let foreign_host = "Without tokens, the request names a host that is neither loopback nor \
+                        in --allowed-hosts";
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let operations = [
+            ("get", &mut item.get),
+            ("post", &mut item.post),
+            ("put", &mut item.put),
+            ("patch", &mut item.patch),
+            ("delete", &mut item.delete),
+        ];
+        for (method, operation) in operations {
+            let Some(operation) = operation.as_mut() else {
+                continue;
+            };
+            let need = roles::documented(method, path).unwrap_or_else(|| {
+                panic!(
+                    "{} {path} has no role in http::roles::OPERATIONS",
+                    method.to_uppercase()
+                )
+            });
+            let (label, security, unauthorized, forbidden) = match need {
+                Need::Nothing => ("none", vec![SecurityRequirement::default()], None, None),
+                Need::MetricsToken => (
+                    "metrics",
+                    vec![
+                        SecurityRequirement::default(),
+                        SecurityRequirement::new("metricsToken", Vec::<String>::new()),
+                    ],
+                    None,
+                    None,
+                ),
+                Need::Role(role) => (
+                    role.as_str(),
+                    vec![
+                        SecurityRequirement::default(),
+                        SecurityRequirement::new("bearer", [role.as_str()]),
+                    ],
+                    Some(match role {
+                        Role::Read => "With --read-access token: no token, or one this server \
+                                       does not take"
+                            .to_owned(),
+                        _ => "No token, or one this server does not take".to_owned(),
+                    }),
+                    Some(match role {
+                        Role::Read => foreign_host.to_owned(),
+                        _ => format!(
+                            "The token lacks the {role} role (the problem names the role \
+                             needed); or, without tokens, the client is not on the server's \
+                             host, or the request came from a page of another site (Origin) or \
+                             names a host that is neither loopback nor in --allowed-hosts"
+                        ),
+                    }),
+                ),
+            };
+            operation.security = Some(security);
+            operation.extensions =
+                Some(ExtensionsBuilder::new().add(ROLE_EXTENSION, label).build());
+            let responses = &mut operation.responses.responses;
+            if let Some(description) = unauthorized {
+                responses.insert("401".to_owned(), refused(description));
+            }
+            let forbidden =
+                forbidden.or_else(|| (method == "get").then(|| foreign_host.to_owned()));
+            if let Some(description) = forbidden {
+                responses.insert("403".to_owned(), refused(description));
+            }
+        }
     }
 }
+
+/// The extension naming each operation's role: `read`, `produce`, `consume`, `admin`,
+/// `metrics` (the metrics token) or `none`.
+pub const ROLE_EXTENSION: &str = "x-keyspread-role";
 
 #[cfg(test)]
 mod tests {

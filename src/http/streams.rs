@@ -321,8 +321,7 @@ async fn list_streams(
         (status = 413, description = "Body over 16 MiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not list-shards output, a shard id Kinesis would not give, more than 10000 open shards, or open shards that do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn put_stream(
     State(state): State<AppState>,
@@ -400,8 +399,7 @@ async fn get_stream(
     responses(
         (status = 204, description = "Forgotten; if it was primary, new keys use the plain walk"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
-    ),
-    security((), ("bearer" = []))
+    )
 )]
 async fn delete_stream(
     State(state): State<AppState>,

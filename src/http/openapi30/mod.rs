@@ -47,7 +47,46 @@ pub fn downgrade(mut doc: Value) -> Result<Value> {
     if let Some(components) = root.get_mut("components") {
         components_object(object(components, "/components")?)?;
     }
+    drop_role_lists(&mut doc);
     Ok(doc)
+}
+
+/// 3.1 lets a requirement of an `http` or `apiKey` scheme list the roles it needs; 3.0 wants
+/// that list empty (only OAuth 2 and OpenID Connect list scopes). The role stays in each
+/// operation's `x-keyspread-role`.
+fn drop_role_lists(doc: &mut Value) {
+    let Some(schemes) = doc
+        .pointer("/components/securitySchemes")
+        .and_then(Value::as_object)
+    else {
+        return;
+    };
+    let roleless: Vec<String> = schemes
+        .iter()
+        .filter(|(_, scheme)| matches!(scheme["type"].as_str(), Some("http" | "apiKey")))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let empty_roles = |list: &mut Value| {
+        for requirement in list.as_array_mut().into_iter().flatten() {
+            for (name, roles) in requirement.as_object_mut().into_iter().flatten() {
+                if roleless.contains(name) {
+                    *roles = json!([]);
+                }
+            }
+        }
+    };
+    if let Some(security) = doc.get_mut("security") {
+        empty_roles(security);
+    }
+    if let Some(Value::Object(paths)) = doc.get_mut("paths") {
+        for item in paths.values_mut() {
+            for method in METHODS {
+                if let Some(security) = item.get_mut(method).and_then(|o| o.get_mut("security")) {
+                    empty_roles(security);
+                }
+            }
+        }
+    }
 }
 
 /// 3.1 names a licence by SPDX `identifier`; 3.0 by `url`, here the SPDX page.
