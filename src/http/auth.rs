@@ -87,6 +87,7 @@ impl Credentials {
     }
 
     /// The grant of the request's token if it holds `role`; else the refusal to send.
+    #[allow(clippy::result_large_err)] // an answer, made only for refused requests
     pub fn check(&self, headers: &HeaderMap, role: Role) -> Result<Grant, Response<Body>> {
         let token = presented(headers, role)?;
         if token.len() > MAX_TOKEN_LEN {
@@ -163,6 +164,7 @@ fn check_mode(_: &Path) -> Result<(), CredentialsError> {
 
 /// The token the request presents: `Authorization: Bearer <token>`, or, for a read (a
 /// browser asked for the page), `Basic` with the token as the password.
+#[allow(clippy::result_large_err)] // an answer, made only for refused requests
 fn presented(headers: &HeaderMap, role: Role) -> Result<String, Response<Body>> {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let Some(value) = values.next() else {
