@@ -485,6 +485,7 @@ async fn start(config: ServeConfig, dir: tempfile::TempDir) -> TestApp {
 }
 
 /// A JSON response: status, content type and body.
+#[derive(Debug)]
 pub struct Answer {
     pub status: u16,
     pub content_type: String,

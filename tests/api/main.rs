@@ -48,6 +48,7 @@ mod python_mirror;
 mod rate;
 mod readme;
 mod rebalance;
+mod roles;
 mod replicas;
 mod reshard;
 mod retention;
