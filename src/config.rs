@@ -313,6 +313,11 @@ pub enum TokenError {
          spaces, no accents): no HTTP client could send it in `Authorization: Bearer`"
     )]
     Unsendable,
+    #[error(
+        "the token ends with a line break (as `echo` or an editor adds to a file): no HTTP \
+         client could send it in `Authorization: Bearer`; remove it"
+    )]
+    LineBreak,
     #[error("a token must be at least {} characters long", Token::MIN_LEN)]
     TooShort,
 }
@@ -331,6 +336,9 @@ impl FromStr for Token {
     /// Takes visible ASCII only: a header value with other bytes is not a string the server
     /// can compare, and spaces around it are dropped on the way.
     fn from_str(s: &str) -> Result<Self, TokenError> {
+        if s.ends_with('\n') || s.ends_with('\r') {
+            return Err(TokenError::LineBreak);
+        }
         if !s.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(TokenError::Unsendable);
         }

@@ -140,7 +140,10 @@ async fn sample(app: &TestApp, method: &str, template: &str, joined: &Value) -> 
         ("GET", "/rebalance/preview") => ("/rebalance/preview?shards=2".into(), body),
         ("GET", "/streams/{name}/split-plan") => ("/streams/s/split-plan?target=4".into(), body),
         ("GET", "/events") => ("/events?after=0".into(), body),
-        ("POST", "/keys/batch") => ("/keys/batch".into(), json!({"accounts": [{"account": "c"}]})),
+        ("POST", "/keys/batch") => (
+            "/keys/batch".into(),
+            json!({"accounts": [{"account": "c"}]}),
+        ),
         ("POST", "/keys/{account}") => ("/keys/new".into(), json!({})),
         ("PATCH", "/keys/{account}") => ("/keys/a".into(), json!({"weight": 2})),
         ("DELETE", "/keys/{account}") => ("/keys/b".into(), body),
@@ -220,7 +223,9 @@ impl Got {
     /// Whether the problem's detail mentions `needle`.
     fn says(&self, needle: &str) -> bool {
         let problem: Value = serde_json::from_str(&self.text).unwrap_or_default();
-        problem["detail"].as_str().is_some_and(|d| d.contains(needle))
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(needle))
     }
 }
 
@@ -235,9 +240,7 @@ async fn matrix(read_access: ReadAccess) {
         for (method, template, role) in &operations {
             tried.insert(format!("{method} {template}"));
             let (path, body) = sample(&app, method, template, &joined).await;
-            let mut request = app
-                .client
-                .request(method.parse().unwrap(), app.url(&path));
+            let mut request = app.client.request(method.parse().unwrap(), app.url(&path));
             if let Some(token) = caller.token() {
                 request = request.bearer_auth(token);
             }

@@ -11,7 +11,7 @@ const ENCODED: &str = "s3cr%40t%3Apa55%2Fw%3Frd%23%25";
 
 /// Runs `keyspread` with `args` and `env` until it exits (its status) or `limit` passes
 /// (`None`, and it is killed); with everything it wrote on stdout and stderr.
-fn run(args: &[&str], env: &[(&str, &str)], limit: Duration) -> (Option<ExitStatus>, String) {
+pub fn run(args: &[&str], env: &[(&str, &str)], limit: Duration) -> (Option<ExitStatus>, String) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("out.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
