@@ -242,7 +242,9 @@ def main():
     parser.add_argument("--ttl", type=int, default=30, help="seconds, 1..600 (default 30)")
     parser.add_argument("--endpoint-url", help="a Kinesis endpoint other than AWS's (kinesalite)")
     parser.add_argument("--token", default=os.environ.get("KEYSPREAD_TOKEN"),
-                        help="keyspread's bearer token (default $KEYSPREAD_TOKEN)")
+                        help="a token with the consume role, the least a worker needs, if the "
+                             "server has tokens (default $KEYSPREAD_TOKEN; the environment keeps "
+                             "it out of `ps`)")
     parser.add_argument("--seconds", type=float, help="stop after this long (default: until SIGTERM)")
     parser.add_argument("--report-load", action="store_true",
                         help="report what was read from each shard with every heartbeat")

@@ -29,15 +29,19 @@ stale), the same rules with the mirror's keys:
 Usage from the command line (one record per line of stdin, `ACCOUNT<TAB>DATA`):
 
     order_safe_producer.py --keyspread http://127.0.0.1:8080 --stream orders [--mirror] < records.tsv
+
+On a server with tokens, give it a token with the `produce` role, the least it needs (it
+reads keys; `produce` may also allocate): `KEYSPREAD_TOKEN=... order_safe_producer.py ...`.
 """
 
 import argparse
 import collections
+import os
 import re
 import sys
 import time
 
-from keyspread_api import Client
+from keyspread_api import AuthenticatedClient, Client
 from keyspread_api.api.keys import lookup
 from keyspread_api.models import Assignment
 from sub_key import sub_key_index  # examples/sub_key.py: DESIGN.md's jump hash of the MD5
@@ -203,6 +207,9 @@ def main():
     parser.add_argument("--endpoint-url", help="a Kinesis endpoint other than AWS's (kinesalite)")
     parser.add_argument("--mirror", action="store_true",
                         help="keys from a mirror of keyspread's table (pip install ./clients/python)")
+    parser.add_argument("--token", default=os.environ.get("KEYSPREAD_TOKEN"),
+                        help="a token with the produce role, if the server has tokens "
+                             "(default $KEYSPREAD_TOKEN; the environment keeps it out of `ps`)")
     args = parser.parse_args()
 
     import boto3  # credentials and region as boto3 reads them (AWS_DEFAULT_REGION, ...)
@@ -211,9 +218,12 @@ def main():
     if args.mirror:
         from keyspread_client import Mirror
 
-        producer = OrderSafeProducer(kinesis, args.stream, mirror=Mirror(args.keyspread))
+        producer = OrderSafeProducer(kinesis, args.stream,
+                                     mirror=Mirror(args.keyspread, token=args.token))
     else:
-        producer = OrderSafeProducer(kinesis, args.stream, Client(base_url=args.keyspread))
+        client = (AuthenticatedClient(base_url=args.keyspread, token=args.token) if args.token
+                  else Client(base_url=args.keyspread))
+        producer = OrderSafeProducer(kinesis, args.stream, client)
     try:
         for line in sys.stdin:
             account, _, data = line.rstrip("\n").partition("\t")

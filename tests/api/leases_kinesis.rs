@@ -7,18 +7,34 @@ use std::path::Path;
 use serde_json::Value;
 use tokio::process::Command;
 
-use crate::helpers::spawn_app;
+use crate::helpers::spawn_app_with;
+use crate::roles::{token_of, write_tokens_file};
 use crate::kinesalite::Kinesalite;
 use crate::python_client::{assert_success, generate, tool};
 
-async fn prove(mode: &str) -> Value {
+/// Runs the proof in `mode`. With `least_privilege`, the server has a tokens file and closed
+/// reads; the workers hold a `consume` token, the harness an `admin` one.
+async fn prove(mode: &str, least_privilege: bool) -> Value {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
     let kinesalite = Kinesalite::start().await;
     let work = tempfile::tempdir().unwrap();
     let client_dir = generate(work.path()).await;
-    let app = spawn_app().await;
-    let run = Command::new(&python)
+    let tokens = least_privilege.then(|| write_tokens_file(work.path()));
+    let app = spawn_app_with(|c| {
+        if let Some(tokens) = tokens {
+            c.tokens_file = Some(tokens);
+            c.read_access = keyspread::config::ReadAccess::Token;
+        }
+    })
+    .await;
+    let mut command = Command::new(&python);
+    if least_privilege {
+        command
+            .env("KEYSPREAD_ADMIN_TOKEN", token_of("ops"))
+            .env("KEYSPREAD_WORKER_TOKEN", token_of("workers"));
+    }
+    let run = command
         .arg(manifest.join("tests/python/lease_proof.py"))
         .arg("--client-dir")
         .arg(&client_dir)
@@ -72,7 +88,8 @@ async fn the_proofs_checker_excuses_only_the_killed_workers_duplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time() {
     let _quiet = crate::kinesalite::one_proof_at_a_time().await;
-    let figures = prove("churn").await;
+    // Least privilege too: the workers hold a consume token, reads are closed.
+    let figures = prove("churn", true).await;
     assert_one_reader_at_a_time(&figures);
     assert!(figures["hand_overs"].as_u64() > Some(0), "{figures}");
     assert!(
@@ -92,7 +109,7 @@ async fn four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_of_a_real_split_and_merge_are_read_after_their_parents() {
     let _quiet = crate::kinesalite::one_proof_at_a_time().await;
-    let figures = prove("reshard").await;
+    let figures = prove("reshard", false).await;
     assert_one_reader_at_a_time(&figures);
     assert_eq!(
         (figures["shards"].as_u64(), figures["children"].as_u64()),

@@ -11,6 +11,7 @@ use serde_json::Value;
 use tokio::process::Command;
 
 use crate::helpers::spawn_app_with;
+use crate::roles::{token_of, write_tokens_file};
 use crate::kinesalite::Kinesalite;
 use crate::python_client::{assert_success, generate, tool};
 
@@ -26,8 +27,26 @@ async fn prove(
 ) -> Value {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
-    let app = spawn_app_with(|c| c.lookup_cache_control = "max-age=5".parse().unwrap()).await;
-    let output = Command::new(&python)
+    // The mirror run holds least privilege too: tokens, closed reads, producers with a
+    // produce token and the consumer with a read one.
+    let least_privilege = mode == "mirror";
+    let tokens = least_privilege.then(|| write_tokens_file(client_dir));
+    let app = spawn_app_with(|c| {
+        c.lookup_cache_control = "max-age=5".parse().unwrap();
+        if let Some(tokens) = tokens {
+            c.tokens_file = Some(tokens);
+            c.read_access = keyspread::config::ReadAccess::Token;
+        }
+    })
+    .await;
+    let mut command = Command::new(&python);
+    if least_privilege {
+        command
+            .env("KEYSPREAD_ADMIN_TOKEN", token_of("ops"))
+            .env("KEYSPREAD_PRODUCER_TOKEN", token_of("producers"))
+            .env("KEYSPREAD_READER_TOKEN", token_of("reader"));
+    }
+    let output = command
         .arg(manifest.join("tests/python/order_proof.py"))
         .arg("--client-dir")
         .arg(client_dir)

@@ -17,7 +17,7 @@ const TOKENS: [(&str, Role); 4] = [
     ("ops", Role::Admin),
 ];
 
-fn token_of(name: &str) -> String {
+pub fn token_of(name: &str) -> String {
     format!("{name}-token-0123456789abcdef")
 }
 

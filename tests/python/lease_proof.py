@@ -42,9 +42,13 @@ def kinesis_client(endpoint):
 
 
 def http(method, url, body=None):
+    """The harness's own calls, with the admin token when the server has tokens
+    (KEYSPREAD_ADMIN_TOKEN); the workers get KEYSPREAD_WORKER_TOKEN, a consume token."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"content-type": "application/json"} if data else {})
+    headers = {"content-type": "application/json"} if data else {}
+    if os.environ.get("KEYSPREAD_ADMIN_TOKEN"):
+        headers["authorization"] = f"Bearer {os.environ['KEYSPREAD_ADMIN_TOKEN']}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     with urllib.request.urlopen(request, timeout=20) as response:
         text = response.read()
         return json.loads(text) if text else None
@@ -98,6 +102,9 @@ class Workers:
         out = open(os.path.join(self.work, f"{name}.jsonl"), "w")
         env = dict(os.environ, PYTHONPATH=self.args.client_dir, AWS_DEFAULT_REGION="us-east-1",
                    AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
+        env.pop("KEYSPREAD_TOKEN", None)
+        if os.environ.get("KEYSPREAD_WORKER_TOKEN"):
+            env["KEYSPREAD_TOKEN"] = os.environ["KEYSPREAD_WORKER_TOKEN"]
         self.procs[name] = subprocess.Popen(
             [sys.executable, os.path.join(self.args.examples, "lease_worker.py"),
              "--keyspread", self.args.keyspread, "--stream", self.args.stream, "--worker", name,

@@ -142,14 +142,24 @@ def refresh_if_asked(p, refresh, lookups, streams):
         refresh.value = done
 
 
+def keyspread_client(url, token_variable, timeout):
+    """The generated client, with the token the environment names if the server has tokens:
+    the producers hold a produce token, the consumer a read one, the harness an admin one."""
+    from keyspread_api import AuthenticatedClient, Client
+
+    token = os.environ.get(token_variable)
+    if token:
+        return AuthenticatedClient(base_url=url, token=token, timeout=timeout)
+    return Client(base_url=url, timeout=timeout)
+
+
 def producer(p, cfg, streams, turn, refresh, counters, stop_at, report):
     """One producer process: writes during its turns until `stop_at`."""
     sys.path.insert(0, cfg["client_dir"])
     sys.path.insert(0, cfg["examples"])
-    from keyspread_api import Client
     from order_safe_producer import Lookups, OrderSafeProducer
 
-    client = Client(base_url=cfg["keyspread"], timeout=10)
+    client = keyspread_client(cfg["keyspread"], "KEYSPREAD_PRODUCER_TOKEN", timeout=10)
     kinesis = FailingKinesis(kinesis_client(cfg["kinesis"]), cfg["fail_rate"], random.Random(cfg["seed"] + p))
     if cfg["mode"] == "naive":
         out = NaiveProducer(kinesis, cfg["stream"], Lookups(client))
@@ -157,7 +167,9 @@ def producer(p, cfg, streams, turn, refresh, counters, stop_at, report):
         sys.path.insert(0, os.path.join(cfg["examples"], "..", "clients", "python"))
         from keyspread_client import Mirror
 
-        out = OrderSafeProducer(kinesis, cfg["stream"], mirror=Mirror(cfg["keyspread"]))
+        out = OrderSafeProducer(kinesis, cfg["stream"],
+                                mirror=Mirror(cfg["keyspread"],
+                                              token=os.environ.get("KEYSPREAD_PRODUCER_TOKEN")))
     else:
         out = OrderSafeProducer(kinesis, cfg["stream"], client)
     lookups = out.lookups
@@ -218,14 +230,13 @@ def main():
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
     sys.path.insert(0, args.client_dir)
     sys.path.insert(0, examples)
-    from keyspread_api import Client
     from keyspread_api.api.keys import allocate, release
     from keyspread_api.api.rebalance import apply, preview
     from keyspread_api.api.shards import shard_of
     from keyspread_api.models import AllocateRequest, ApplyRequest, RebalancePlan
     from order_aware_consumer import OrderAwareConsumer
 
-    client = Client(base_url=args.keyspread, timeout=30)
+    client = keyspread_client(args.keyspread, "KEYSPREAD_ADMIN_TOKEN", timeout=30)
     kinesis = kinesis_client(args.kinesis)
     kinesis.create_stream(StreamName=args.stream, ShardCount=3)
     while kinesis.describe_stream_summary(StreamName=args.stream)["StreamDescriptionSummary"]["StreamStatus"] != "ACTIVE":
@@ -269,7 +280,8 @@ def main():
     handed = []
     if args.blind_consumer:
         OrderAwareConsumer.learn_moves = lambda self: None
-    consumer = OrderAwareConsumer(kinesis, args.stream, client, skew_ms=args.skew_ms,
+    reader = keyspread_client(args.keyspread, "KEYSPREAD_READER_TOKEN", timeout=30)
+    consumer = OrderAwareConsumer(kinesis, args.stream, reader, skew_ms=args.skew_ms,
                                   deliver=lambda shard, record: handed.append(record))
     applied = None
     while time.time() < stop_at + 1:
