@@ -5,7 +5,7 @@ use std::process::Output;
 
 use tokio::process::Command;
 
-use crate::helpers::spawn_app;
+use crate::helpers::{spawn_app, spawn_app_with};
 
 // Keeps the package name fixed; no post hooks, so ruff need not be on PATH.
 /// `GET /snapshot` answers NDJSON, which the generator reads as bytes when told so.
@@ -18,22 +18,36 @@ async fn generated_python_client_drives_the_live_server() {
     let work = tempfile::tempdir().expect("temp dir");
     let client_dir = generate(work.path()).await;
 
-    let app = spawn_app().await;
-    // tokio's Command lets the server keep serving on this runtime meanwhile.
-    let driven = Command::new(&python)
-        .arg(manifest.join("tests/python/drive_client.py"))
-        .arg("--client-dir")
-        .arg(&client_dir)
-        .arg("--base-url")
-        .arg(app.url(""))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run drive_client.py");
-    assert_success("drive_client.py", &driven);
-    print!("{}", String::from_utf8_lossy(&driven.stdout));
+    // Open, then with every read closed and an admin token the client sends on every call.
+    let open = spawn_app().await;
+    let closed = spawn_app_with(|c| {
+        c.token = Some(TOKEN.parse().unwrap());
+        c.read_access = keyspread::config::ReadAccess::Token;
+    })
+    .await;
+    for (app, token) in [(open, None), (closed, Some(TOKEN))] {
+        // tokio's Command lets the server keep serving on this runtime meanwhile.
+        let mut command = Command::new(&python);
+        if let Some(token) = token {
+            command.env("KEYSPREAD_TOKEN", token);
+        }
+        let driven = command
+            .arg(manifest.join("tests/python/drive_client.py"))
+            .arg("--client-dir")
+            .arg(&client_dir)
+            .arg("--base-url")
+            .arg(app.url(""))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("run drive_client.py");
+        assert_success(&format!("drive_client.py, token {}", token.is_some()), &driven);
+        print!("{}", String::from_utf8_lossy(&driven.stdout));
+    }
 }
+
+const TOKEN: &str = "python-client-token-0123456789";
 
 /// Generates the Python client from the committed OpenAPI document under `work`; answers
 /// the directory that holds the package `keyspread_api` (for `PYTHONPATH`).

@@ -99,7 +99,12 @@ async fn generated_typescript_client_drives_the_live_server() {
     let closed = closed_port();
     let out = drive(closed.clone(), vec![]).await.unwrap();
     assert_fails_readably(&out, &format!("cannot reach keyspread at {closed}"));
-    let guarded = spawn_app_with(|c| c.token = Some(TOKEN.parse().unwrap())).await;
+    // Reads closed too: the client sends its token with every call.
+    let guarded = spawn_app_with(|c| {
+        c.token = Some(TOKEN.parse().unwrap());
+        c.read_access = keyspread::config::ReadAccess::Token;
+    })
+    .await;
     let out = drive(guarded.url(""), vec![]).await.unwrap();
     assert_fails_readably(&out, "401 Unauthorized");
     let out = drive(guarded.url(""), vec![("KEYSPREAD_TOKEN", TOKEN)])

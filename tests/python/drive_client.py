@@ -12,6 +12,7 @@ exits 1 after listing every mismatch.
 import argparse
 import datetime
 import hashlib
+import os
 import sys
 import time
 
@@ -37,7 +38,7 @@ sys.path.insert(0, ARGS.client_dir)
 
 # Generated names: if the document renames an operation or schema, this is
 # where the client breaks, exactly as it would for a platform team.
-from keyspread_api import Client  # noqa: E402
+from keyspread_api import AuthenticatedClient, Client  # noqa: E402
 from keyspread_api.api.keys import allocate, list_keys, lookup, release, reweight  # noqa: E402
 from keyspread_api.api.rebalance import apply, preview  # noqa: E402
 from keyspread_api.api.leases import checkpoint, heartbeat, leases, leave  # noqa: E402
@@ -65,8 +66,14 @@ from keyspread_api.models import (  # noqa: E402
 )
 from keyspread_api.types import UNSET, Unset  # noqa: E402
 
-# Plain Client: on loopback with no token configured, mutations need no auth.
-CLIENT = Client(base_url=ARGS.base_url, raise_on_unexpected_status=True, httpx_args={"trust_env": False})
+# Plain Client: on loopback with no token configured, mutations need no auth. With
+# KEYSPREAD_TOKEN, every call carries it (a server with closed reads wants it on reads too).
+if os.environ.get("KEYSPREAD_TOKEN"):
+    CLIENT = AuthenticatedClient(base_url=ARGS.base_url, token=os.environ["KEYSPREAD_TOKEN"],
+                                 raise_on_unexpected_status=True, httpx_args={"trust_env": False})
+else:
+    CLIENT = Client(base_url=ARGS.base_url, raise_on_unexpected_status=True,
+                    httpx_args={"trust_env": False})
 FAILURES = []
 
 
