@@ -8,9 +8,9 @@ use serde_json::Value;
 use tokio::process::Command;
 
 use crate::helpers::spawn_app_with;
-use crate::roles::{token_of, write_tokens_file};
 use crate::kinesalite::Kinesalite;
 use crate::python_client::{assert_success, generate, tool};
+use crate::roles::{token_of, write_tokens_file};
 
 /// Runs the proof in `mode`. With `least_privilege`, the server has a tokens file and closed
 /// reads; the workers hold a `consume` token, the harness an `admin` one.

@@ -11,9 +11,9 @@ use serde_json::Value;
 use tokio::process::Command;
 
 use crate::helpers::spawn_app_with;
-use crate::roles::{token_of, write_tokens_file};
 use crate::kinesalite::Kinesalite;
 use crate::python_client::{assert_success, generate, tool};
+use crate::roles::{token_of, write_tokens_file};
 
 /// Runs the harness in `mode` on a fresh server whose lookups may be cached 5 s, and
 /// answers its figures. `run` names the stream apart from earlier runs on the same

@@ -42,7 +42,10 @@ async fn generated_python_client_drives_the_live_server() {
             .output()
             .await
             .expect("run drive_client.py");
-        assert_success(&format!("drive_client.py, token {}", token.is_some()), &driven);
+        assert_success(
+            &format!("drive_client.py, token {}", token.is_some()),
+            &driven,
+        );
         print!("{}", String::from_utf8_lossy(&driven.stdout));
     }
 }

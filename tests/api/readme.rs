@@ -17,7 +17,7 @@ use crate::helpers::fresh_database;
 use crate::process::Server;
 
 /// The sections whose shell blocks are one walk-through, in README's order.
-const WALK: [&str; 7] = [
+const WALK: [&str; 8] = [
     "The API at a glance",
     "Hot accounts",
     "Order-safe moves: producers and consumers",
@@ -25,6 +25,7 @@ const WALK: [&str; 7] = [
     "Streams: real shard maps",
     "Importing an existing table",
     "Backups: export and import",
+    "Least privilege: who may do what",
 ];
 
 fn readme() -> String {
@@ -180,7 +181,9 @@ fn every_block_that_talks_to_the_server_is_walked() {
     let readme = readme();
     for (title, text) in sections(&readme) {
         for block in sh_blocks(text) {
-            let talks = block.contains("localhost:8080") || block.contains("sqlite://keyspread.db");
+            let talks = block.contains("localhost:8080")
+                || block.contains("localhost:8181")
+                || block.contains("sqlite://keyspread.db");
             assert!(
                 !talks || WALK.contains(&title) || title == "Two commands",
                 "{title:?} has a block the walk-through never runs:\n{block}"
@@ -204,6 +207,11 @@ async fn the_walk_through_runs_as_shown() {
     let mut server = Server::spawn(&database, &dir.path().join("server.log"));
     server.wait_ready(&reqwest::Client::new()).await;
     let host = server.url.trim_start_matches("http://");
+    // The second server a section starts itself (`--listen 127.0.0.1:8181`): a free port.
+    let second = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("127.0.0.1:{}", probe.local_addr().unwrap().port())
+    };
     let bin = Path::new(env!("CARGO_BIN_EXE_keyspread")).parent().unwrap();
     let path = format!(
         "{}:{}",
@@ -215,7 +223,9 @@ async fn the_walk_through_runs_as_shown() {
     for (i, step) in steps.iter().enumerate() {
         script.push_str(&format!("printf '\\n@@ step {i} @@\\n'\n"));
         let command = (step.command.replace("localhost:8080", host))
-            .replace("sqlite://keyspread.db", &database);
+            .replace("sqlite://keyspread.db", &database)
+            .replace("localhost:8181", &second)
+            .replace("127.0.0.1:8181", &second);
         script.push_str(&command);
         script.push('\n');
     }
