@@ -549,11 +549,7 @@ impl TestApp {
 /// Reads a response as JSON (null when the body is empty).
 pub async fn answer(response: reqwest::Response) -> Answer {
     let status = response.status().as_u16();
-    let content_type = response
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+    let content_type = content_type(&response);
     let bytes = response.bytes().await.expect("body read");
     let body = if bytes.is_empty() {
         serde_json::Value::Null
@@ -566,6 +562,15 @@ pub async fn answer(response: reqwest::Response) -> Answer {
         content_type,
         body,
     }
+}
+
+/// A response's `Content-Type`, or "" without one.
+pub fn content_type(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
 }
 
 /// Asserts a problem+json answer with `status` whose detail mentions `needle`.

@@ -10,7 +10,7 @@ use tokio::process::Command;
 use crate::helpers::spawn_app_with;
 use crate::kinesalite::Kinesalite;
 use crate::python_client::{assert_success, generate, tool};
-use crate::roles::{token_of, write_tokens_file};
+use crate::roles::{close, hand_out};
 
 /// Runs the proof in `mode`. With `least_privilege`, the server has a tokens file and closed
 /// reads; the workers hold a `consume` token, the harness an `admin` one.
@@ -20,19 +20,19 @@ async fn prove(mode: &str, least_privilege: bool) -> Value {
     let kinesalite = Kinesalite::start().await;
     let work = tempfile::tempdir().unwrap();
     let client_dir = generate(work.path()).await;
-    let tokens = least_privilege.then(|| write_tokens_file(work.path()));
     let app = spawn_app_with(|c| {
-        if let Some(tokens) = tokens {
-            c.tokens_file = Some(tokens);
-            c.read_access = keyspread::config::ReadAccess::Token;
+        if least_privilege {
+            close(c, work.path());
         }
     })
     .await;
     let mut command = Command::new(&python);
     if least_privilege {
-        command
-            .env("KEYSPREAD_ADMIN_TOKEN", token_of("ops"))
-            .env("KEYSPREAD_WORKER_TOKEN", token_of("workers"));
+        let tokens = [
+            ("KEYSPREAD_ADMIN_TOKEN", "ops"),
+            ("KEYSPREAD_WORKER_TOKEN", "workers"),
+        ];
+        hand_out(&mut command, &tokens);
     }
     let run = command
         .arg(manifest.join("tests/python/lease_proof.py"))

@@ -13,7 +13,7 @@ use tokio::process::Command;
 use crate::helpers::spawn_app_with;
 use crate::kinesalite::Kinesalite;
 use crate::python_client::{assert_success, generate, tool};
-use crate::roles::{token_of, write_tokens_file};
+use crate::roles::{close, hand_out};
 
 /// Runs the harness in `mode` on a fresh server whose lookups may be cached 5 s, and
 /// answers its figures. `run` names the stream apart from earlier runs on the same
@@ -30,21 +30,21 @@ async fn prove(
     // The mirror run holds least privilege too: tokens, closed reads, producers with a
     // produce token and the consumer with a read one.
     let least_privilege = mode == "mirror";
-    let tokens = least_privilege.then(|| write_tokens_file(client_dir));
     let app = spawn_app_with(|c| {
         c.lookup_cache_control = "max-age=5".parse().unwrap();
-        if let Some(tokens) = tokens {
-            c.tokens_file = Some(tokens);
-            c.read_access = keyspread::config::ReadAccess::Token;
+        if least_privilege {
+            close(c, client_dir);
         }
     })
     .await;
     let mut command = Command::new(&python);
     if least_privilege {
-        command
-            .env("KEYSPREAD_ADMIN_TOKEN", token_of("ops"))
-            .env("KEYSPREAD_PRODUCER_TOKEN", token_of("producers"))
-            .env("KEYSPREAD_READER_TOKEN", token_of("reader"));
+        let tokens = [
+            ("KEYSPREAD_ADMIN_TOKEN", "ops"),
+            ("KEYSPREAD_PRODUCER_TOKEN", "producers"),
+            ("KEYSPREAD_READER_TOKEN", "reader"),
+        ];
+        hand_out(&mut command, &tokens);
     }
     let output = command
         .arg(manifest.join("tests/python/order_proof.py"))

@@ -7,7 +7,7 @@ use std::path::Path;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, answer, spawn_app_with};
+use crate::helpers::{TestApp, answer, content_type, spawn_app_with};
 use keyspread::config::{ReadAccess, Role, Roles, tokens_file_line};
 
 const TOKENS: [(&str, Role); 4] = [
@@ -31,6 +31,20 @@ pub fn write_tokens_file(dir: &Path) -> std::path::PathBuf {
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     restrict(&path);
     path
+}
+
+/// A server of least privilege: the tokens file of [`TOKENS`] (written in `dir`) and
+/// closed reads.
+pub fn close(config: &mut keyspread::config::ServeConfig, dir: &Path) {
+    config.tokens_file = Some(write_tokens_file(dir));
+    config.read_access = ReadAccess::Token;
+}
+
+/// Gives a harness its tokens: each environment variable the token of a name of [`TOKENS`].
+pub fn hand_out(command: &mut tokio::process::Command, tokens: &[(&str, &str)]) {
+    for (variable, name) in tokens {
+        command.env(variable, token_of(name));
+    }
 }
 
 pub fn restrict(path: &Path) {
@@ -207,11 +221,7 @@ struct Got {
 impl Got {
     async fn of(response: reqwest::Response) -> Got {
         let status = response.status().as_u16();
-        let content_type = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default();
+        let content_type = content_type(&response);
         let text = response.text().await.unwrap_or_default();
         Got {
             status,
