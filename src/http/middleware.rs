@@ -40,9 +40,15 @@ pub async fn time_limit(
 /// proxy relayed (it carries a forwarding header) is from a remote client.
 pub async fn guard_mutations(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response<Body> {
+    // Who the request acts as, for the event log: never the token itself.
+    let actor = match &state.access.token {
+        Some(_) => crate::store::Actor::new(crate::store::Actor::ADMIN),
+        None => crate::store::Actor::loopback(),
+    };
+    request.extensions_mut().insert(actor);
     if matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS

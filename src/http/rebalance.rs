@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Query, State};
 use axum::response::Response;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -16,6 +16,7 @@ use super::shards::MapParams;
 use crate::AppState;
 use crate::keyspace::{HashKey, LoadSkew, Plan, Skew};
 use crate::registry::{MapSpec, Planned};
+use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -288,6 +289,7 @@ async fn preview(
 )]
 async fn apply(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Json(body): Json<ApplyRequest>,
 ) -> Result<Json<RebalancePlan>, ApiError> {
     let switch_after_s = body
@@ -300,7 +302,12 @@ async fn apply(
     }
     let applied = state
         .registry
-        .apply(body.plan_id, switch_after_s as i64 * 1000, body.replan)
+        .apply(
+            body.plan_id,
+            switch_after_s as i64 * 1000,
+            body.replan,
+            &actor,
+        )
         .await?;
     let switch_at = applied.switch_at;
     let mut answer = RebalancePlan::planned(applied.plan_id, applied.plan);
