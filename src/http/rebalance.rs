@@ -358,6 +358,9 @@ pub struct PendingMoveBody {
     /// consumer reads from `to`'s shard after this belong after the switch.
     #[schema(format = DateTime)]
     pub applied_at: String,
+    /// Who applied it: the move event's `actor` (see `GET /events`).
+    #[schema(example = "loopback")]
+    pub applied_by: String,
 }
 
 /// One page of pending moves.
@@ -430,6 +433,7 @@ pub(super) async fn moves_page(
             switch_at: super::timestamp_ms(m.switch_at),
             event_id: m.event_id,
             applied_at: super::timestamp_ms(m.applied_at),
+            applied_by: m.applied_by.to_string(),
         })
         .collect();
     Ok(MovesPage { items, next })
