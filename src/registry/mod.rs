@@ -133,6 +133,10 @@ pub struct NewAccount {
     pub key: Option<HashKey>,
 }
 
+/// What [`Registry::pick`] answers: each request's answer, the key rows to write, and
+/// each row's actor.
+type Picked = (Vec<Allocated>, Vec<KeyRow>, Vec<Actor>);
+
 /// What an allocation found or made.
 #[derive(Debug, Clone)]
 pub enum Allocated {
@@ -573,7 +577,7 @@ impl Registry {
         w: &mut Writer,
         requests: &[(NewAccount, Actor)],
         now: i64,
-    ) -> Result<(Vec<Allocated>, Vec<KeyRow>, Vec<Actor>), Error> {
+    ) -> Result<Picked, Error> {
         self.end_switches(w, now)?;
         let mut answers = Vec::with_capacity(requests.len());
         let mut new: Vec<KeyRow> = Vec::new();
