@@ -23,7 +23,7 @@ use common::SplitMix64;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use keyspread::keyspace::{AccountId, HashKey};
-use keyspread::store::{KeyRow, Store};
+use keyspread::store::{Actor, Actors, KeyRow, Store};
 use sqlx::Connection;
 
 /// Rows per transaction in the batched mode (one multi-row INSERT).
@@ -133,6 +133,8 @@ async fn run_groups(store: &Store, rows: &mut Rows, secs: f64) -> (u64, f64) {
     let start = Instant::now();
     let mut seen = 0;
     let mut inserted = 0u64;
+    let loopback = Actor::loopback();
+    let by = Actors::One(&loopback);
     while start.elapsed() < deadline {
         let group: Vec<KeyRow> = (0..GROUP)
             .map(|_| {
@@ -147,7 +149,7 @@ async fn run_groups(store: &Store, rows: &mut Rows, secs: f64) -> (u64, f64) {
             })
             .collect();
         let ids = store
-            .insert_if_current(seen, &group, group[0].created_at)
+            .insert_if_current(seen, &group, by, group[0].created_at)
             .await
             .expect("insert_if_current");
         seen = ids.into_iter().max().unwrap_or(seen);

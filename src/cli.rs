@@ -224,6 +224,7 @@ pub async fn import<R: std::io::Read>(
                     max_fanout: None,
                     reason: crate::store::MoveReason::Admin,
                 },
+                &crate::store::Actor::new(crate::store::Actor::IMPORT),
             )
             .await
             .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
@@ -297,7 +298,10 @@ async fn place(
     use crate::registry::Allocated;
 
     let answers = registry
-        .allocate_many(chunk)
+        .allocate_many(
+            chunk,
+            &crate::store::Actor::new(crate::store::Actor::IMPORT),
+        )
         .await
         .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
     let created = answers

@@ -188,7 +188,8 @@ async fn write(
     let by_account: HashMap<AccountId, u64> = (accounts.iter().map(|r| r.account.clone()))
         .zip(lines)
         .collect();
-    let done = registry.restore(accounts).await.map_err(|e| {
+    let import = crate::store::Actor::new(crate::store::Actor::IMPORT);
+    let done = registry.restore(accounts, &import).await.map_err(|e| {
         format!(
             "import stopped after {} accounts: {e}",
             summary.written + summary.present

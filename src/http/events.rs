@@ -86,6 +86,12 @@ pub struct EventBody {
     /// When it was committed (RFC 3339).
     #[schema(format = DateTime)]
     pub at: String,
+    /// Who made the change: the name of the token it came with (`admin` for `--token`),
+    /// `loopback` (a client on the server's host, no token configured), `controller` (the
+    /// closed loop), `import` (`keyspread import`), `config` (the primary stream named at
+    /// start-up), or `unrecorded` (logged before actors were). Never a token.
+    #[schema(example = "loopback")]
+    pub actor: String,
     /// The account, for account events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
@@ -164,6 +170,7 @@ impl From<LoggedEvent> for EventBody {
             id: logged.event.id,
             kind,
             at: super::timestamp(logged.event.at),
+            actor: logged.actor.to_string(),
             account: account.map(AccountId::into_string),
             index,
             stream,

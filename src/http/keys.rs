@@ -1,9 +1,9 @@
 //! `/keys`: allocate, look up, change (weight, fanout), release and list assignments.
 
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -14,7 +14,7 @@ use super::extract::{IfNoneMatch, OptionalJson, whole_number};
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
 use crate::registry::{Allocated, NewAccount, Update};
-use crate::store::{self, MoveReason};
+use crate::store::{self, Actor, MoveReason};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -290,6 +290,7 @@ pub struct BatchAnswer {
 )]
 async fn allocate_batch(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Json(body): Json<BatchRequest>,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let n = body.accounts.len();
@@ -324,7 +325,7 @@ async fn allocate_batch(
             key: None,
         });
     }
-    let answers = in_time(&state, state.registry.allocate_many(requests)).await?;
+    let answers = in_time(&state, state.registry.allocate_many(requests, &actor)).await?;
     let created = answers
         .iter()
         .filter(|a| matches!(a, Allocated::Created(_)))
@@ -358,6 +359,7 @@ async fn allocate_batch(
 )]
 async fn allocate(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(AccountPath { account }): Path<AccountPath>,
     OptionalJson(body): OptionalJson<AllocateRequest>,
 ) -> Result<(StatusCode, Json<Assignment>), ApiError> {
@@ -365,7 +367,12 @@ async fn allocate(
     let body = body.unwrap_or_default();
     let (weight, fanout) = weight_and_fanout(body.weight, body.fanout)?;
     Ok(
-        match in_time(&state, state.registry.allocate(account, weight, fanout)).await? {
+        match in_time(
+            &state,
+            state.registry.allocate(account, weight, fanout, &actor),
+        )
+        .await?
+        {
             Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
             Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
         },
@@ -491,6 +498,7 @@ fn weight_and_fanout(
 )]
 async fn reweight(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(AccountPath { account }): Path<AccountPath>,
     Json(body): Json<ReweightRequest>,
 ) -> Result<Json<Assignment>, ApiError> {
@@ -516,7 +524,7 @@ async fn reweight(
         reason: MoveReason::Admin,
     };
     Ok(Json(
-        in_time(&state, state.registry.update(account, change))
+        in_time(&state, state.registry.update(account, change, &actor))
             .await?
             .into(),
     ))
@@ -534,9 +542,10 @@ async fn reweight(
 )]
 async fn release(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(AccountPath { account }): Path<AccountPath>,
 ) -> Result<StatusCode, ApiError> {
-    in_time(&state, state.registry.release(account_id(account)?)).await?;
+    in_time(&state, state.registry.release(account_id(account)?, &actor)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Query, State};
 use axum::response::Response;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -16,6 +16,7 @@ use super::shards::MapParams;
 use crate::AppState;
 use crate::keyspace::{HashKey, LoadSkew, Plan, Skew};
 use crate::registry::{MapSpec, Planned};
+use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -287,6 +288,7 @@ async fn preview(
 )]
 async fn apply(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Json(body): Json<ApplyRequest>,
 ) -> Result<Json<RebalancePlan>, ApiError> {
     let switch_after_s = body
@@ -299,7 +301,12 @@ async fn apply(
     }
     let applied = state
         .registry
-        .apply(body.plan_id, switch_after_s as i64 * 1000, body.replan)
+        .apply(
+            body.plan_id,
+            switch_after_s as i64 * 1000,
+            body.replan,
+            &actor,
+        )
         .await?;
     let switch_at = applied.switch_at;
     let mut answer = RebalancePlan::planned(applied.plan_id, applied.plan);
@@ -350,6 +357,9 @@ pub struct PendingMoveBody {
     /// consumer reads from `to`'s shard after this belong after the switch.
     #[schema(format = DateTime)]
     pub applied_at: String,
+    /// Who applied it: the move event's `actor` (see `GET /events`).
+    #[schema(example = "loopback")]
+    pub applied_by: String,
 }
 
 /// One page of pending moves.
@@ -422,6 +432,7 @@ pub(super) async fn moves_page(
             switch_at: super::timestamp_ms(m.switch_at),
             event_id: m.event_id,
             applied_at: super::timestamp_ms(m.applied_at),
+            applied_by: m.applied_by.to_string(),
         })
         .collect();
     Ok(MovesPage { items, next })

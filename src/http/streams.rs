@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -22,6 +22,7 @@ use crate::keyspace::{
     is_kinesis_name,
 };
 use crate::registry::{Registry, Stream};
+use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -325,6 +326,7 @@ async fn list_streams(
 )]
 async fn put_stream(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(StreamPath { name }): Path<StreamPath>,
     Json(body): Json<PutStream>,
 ) -> Result<(StatusCode, Json<StreamChange>), ApiError> {
@@ -339,7 +341,7 @@ async fn put_stream(
         &state,
         state
             .registry
-            .put_stream(name, map, lease_shards, next_shard, primary),
+            .put_stream(name, map, lease_shards, next_shard, primary, &actor),
     )
     .await?;
     let status = if change.before.is_some() {
@@ -403,9 +405,10 @@ async fn get_stream(
 )]
 async fn delete_stream(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<StatusCode, ApiError> {
-    in_time(&state, state.registry.delete_stream(name)).await?;
+    in_time(&state, state.registry.delete_stream(name, &actor)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

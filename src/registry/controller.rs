@@ -15,7 +15,7 @@ use crate::keyspace::{
     self, AccountId, Allocator, KeyLoad, LoadPlan, LoadPlanLimits, LoadSkew, ShardMap,
     plan_by_load_keys,
 };
-use crate::store::{Change, Event, MoveReason, Tx};
+use crate::store::{Actor, Change, Event, MoveReason, Tx};
 
 /// What one round saw and did.
 #[derive(Debug, Clone, PartialEq)]
@@ -338,7 +338,8 @@ impl Registry {
                 key_load,
                 new_keys_after_ms,
             });
-            match self.update_placed(account.clone(), change, by_load).await {
+            let by = Actor::controller();
+            match (self.update_placed(account.clone(), change, by_load, &by)).await {
                 Ok(a) => {
                     if let (Some(util), Some(map)) = (&mut utilisation, &map) {
                         for key in a.hash_keys.as_slice().iter().skip(before) {
@@ -382,8 +383,8 @@ impl Registry {
         Ok(plan.unwrap_or_else(|panicked| resume_unwind(panicked)))
     }
 
-    /// Applies `moves` staged (switching at `switch_at`) in `tx`, logged with `reason`, and
-    /// commits (the round's claim with them).
+    /// Applies `moves` staged (switching at `switch_at`) in `tx`, logged with `reason` as
+    /// the controller's, and commits (the round's claim with them).
     async fn apply_staged(
         &self,
         w: &mut Writer,
@@ -393,7 +394,7 @@ impl Registry {
         moves: Vec<keyspace::Move>,
         reason: MoveReason,
     ) -> Result<(), Error> {
-        let ids = tx.apply_moves(&moves, at, switch_at, reason).await?;
+        let ids = (tx.apply_moves(&moves, &Actor::controller(), at, switch_at, reason)).await?;
         self.commit(w, tx, Committed::Moves(moves.len())).await?;
         let events = ids
             .into_iter()

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Allocated, Error, NewAccount, Registry};
 use crate::keyspace::AccountId;
-use crate::store::Assignment;
+use crate::store::{Actor, Assignment};
 
 /// Most changes one transaction takes.
 const MAX_GROUP: usize = 256;
@@ -25,11 +25,12 @@ pub(super) struct Pending<R, A> {
     reply: oneshot::Sender<Result<A, Error>>,
 }
 
-/// The queues single changes wait in.
+/// The queues single changes wait in, each with the actor that asked for it: a group's
+/// events each record their own request's.
 #[derive(Debug)]
 pub(super) struct Queues {
-    allocations: mpsc::Sender<Pending<NewAccount, Allocated>>,
-    releases: mpsc::Sender<Pending<AccountId, Assignment>>,
+    allocations: mpsc::Sender<Pending<(NewAccount, Actor), Allocated>>,
+    releases: mpsc::Sender<Pending<(AccountId, Actor), Assignment>>,
 }
 
 impl Registry {
@@ -108,41 +109,54 @@ impl Registry {
     }
 
     /// Queues one allocation for the next group and waits for its commit.
-    pub(super) async fn allocate_in_group(&self, request: NewAccount) -> Result<Allocated, Error> {
+    pub(super) async fn allocate_in_group(
+        &self,
+        request: (NewAccount, Actor),
+    ) -> Result<Allocated, Error> {
         let queues = self.group.get().expect("group commit started in open");
         wait_in(&queues.allocations, request).await
     }
 
     /// Queues one release for the next group and waits for its commit.
-    pub(super) async fn release_in_group(&self, account: AccountId) -> Result<Assignment, Error> {
+    pub(super) async fn release_in_group(
+        &self,
+        request: (AccountId, Actor),
+    ) -> Result<Assignment, Error> {
         let queues = self.group.get().expect("group commit started in open");
-        wait_in(&queues.releases, account).await
+        wait_in(&queues.releases, request).await
     }
 
-    async fn commit_allocations(self: &Arc<Self>, group: Vec<Pending<NewAccount, Allocated>>) {
+    async fn commit_allocations(
+        self: &Arc<Self>,
+        group: Vec<Pending<(NewAccount, Actor), Allocated>>,
+    ) {
         let allocate = |requests| async move {
-            let answers = self.allocate_many(requests).await?;
+            let answers = self.allocate_each(requests).await?;
             Ok(answers.into_iter().map(Ok).collect())
         };
         // A second ask for the same account finds the key the first one got.
-        let again = |first: &Result<Allocated, Error>, request: &NewAccount| match first {
-            Ok(Allocated::Created(a) | Allocated::Existing(a)) => {
-                Ok(Allocated::Existing(a.clone()))
-            }
-            // Not reached: an allocation group answers every request or fails as a whole.
-            Err(_) => Err(Error::NotFound(request.account.clone())),
-        };
-        commit_group(group, |r| &r.account, allocate, again).await;
+        let again =
+            |first: &Result<Allocated, Error>, (request, _): &(NewAccount, Actor)| match first {
+                Ok(Allocated::Created(a) | Allocated::Existing(a)) => {
+                    Ok(Allocated::Existing(a.clone()))
+                }
+                // Not reached: an allocation group answers every request or fails as a whole.
+                Err(_) => Err(Error::NotFound(request.account.clone())),
+            };
+        commit_group(group, |(r, _)| &r.account, allocate, again).await;
     }
 
-    async fn commit_releases(self: &Arc<Self>, group: Vec<Pending<AccountId, Assignment>>) {
+    async fn commit_releases(
+        self: &Arc<Self>,
+        group: Vec<Pending<(AccountId, Actor), Assignment>>,
+    ) {
         let release = |accounts| self.release_many(accounts);
         // A second release of the same account comes after the first, as if one by one:
         // it finds nothing to release.
-        let again = |_: &Result<Assignment, Error>, account: &AccountId| {
+        let again = |_: &Result<Assignment, Error>, (account, _): &(AccountId, Actor)| {
             Err(Error::NotFound(account.clone()))
         };
-        commit_group(group, |account| account, release, again).await;
+        commit_group(group, |(account, _)| account, release, again).await;
     }
 }
 
@@ -269,6 +283,28 @@ mod tests {
         AccountId::parse(format!("acct-{i}")).unwrap()
     }
 
+    /// A client of its own for each account.
+    fn by(i: usize) -> Actor {
+        Actor::new(&format!("client-{i}"))
+    }
+
+    /// Asserts that every event of the log records the actor of its own account's request.
+    async fn each_by_its_own(store: &Store) {
+        for logged in store.log(0, 1000).await.unwrap() {
+            let account = match &logged.event.change {
+                crate::store::Change::Allocate { account, .. }
+                | crate::store::Change::Release { account, .. } => account,
+                other => panic!("unexpected {other:?}"),
+            };
+            let i: usize = account
+                .as_str()
+                .trim_start_matches("acct-")
+                .parse()
+                .unwrap();
+            assert_eq!(logged.actor, by(i), "{logged:?}");
+        }
+    }
+
     /// Under load, the callers a group answered come back one by one, as the server reads
     /// their next requests: the first one back is not committed alone while the others
     /// are on their way.
@@ -311,7 +347,7 @@ mod tests {
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..64 {
             let registry = Arc::clone(&registry);
-            tasks.spawn(async move { registry.allocate(account(i), 1, 1).await });
+            tasks.spawn(async move { registry.allocate(account(i), 1, 1, &by(i)).await });
         }
         while let Some(answer) = tasks.join_next().await {
             assert!(matches!(answer.unwrap(), Ok(Allocated::Created(_))));
@@ -319,6 +355,7 @@ mod tests {
         // 64 allocations queued at once take far fewer than 64 transactions.
         let events = store.events_after(0, 1000).await.unwrap();
         assert_eq!(events.len(), 64);
+        each_by_its_own(&store).await;
         let transactions = registry.transactions();
         assert!(
             transactions < 16,
@@ -331,7 +368,8 @@ mod tests {
         let (_dir, store, registry) = open().await;
         let mut keys = HashMap::new();
         for i in 0..64 {
-            let Allocated::Created(a) = registry.allocate(account(i), 1, 1).await.unwrap() else {
+            let Allocated::Created(a) = registry.allocate(account(i), 1, 1, &by(i)).await.unwrap()
+            else {
                 panic!("acct-{i} existed");
             };
             keys.insert(a.account.clone(), a.hash_key());
@@ -341,7 +379,7 @@ mod tests {
         let mut tasks = tokio::task::JoinSet::new();
         for i in (0..64).chain([0, 1000]) {
             let registry = Arc::clone(&registry);
-            tasks.spawn(async move { (i, registry.release(account(i)).await) });
+            tasks.spawn(async move { (i, registry.release(account(i), &by(i)).await) });
         }
         let (mut released, mut not_found) = (Vec::new(), Vec::new());
         while let Some(answer) = tasks.join_next().await {
@@ -372,5 +410,6 @@ mod tests {
         assert!(registry.lookup("acct-5").is_none());
         let events = store.events_after(0, 1000).await.unwrap();
         assert_eq!(events.len(), 128);
+        each_by_its_own(&store).await;
     }
 }

@@ -11,7 +11,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::config::{ControllerConfig, DEFAULT_JOIN_BATCH_MS, LoadConfig};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
 use crate::store::{
-    Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, MoveReason, Store, StoreError, Switch,
+    Actor, Actors, Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, MoveReason, Store,
+    StoreError, Switch,
 };
 
 mod accounts;
@@ -131,6 +132,10 @@ pub struct NewAccount {
     /// The key 0 it already has elsewhere (an import), or `None` for the walk's pick.
     pub key: Option<HashKey>,
 }
+
+/// What [`Registry::pick`] answers: each request's answer, the key rows to write, and
+/// each row's actor.
+type Picked = (Vec<Allocated>, Vec<KeyRow>, Vec<Actor>);
 
 /// What an allocation found or made.
 #[derive(Debug, Clone)]
@@ -426,6 +431,7 @@ impl Registry {
         account: AccountId,
         weight: u64,
         fanout: u32,
+        actor: &Actor,
     ) -> Result<Allocated, Error> {
         keyspace::check_shares(weight, fanout)?;
         let request = NewAccount {
@@ -434,7 +440,7 @@ impl Registry {
             fanout,
             key: None,
         };
-        self.allocate_in_group(request).await
+        self.allocate_in_group((request, actor.clone())).await
     }
 
     /// Gives each account a hash key (the walk's pick, or the one it brings), or answers
@@ -442,6 +448,17 @@ impl Registry {
     pub async fn allocate_many(
         self: &Arc<Self>,
         requests: Vec<NewAccount>,
+        actor: &Actor,
+    ) -> Result<Vec<Allocated>, Error> {
+        let requests = requests.into_iter().map(|r| (r, actor.clone())).collect();
+        self.allocate_each(requests).await
+    }
+
+    /// [`Registry::allocate_many`], each request made by its own actor (the requests of
+    /// several clients committed together).
+    pub(super) async fn allocate_each(
+        self: &Arc<Self>,
+        requests: Vec<(NewAccount, Actor)>,
     ) -> Result<Vec<Allocated>, Error> {
         let this = Arc::clone(self);
         detached(async move {
@@ -454,12 +471,15 @@ impl Registry {
             // the database refuses a key (another replica's pending old key, by the
             // database's clock), catch up and pick again inside a transaction that holds
             // the write lock.
-            let (answers, new) = this.pick(&mut w, &requests, now)?;
+            let (answers, new, actors) = this.pick(&mut w, &requests, now)?;
             let started = Instant::now();
             let written = if new.is_empty() {
                 this.unmoved_since(w.last_event).await.map(|()| Vec::new())
             } else {
-                this.store.insert_if_current(w.last_event, &new, now).await
+                let by = Actors::Each(&actors);
+                this.store
+                    .insert_if_current(w.last_event, &new, by, now)
+                    .await
             };
             let accounts = |new: &[KeyRow]| new.iter().filter(|r| r.index == 0).count();
             let (answers, new, ids) = match written {
@@ -471,11 +491,11 @@ impl Registry {
                 Err(StoreError::LogMoved | StoreError::Conflict) => {
                     let (mut tx, at) = this.begin(&mut w).await?;
                     now = at;
-                    let (answers, new) = this.pick(&mut w, &requests, now)?;
+                    let (answers, new, actors) = this.pick(&mut w, &requests, now)?;
                     if new.is_empty() {
                         return Ok(answers);
                     }
-                    let ids = tx.insert_many(&new, now).await?;
+                    let ids = tx.insert_many(&new, Actors::Each(&actors), now).await?;
                     this.commit(&mut w, tx, Committed::Allocations(accounts(&new)))
                         .await?;
                     (answers, new, ids)
@@ -550,18 +570,20 @@ impl Registry {
 
     /// Picks keys for the accounts without any, as if they came one by one (each new key
     /// steers the next pick), and answers what each request gets with the key rows to
-    /// write. The tree is left as it was: the committed events update it.
+    /// write and each row's actor. The tree is left as it was: the committed events update
+    /// it.
     fn pick(
         &self,
         w: &mut Writer,
-        requests: &[NewAccount],
+        requests: &[(NewAccount, Actor)],
         now: i64,
-    ) -> Result<(Vec<Allocated>, Vec<KeyRow>), Error> {
+    ) -> Result<Picked, Error> {
         self.end_switches(w, now)?;
         let mut answers = Vec::with_capacity(requests.len());
         let mut new: Vec<KeyRow> = Vec::new();
+        let mut actors: Vec<Actor> = Vec::new();
         let mut failed = None;
-        for request in requests {
+        for (request, actor) in requests {
             if let Some(existing) = self.lookup(request.account.as_str()) {
                 answers.push(Allocated::Existing(existing));
                 continue;
@@ -577,6 +599,7 @@ impl Registry {
                         max_fanout: None,
                     };
                     new.extend(a.rows());
+                    actors.resize(new.len(), actor.clone());
                     answers.push(Allocated::Created(a));
                 }
                 Err(err) => {
@@ -590,7 +613,7 @@ impl Registry {
         }
         match failed {
             Some(err) => Err(err.into()),
-            None => Ok((answers, new)),
+            None => Ok((answers, new, actors)),
         }
     }
 
@@ -598,15 +621,20 @@ impl Registry {
     ///
     /// Whether it has one is decided in the write transaction, after catching up with the
     /// other writers: an account another replica just allocated is found.
-    pub async fn release(self: &Arc<Self>, account: AccountId) -> Result<Assignment, Error> {
-        self.release_in_group(account).await
+    pub async fn release(
+        self: &Arc<Self>,
+        account: AccountId,
+        actor: &Actor,
+    ) -> Result<Assignment, Error> {
+        self.release_in_group((account, actor.clone())).await
     }
 
-    /// Frees each account's hash key in one transaction; answers each account's released
-    /// assignment, or that it had none. Accounts must be distinct.
+    /// Frees each account's hash key in one transaction, each released by its own actor;
+    /// answers each account's released assignment, or that it had none. Accounts must be
+    /// distinct.
     pub(super) async fn release_many(
         self: &Arc<Self>,
-        accounts: Vec<AccountId>,
+        accounts: Vec<(AccountId, Actor)>,
     ) -> Result<Vec<Result<Assignment, Error>>, Error> {
         let this = Arc::clone(self);
         detached(async move {
@@ -614,12 +642,14 @@ impl Registry {
             let (mut tx, at) = this.begin(&mut w).await?;
             let mut answers = Vec::with_capacity(accounts.len());
             let mut gone: Vec<KeyRow> = Vec::new();
+            let mut actors: Vec<Actor> = Vec::new();
             let mut released = 0;
-            for account in accounts {
+            for (account, actor) in accounts {
                 match this.lookup(account.as_str()) {
                     Some(a) => {
                         // Highest index first: every moment's keys are `0..k`.
                         gone.extend(held_rows(&w.alloc, &a).into_iter().rev());
+                        actors.resize(gone.len(), actor);
                         answers.push(Ok(a));
                         released += 1;
                     }
@@ -629,7 +659,7 @@ impl Registry {
             if gone.is_empty() {
                 return Ok(answers);
             }
-            let ids = tx.delete_many(&gone, at).await?;
+            let ids = tx.delete_many(&gone, Actors::Each(&actors), at).await?;
             this.commit(&mut w, tx, Committed::Releases(released))
                 .await?;
             let events = ids.into_iter().zip(gone).map(|(id, row)| Event {
@@ -656,8 +686,9 @@ impl Registry {
         self: &Arc<Self>,
         account: AccountId,
         change: Update,
+        actor: &Actor,
     ) -> Result<Assignment, Error> {
-        self.update_placed(account, change, None).await
+        self.update_placed(account, change, None, actor).await
     }
 
     /// [`Registry::update`], a growth's new keys placed by `by_load` when given (each on the
@@ -667,8 +698,10 @@ impl Registry {
         account: AccountId,
         change: Update,
         by_load: Option<LoadPlacement>,
+        actor: &Actor,
     ) -> Result<Assignment, Error> {
         let this = Arc::clone(self);
+        let actor = actor.clone();
         detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
@@ -697,7 +730,9 @@ impl Registry {
                 let Some(cap) = cap_change else {
                     return Ok(a);
                 };
-                let id = tx.set_max_fanout(a.account.as_str(), cap, at).await?;
+                let id = tx
+                    .set_max_fanout(a.account.as_str(), cap, &actor, at)
+                    .await?;
                 this.commit(&mut w, tx, Committed::Reweight).await?;
                 let change = Change::MaxFanout {
                     account: a.account.clone(),
@@ -801,7 +836,7 @@ impl Registry {
                 }
             }
             let mut events = Vec::with_capacity(gone.len() + reweighted.len() + added.len());
-            let ids = tx.delete_many(&gone, at).await?;
+            let ids = tx.delete_many(&gone, Actors::One(&actor), at).await?;
             events.extend(ids.into_iter().zip(&gone).map(|(id, row)| Event {
                 id,
                 at,
@@ -811,7 +846,7 @@ impl Registry {
                     key: row.hash_key,
                 },
             }));
-            let ids = tx.reweight(&reweighted, at).await?;
+            let ids = tx.reweight(&reweighted, &actor, at).await?;
             events.extend(ids.into_iter().zip(&reweighted).map(|(id, row)| Event {
                 id,
                 at,
@@ -821,7 +856,7 @@ impl Registry {
                     weight: row.weight,
                 },
             }));
-            let ids = tx.insert_many(&added, at).await?;
+            let ids = tx.insert_many(&added, Actors::One(&actor), at).await?;
             if let Some(switch_at) = takes_over_at {
                 let staged: Vec<(&str, u32, i64)> = (ids.iter().zip(&added))
                     .map(|(&id, row)| (row.account.as_str(), row.index, id))
@@ -840,7 +875,7 @@ impl Registry {
                 },
             }));
             let ids = tx
-                .apply_moves(&staged, at, switch_at, change.reason)
+                .apply_moves(&staged, &actor, at, switch_at, change.reason)
                 .await?;
             events.extend(ids.into_iter().zip(&staged).map(|(id, m)| Event {
                 id,
@@ -855,7 +890,9 @@ impl Registry {
                 },
             }));
             if let Some(cap) = cap_change {
-                let id = tx.set_max_fanout(a.account.as_str(), cap, at).await?;
+                let id = tx
+                    .set_max_fanout(a.account.as_str(), cap, &actor, at)
+                    .await?;
                 let change = Change::MaxFanout {
                     account: a.account.clone(),
                     max_fanout: cap,

@@ -16,7 +16,7 @@ use crate::keyspace::{
     self, AccountId, Allocator, HashKey, Holding, KeyLoad, Load, LoadPlan, LoadPlanLimits,
     LoadSkew, Plan, ShardMap, plan_by_load,
 };
-use crate::store::{Change, Event, MoveReason};
+use crate::store::{Actor, Change, Event, MoveReason};
 
 /// Which shard map a request means: a uniform map of N shards, or a registered stream's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,13 +125,14 @@ impl Registry {
         id: String,
         switch_after_ms: i64,
         replan: bool,
+        actor: &Actor,
     ) -> Result<Applied, Error> {
         let parsed = PlanId::parse(&id).ok_or_else(|| Error::BadPlanId(id.clone()))?;
         let map = self.resolve(&parsed.spec).map_err(|e| match e {
             Error::Keyspace(_) => Error::BadPlanId(id.clone()),
             other => other,
         })?;
-        let this = Arc::clone(self);
+        let (this, actor) = (Arc::clone(self), actor.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
@@ -187,7 +188,7 @@ impl Registry {
             }
             let moves = applied.plan.moves();
             let ids = tx
-                .apply_moves(moves, at, switch_at, MoveReason::Admin)
+                .apply_moves(moves, &actor, at, switch_at, MoveReason::Admin)
                 .await?;
             this.commit(&mut w, tx, Committed::Moves(moves.len()))
                 .await?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{Error, Registry, detached, metrics::Committed};
 use crate::keyspace::{self, AccountId, HashKey};
-use crate::store::{Assignment, Change, Event, KeyRow, MoveReason};
+use crate::store::{Actor, Actors, Assignment, Change, Event, KeyRow, MoveReason};
 
 /// An account as a snapshot line gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,9 +97,14 @@ impl Registry {
     /// Writes `accounts` back with their keys, in one transaction: every key by index, and
     /// every switch still ahead by the database's clock staged with its time. An account
     /// the database already holds just so is left as it is; one held otherwise, or a key
-    /// another account holds, refuses the whole group (nothing is written).
-    pub async fn restore(self: &Arc<Self>, accounts: Vec<Restored>) -> Result<RestoreChunk, Error> {
-        let this = Arc::clone(self);
+    /// another account holds, refuses the whole group (nothing is written). Every event
+    /// records `actor`.
+    pub async fn restore(
+        self: &Arc<Self>,
+        accounts: Vec<Restored>,
+        actor: &Actor,
+    ) -> Result<RestoreChunk, Error> {
+        let (this, actor) = (Arc::clone(self), actor.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
             this.writable()?;
@@ -178,7 +183,7 @@ impl Registry {
                 return Ok(done);
             }
             let mut events = Vec::with_capacity(rows.len() + moves.len() + caps.len());
-            let ids = tx.insert_many(&rows, at).await?;
+            let ids = tx.insert_many(&rows, Actors::One(&actor), at).await?;
             // A key a switch adds takes over at its own account's switch.
             for ((&id, row), switch_at) in ids.iter().zip(&rows).zip(&takes_over) {
                 if let Some(switch_at) = switch_at {
@@ -201,7 +206,7 @@ impl Registry {
             ));
             for (account, moved, switch_at) in &moves {
                 let ids = tx
-                    .apply_moves(moved, at, *switch_at, MoveReason::Admin)
+                    .apply_moves(moved, &actor, at, *switch_at, MoveReason::Admin)
                     .await?;
                 events.extend(ids.into_iter().zip(moved).map(|(id, m)| Event {
                     id,
@@ -217,7 +222,7 @@ impl Registry {
                 }));
             }
             for (account, cap) in caps {
-                let id = tx.set_max_fanout(account.as_str(), Some(cap), at).await?;
+                let id = (tx.set_max_fanout(account.as_str(), Some(cap), &actor, at)).await?;
                 let change = Change::MaxFanout {
                     account,
                     max_fanout: Some(cap),

@@ -6,7 +6,7 @@ use super::rebalance::plan_id;
 use super::{Committed, Error, MapSpec, Registry, Writer, detached};
 use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{self, Keyspace, Load, Plan, ShardMap, SplitPlan};
-use crate::store::{Change, Event, StreamRow, Tx};
+use crate::store::{Actor, Change, Event, StreamRow, Tx};
 
 /// A registered stream.
 #[derive(Debug, Clone)]
@@ -126,8 +126,9 @@ impl Registry {
         listed: Option<Vec<LeaseShard>>,
         next_shard: u64,
         primary: Option<bool>,
+        actor: &Actor,
     ) -> Result<StreamChange, Error> {
-        let this = Arc::clone(self);
+        let (this, actor) = (Arc::clone(self), actor.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
@@ -143,7 +144,7 @@ impl Registry {
                 version: 0,
                 listed,
             };
-            let id = tx.put_stream(&row).await?;
+            let id = tx.put_stream(&row, &actor).await?;
             this.commit_stream_change(
                 &mut w,
                 tx,
@@ -183,8 +184,8 @@ impl Registry {
     }
 
     /// Forgets a stream; if it was primary, new keys go back to the plain walk.
-    pub async fn delete_stream(self: &Arc<Self>, name: String) -> Result<(), Error> {
-        let this = Arc::clone(self);
+    pub async fn delete_stream(self: &Arc<Self>, name: String, actor: &Actor) -> Result<(), Error> {
+        let (this, actor) = (Arc::clone(self), actor.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
             let (mut tx, at) = this.begin(&mut w).await?;
@@ -194,7 +195,7 @@ impl Registry {
             // under the name starts its sequence numbers afresh.
             tx.lease_lock(&name).await?;
             tx.delete_lease_group(&name).await?;
-            let id = tx.delete_stream(&name, at).await?;
+            let id = tx.delete_stream(&name, &actor, at).await?;
             this.commit_stream_change(
                 &mut w,
                 tx,
@@ -231,8 +232,9 @@ impl Registry {
         Ok((stream, plan, uniform))
     }
 
-    /// Makes the configured primary stream primary at start-up, or remembers the name
-    /// until a stream of that name is registered.
+    /// Makes the configured primary stream primary at start-up (logged as the
+    /// configuration's change), or remembers the name until a stream of that name is
+    /// registered.
     pub(super) async fn choose_primary(&self, configured: Option<String>) -> Result<(), Error> {
         let Some(name) = configured else {
             return Ok(());
@@ -247,7 +249,7 @@ impl Registry {
                     updated_at: at,
                     ..stream.to_row()
                 };
-                let id = tx.put_stream(&row).await?;
+                let id = tx.put_stream(&row, &Actor::new(Actor::CONFIG)).await?;
                 self.commit_stream_change(
                     &mut w,
                     tx,

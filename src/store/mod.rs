@@ -290,12 +290,14 @@ pub struct PendingMove {
     pub event_id: i64,
     /// When the move was applied (the event's time), Unix milliseconds.
     pub applied_at: i64,
+    /// Who applied it (the event's actor).
+    pub applied_by: Actor,
 }
 
 /// Who made a change, as the log records it: a token's name from the tokens file, `admin`
 /// for `--token`, `loopback` for a client on the server's host when no token is configured,
-/// `controller` for the closed loop's own rounds, `import` for `keyspread import`. Never a
-/// token.
+/// `controller` for the closed loop's own rounds, `import` for `keyspread import`, `config`
+/// for the primary stream named at start-up. Never a token.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Actor(compact_str::CompactString);
 
@@ -303,10 +305,15 @@ impl Actor {
     pub const LOOPBACK: &'static str = "loopback";
     pub const CONTROLLER: &'static str = "controller";
     pub const IMPORT: &'static str = "import";
+    /// The server's configuration: `--primary-stream` made a registered stream primary.
+    pub const CONFIG: &'static str = "config";
     /// The one token `--token` configures.
-    pub const ADMIN: &'static str = "admin";
-    /// Names no token may take: the log could not tell them from the server's own.
-    pub const RESERVED: [&'static str; 3] = [Self::LOOPBACK, Self::CONTROLLER, Self::IMPORT];
+    pub const ADMIN: &'static str = crate::config::ADMIN_TOKEN_NAME;
+    /// What events logged before actors were read.
+    pub const UNRECORDED: &'static str = "unrecorded";
+    /// Names no token may take (the tokens file refuses them): the log could not tell them
+    /// from the server's own.
+    pub const RESERVED: [&'static str; 5] = crate::config::RESERVED_NAMES;
 
     /// A name already checked (a tokens file's, or one of the constants above).
     pub fn new(name: &str) -> Actor {
@@ -323,6 +330,32 @@ impl Actor {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// Who made each change of a write: one actor for all, or one per row (the changes of
+/// several requests committed together).
+#[derive(Debug, Clone, Copy)]
+pub enum Actors<'a> {
+    One(&'a Actor),
+    Each(&'a [Actor]),
+}
+
+impl<'a> Actors<'a> {
+    /// The actor of row `i` of `rows` rows (every row's, for [`Actors::One`]).
+    fn of(self, i: usize, rows: usize) -> &'a Actor {
+        match self {
+            Actors::One(actor) => actor,
+            Actors::Each(actors) => {
+                assert_eq!(actors.len(), rows, "one actor per row");
+                &actors[i]
+            }
+        }
+    }
+
+    /// Each row's actor's name, in order.
+    fn names(self, rows: usize) -> Vec<&'a str> {
+        (0..rows).map(|i| self.of(i, rows).as_str()).collect()
     }
 }
 
@@ -352,6 +385,8 @@ pub struct LoggedEvent {
     /// For `stream_put`: how many open shards the new map has. The map itself is the
     /// streams row while its `version` is this event's id; the log never holds a map.
     pub shard_count: Option<u64>,
+    /// Who made the change.
+    pub actor: Actor,
 }
 
 /// What an event did.
@@ -704,18 +739,24 @@ impl Store {
     /// a write transaction of its own, provided no event was logged after `seen`;
     /// otherwise fails with [`StoreError::LogMoved`] and changes nothing. Answers the event
     /// ids in the order of `new`. On Postgres this is one round trip.
-    pub async fn insert_if_current(&self, seen: i64, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
+    pub async fn insert_if_current(
+        &self,
+        seen: i64,
+        new: &[KeyRow],
+        by: Actors<'_>,
+        at: i64,
+    ) -> Result<Vec<i64>> {
         match self {
             Store::Sqlite(_) => {
                 let mut tx = self.begin().await?;
                 if tx.last_event_id().await? > seen {
                     return Err(StoreError::LogMoved);
                 }
-                let ids = tx.insert_many(new, at).await?;
+                let ids = tx.insert_many(new, by, at).await?;
                 tx.commit().await?;
                 Ok(ids)
             }
-            Store::Postgres(pool) => postgres::insert_if_current(pool, seen, new, at).await,
+            Store::Postgres(pool) => postgres::insert_if_current(pool, seen, new, by, at).await,
         }
     }
 
@@ -826,20 +867,30 @@ impl Tx {
 
     /// Inserts new keys and logs `allocate` for each; answers the event ids in the order
     /// of `new`.
-    pub async fn insert_many(&mut self, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
-        in_tx!(self, insert_many(new, at))
+    pub async fn insert_many(
+        &mut self,
+        new: &[KeyRow],
+        by: Actors<'_>,
+        at: i64,
+    ) -> Result<Vec<i64>> {
+        in_tx!(self, insert_many(new, by, at))
     }
 
     /// Deletes keys, each stored as given, and logs `release` for each; answers the event
     /// ids in order, or [`StoreError::Stale`] if a row had changed.
-    pub async fn delete_many(&mut self, gone: &[KeyRow], at: i64) -> Result<Vec<i64>> {
-        in_tx!(self, delete_many(gone, at))
+    pub async fn delete_many(
+        &mut self,
+        gone: &[KeyRow],
+        by: Actors<'_>,
+        at: i64,
+    ) -> Result<Vec<i64>> {
+        in_tx!(self, delete_many(gone, by, at))
     }
 
     /// Sets each key's weight to the one given and logs `reweight` for each; answers the
     /// event ids in order.
-    pub async fn reweight(&mut self, rows: &[KeyRow], at: i64) -> Result<Vec<i64>> {
-        in_tx!(self, reweight(rows, at))
+    pub async fn reweight(&mut self, rows: &[KeyRow], by: &Actor, at: i64) -> Result<Vec<i64>> {
+        in_tx!(self, reweight(rows, by, at))
     }
 
     /// Applies moves in order, each switching at `switch_at` (Unix milliseconds), with a
@@ -847,11 +898,12 @@ impl Tx {
     pub async fn apply_moves(
         &mut self,
         moves: &[Move],
+        by: &Actor,
         at: i64,
         switch_at: i64,
         reason: MoveReason,
     ) -> Result<Vec<i64>> {
-        in_tx!(self, apply_moves(moves, at, switch_at, reason))
+        in_tx!(self, apply_moves(moves, by, at, switch_at, reason))
     }
 
     /// Makes the new keys `(account, index, allocate event id)` take over at `switch_at`
@@ -871,9 +923,10 @@ impl Tx {
         &mut self,
         account: &str,
         max_fanout: Option<u32>,
+        by: &Actor,
         at: i64,
     ) -> Result<i64> {
-        in_tx!(self, set_max_fanout(account, max_fanout, at))
+        in_tx!(self, set_max_fanout(account, max_fanout, by, at))
     }
 
     /// Claims the load controller's next round on `stream` at `now` (the database's clock,
@@ -913,13 +966,13 @@ impl Tx {
 
     /// Creates or replaces a stream (clearing any other primary if this one is) and logs
     /// `stream_put`; answers the event id.
-    pub async fn put_stream(&mut self, stream: &StreamRow) -> Result<i64> {
-        in_tx!(self, put_stream(stream))
+    pub async fn put_stream(&mut self, stream: &StreamRow, by: &Actor) -> Result<i64> {
+        in_tx!(self, put_stream(stream, by))
     }
 
     /// Deletes a stream and logs `stream_delete`; answers the event id.
-    pub async fn delete_stream(&mut self, name: &str, at: i64) -> Result<i64> {
-        in_tx!(self, delete_stream(name, at))
+    pub async fn delete_stream(&mut self, name: &str, by: &Actor, at: i64) -> Result<i64> {
+        in_tx!(self, delete_stream(name, by, at))
     }
 
     /// Takes `stream`'s lease lock (see [`Store::begin_leases`]) until the transaction ends.
@@ -1068,6 +1121,7 @@ struct EventRow {
     switch_at: Option<i64>,
     reason: Option<String>,
     max_fanout: Option<i64>,
+    actor: String,
 }
 
 impl EventRow {
@@ -1087,6 +1141,7 @@ impl EventRow {
             switch_at,
             reason,
             max_fanout,
+            actor,
         } = self;
         let index = u32::try_from(idx)
             .map_err(|_| StoreError::Corrupt(format!("event {id}: key index {idx}")))?;
@@ -1161,6 +1216,7 @@ impl EventRow {
             key_after,
             weight,
             shard_count,
+            actor: Actor::new(&actor),
         })
     }
 }
@@ -1191,6 +1247,22 @@ fn decode_listed(name: &str, json: Option<String>) -> Result<Option<Vec<LeaseSha
 
 #[cfg(test)]
 mod tests {
+    use super::Actor;
+
+    #[test]
+    fn the_servers_own_actors_are_names_no_token_may_take() {
+        for own in [
+            Actor::LOOPBACK,
+            Actor::CONTROLLER,
+            Actor::IMPORT,
+            Actor::CONFIG,
+            Actor::UNRECORDED,
+        ] {
+            assert!(Actor::RESERVED.contains(&own), "{own}");
+            assert!(crate::config::check_name(own).is_err(), "{own}");
+        }
+    }
+
     use super::sqlite_url_for;
 
     #[test]

@@ -10,21 +10,29 @@ use sqlx::{Connection as _, PgPool, Postgres, Transaction};
 
 super::queries::queries!(Postgres);
 
-/// Inserts new keys and an `allocate` event each in one statement (migration 0008's
-/// `keyspread_insert_keys`); answers the event ids in the order of `new`.
+use super::Actors;
+
+/// Inserts new keys and an `allocate` event each in one statement (migration 0017's
+/// `keyspread_insert_keys_by`); answers the event ids in the order of `new`.
 ///
 /// The rows travel as arrays, so the statement's text is the same for any number of
 /// rows: prepared once per connection, one round trip per call.
-pub async fn insert_many(conn: &mut Conn, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
-    let columns = Columns::of(new);
+pub async fn insert_many(
+    conn: &mut Conn,
+    new: &[KeyRow],
+    by: Actors<'_>,
+    at: i64,
+) -> Result<Vec<i64>> {
+    let columns = Columns::of(new, by);
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT account, idx, id FROM keyspread_insert_keys($1, $2, $3, $4, $5, $6)",
+        "SELECT account, idx, id FROM keyspread_insert_keys_by($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(&columns.accounts)
     .bind(&columns.indices)
     .bind(&columns.keys)
     .bind(&columns.weights)
     .bind(&columns.created)
+    .bind(&columns.actors)
     .bind(at)
     .fetch_all(&mut *conn)
     .await?;
@@ -33,16 +41,17 @@ pub async fn insert_many(conn: &mut Conn, new: &[KeyRow], at: i64) -> Result<Vec
 
 /// Inserts new keys as [`insert_many`] does, in a transaction of its own that holds the
 /// write lock, provided no event was logged after `seen`; answers the event ids in the
-/// order of `new`. One round trip: migration 0008's `keyspread_allocate_keys` does it all.
+/// order of `new`. One round trip: migration 0017's `keyspread_allocate_keys_by` does it all.
 pub async fn insert_if_current(
     pool: &PgPool,
     seen: i64,
     new: &[KeyRow],
+    by: Actors<'_>,
     at: i64,
 ) -> Result<Vec<i64>> {
-    let columns = Columns::of(new);
+    let columns = Columns::of(new, by);
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT account, idx, id FROM keyspread_allocate_keys($1, $2, $3, $4, $5, $6, $7, $8)",
+        "SELECT account, idx, id FROM keyspread_allocate_keys_by($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(WRITE_LOCK)
     .bind(seen)
@@ -51,6 +60,7 @@ pub async fn insert_if_current(
     .bind(&columns.keys)
     .bind(&columns.weights)
     .bind(&columns.created)
+    .bind(&columns.actors)
     .bind(at)
     .fetch_all(pool)
     .await
@@ -64,19 +74,26 @@ pub async fn insert_if_current(
 }
 
 /// Deletes each key, which must be stored as given, and logs `release` for it, in one
-/// round trip (migration 0008's `keyspread_delete_keys`); answers the event ids in the
+/// round trip (migration 0017's `keyspread_delete_keys_by`); answers the event ids in the
 /// order of `gone`, or [`StoreError::Stale`] if a row had changed.
-pub async fn delete_many(conn: &mut Conn, gone: &[KeyRow], at: i64) -> Result<Vec<i64>> {
-    let columns = Columns::of(gone);
-    let rows: Vec<(String, i64, i64)> =
-        sqlx::query_as("SELECT account, idx, id FROM keyspread_delete_keys($1, $2, $3, $4, $5)")
-            .bind(&columns.accounts)
-            .bind(&columns.indices)
-            .bind(&columns.keys)
-            .bind(&columns.weights)
-            .bind(at)
-            .fetch_all(&mut *conn)
-            .await?;
+pub async fn delete_many(
+    conn: &mut Conn,
+    gone: &[KeyRow],
+    by: Actors<'_>,
+    at: i64,
+) -> Result<Vec<i64>> {
+    let columns = Columns::of(gone, by);
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT account, idx, id FROM keyspread_delete_keys_by($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&columns.accounts)
+    .bind(&columns.indices)
+    .bind(&columns.keys)
+    .bind(&columns.weights)
+    .bind(&columns.actors)
+    .bind(at)
+    .fetch_all(&mut *conn)
+    .await?;
     if rows.len() != gone.len() {
         return Err(StoreError::Stale);
     }
@@ -93,11 +110,13 @@ struct Columns<'a> {
     keys: Vec<Vec<u8>>,
     weights: Vec<i64>,
     created: Vec<i64>,
+    actors: Vec<&'a str>,
 }
 
 impl<'a> Columns<'a> {
-    fn of(rows: &'a [KeyRow]) -> Self {
+    fn of(rows: &'a [KeyRow], by: Actors<'a>) -> Self {
         Columns {
+            actors: by.names(rows.len()),
             accounts: rows.iter().map(|r| r.account.as_str()).collect(),
             indices: rows.iter().map(|r| i64::from(r.index)).collect(),
             keys: rows

@@ -18,7 +18,7 @@ macro_rules! queries {
         use crate::keyspace::lease_state::Holder;
         use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
         use crate::store::{
-            EventRow, KeyRow, LoggedEvent, PendingMove, Result, StoreError, StreamRow, Switch,
+            Actor, EventRow, KeyRow, LoggedEvent, PendingMove, Result, StoreError, StreamRow, Switch,
             decode_account, decode_key, decode_listed, decode_row, decode_shards, encode_listed, encode_shards,
         };
 
@@ -108,7 +108,7 @@ macro_rules! queries {
         /// above `after`, by event id.
         pub async fn moves(conn: &mut Conn, after: i64, now: i64, limit: i64) -> Result<Vec<PendingMove>> {
             let rows = sqlx::query(
-                "SELECT a.account, a.idx, a.prev_hash_key, a.hash_key, a.switch_at, a.moved_by, e.at \
+                "SELECT a.account, a.idx, a.prev_hash_key, a.hash_key, a.switch_at, a.moved_by, e.at, e.actor \
                  FROM assignments a JOIN events e ON e.id = a.moved_by \
                  WHERE a.switch_at > $1 AND a.moved_by > $2 ORDER BY a.moved_by LIMIT $3",
             )
@@ -132,6 +132,7 @@ macro_rules! queries {
                         switch_at: r.try_get(4)?,
                         event_id: r.try_get(5)?,
                         applied_at: r.try_get(6)?,
+                        applied_by: Actor::new(r.try_get(7)?),
                     })
                 })
                 .collect()
@@ -151,7 +152,7 @@ macro_rules! queries {
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows: Vec<EventRow> = sqlx::query_as(
                 "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx, switch_at, \
-                 reason, max_fanout FROM events WHERE id > $1 ORDER BY id LIMIT $2",
+                 reason, max_fanout, actor FROM events WHERE id > $1 ORDER BY id LIMIT $2",
             )
             .bind(after)
             .bind(limit)
@@ -222,7 +223,7 @@ macro_rules! queries {
             Ok(sqlx::query_scalar("SELECT COUNT(*) FROM events").fetch_one(&mut *conn).await?)
         }
 
-        pub async fn set_max_fanout(conn: &mut Conn, account: &str, max_fanout: Option<u32>, at: i64) -> Result<i64> {
+        pub async fn set_max_fanout(conn: &mut Conn, account: &str, max_fanout: Option<u32>, by: &Actor, at: i64) -> Result<i64> {
             let done = sqlx::query("UPDATE assignments SET max_fanout = $1 WHERE account = $2 AND idx = 0")
                 .bind(max_fanout.map(i64::from))
                 .bind(account)
@@ -230,11 +231,12 @@ macro_rules! queries {
                 .await?;
             crate::store::changed_one(done.rows_affected())?;
             Ok(sqlx::query_scalar(
-                "INSERT INTO events (at, kind, account, idx, max_fanout) VALUES ($1, 'max_fanout', $2, 0, $3) RETURNING id",
+                "INSERT INTO events (at, kind, account, idx, max_fanout, actor) VALUES ($1, 'max_fanout', $2, 0, $3, $4) RETURNING id",
             )
             .bind(at)
             .bind(account)
             .bind(max_fanout.map(i64::from))
+            .bind(by.as_str())
             .fetch_one(&mut *conn)
             .await?)
         }
@@ -294,7 +296,7 @@ macro_rules! queries {
                 .collect()
         }
 
-        pub async fn reweight(conn: &mut Conn, rows: &[KeyRow], at: i64) -> Result<Vec<i64>> {
+        pub async fn reweight(conn: &mut Conn, rows: &[KeyRow], by: &Actor, at: i64) -> Result<Vec<i64>> {
             let mut ids = Vec::with_capacity(rows.len());
             for row in rows {
                 let key = row.hash_key.to_be_bytes();
@@ -306,20 +308,20 @@ macro_rules! queries {
                     .execute(&mut *conn)
                     .await?;
                 crate::store::changed_one(done.rows_affected())?;
-                ids.push(log(conn, at, "reweight", row.account.as_str(), row.index, Some(key), Some(key), row.weight, None).await?);
+                ids.push(log(conn, at, by, "reweight", row.account.as_str(), row.index, Some(key), Some(key), row.weight, None).await?);
             }
             Ok(ids)
         }
 
         /// Applies moves in order, each switching at `switch_at`, with a `move` event each;
         /// answers the events' ids.
-        pub async fn apply_moves(conn: &mut Conn, moves: &[Move], at: i64, switch_at: i64, reason: crate::store::MoveReason) -> Result<Vec<i64>> {
+        pub async fn apply_moves(conn: &mut Conn, moves: &[Move], by: &Actor, at: i64, switch_at: i64, reason: crate::store::MoveReason) -> Result<Vec<i64>> {
             let mut ids = Vec::with_capacity(moves.len());
             for m in moves {
                 let (from, to) = (m.from.to_be_bytes(), m.to.to_be_bytes());
                 let id: i64 = sqlx::query_scalar(
-                    "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight, switch_at, reason) \
-                     VALUES ($1, 'move', $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+                    "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight, switch_at, reason, actor) \
+                     VALUES ($1, 'move', $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
                 )
                 .bind(at)
                 .bind(&m.account)
@@ -329,6 +331,7 @@ macro_rules! queries {
                 .bind(m.weight as i64)
                 .bind(switch_at)
                 .bind(reason.as_str())
+                .bind(by.as_str())
                 .fetch_one(&mut *conn)
                 .await?;
                 let done = sqlx::query(
@@ -413,7 +416,7 @@ macro_rules! queries {
             })
         }
 
-        pub async fn put_stream(conn: &mut Conn, stream: &StreamRow) -> Result<i64> {
+        pub async fn put_stream(conn: &mut Conn, stream: &StreamRow, by: &Actor) -> Result<i64> {
             if stream.primary {
                 sqlx::query("UPDATE streams SET is_primary = FALSE WHERE name <> $1")
                     .bind(&stream.name)
@@ -435,13 +438,13 @@ macro_rules! queries {
             .execute(&mut *conn)
             .await?;
             let count = stream.shards.len() as i64;
-            log_stream(conn, stream.updated_at, "stream_put", &stream.name, Some(count)).await
+            log_stream(conn, stream.updated_at, by, "stream_put", &stream.name, Some(count)).await
         }
 
-        pub async fn delete_stream(conn: &mut Conn, name: &str, at: i64) -> Result<i64> {
+        pub async fn delete_stream(conn: &mut Conn, name: &str, by: &Actor, at: i64) -> Result<i64> {
             let done = sqlx::query("DELETE FROM streams WHERE name = $1").bind(name).execute(&mut *conn).await?;
             crate::store::changed_one(done.rows_affected())?;
-            log_stream(conn, at, "stream_delete", name, None).await
+            log_stream(conn, at, by, "stream_delete", name, None).await
         }
 
         pub async fn ping(conn: &mut Conn) -> Result<()> {
@@ -453,6 +456,7 @@ macro_rules! queries {
         async fn log(
             conn: &mut Conn,
             at: i64,
+            by: &Actor,
             kind: &str,
             account: &str,
             index: u32,
@@ -462,8 +466,8 @@ macro_rules! queries {
             switch_at: Option<i64>,
         ) -> Result<i64> {
             Ok(sqlx::query_scalar(
-                "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight, switch_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+                "INSERT INTO events (at, kind, account, idx, key_before, key_after, weight, switch_at, actor) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
             )
             .bind(at)
             .bind(kind)
@@ -473,6 +477,7 @@ macro_rules! queries {
             .bind(after.map(|b| b.to_vec()))
             .bind(weight as i64)
             .bind(switch_at)
+            .bind(by.as_str())
             .fetch_one(&mut *conn)
             .await?)
         }
@@ -661,14 +666,15 @@ macro_rules! queries {
         }
 
         /// Logs a stream event; the database sets the stream's `version` to its id.
-        async fn log_stream(conn: &mut Conn, at: i64, kind: &str, stream: &str, shard_count: Option<i64>) -> Result<i64> {
+        async fn log_stream(conn: &mut Conn, at: i64, by: &Actor, kind: &str, stream: &str, shard_count: Option<i64>) -> Result<i64> {
             Ok(sqlx::query_scalar(
-                "INSERT INTO events (at, kind, stream, shard_count) VALUES ($1, $2, $3, $4) RETURNING id",
+                "INSERT INTO events (at, kind, stream, shard_count, actor) VALUES ($1, $2, $3, $4, $5) RETURNING id",
             )
             .bind(at)
             .bind(kind)
             .bind(stream)
             .bind(shard_count)
+            .bind(by.as_str())
             .fetch_one(&mut *conn)
             .await?)
         }

@@ -11,15 +11,23 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 super::queries::queries!(Sqlite);
 
+use super::Actors;
+
 /// Inserts new keys and an `allocate` event each, a few hundred rows per statement;
 /// answers the event ids in the order of `new`.
 ///
 /// Under the write lock a statement's rows take consecutive ids, so the last one tells
 /// them all; asking for `RETURNING id` would send each id from sqlx's connection thread
 /// on its own, one hand-off per row.
-pub async fn insert_many(conn: &mut Conn, new: &[KeyRow], at: i64) -> Result<Vec<i64>> {
+pub async fn insert_many(
+    conn: &mut Conn,
+    new: &[KeyRow],
+    by: Actors<'_>,
+    at: i64,
+) -> Result<Vec<i64>> {
     let mut ids = Vec::with_capacity(new.len());
-    for chunk in new.chunks(400) {
+    let actors = by.names(new.len());
+    for (chunk, actors) in new.chunks(400).zip(actors.chunks(400)) {
         sqlx::QueryBuilder::<Sqlite>::new(
             "INSERT INTO assignments (account, idx, hash_key, weight, created_at) ",
         )
@@ -34,15 +42,16 @@ pub async fn insert_many(conn: &mut Conn, new: &[KeyRow], at: i64) -> Result<Vec
         .execute(&mut *conn)
         .await?;
         let done = sqlx::QueryBuilder::<Sqlite>::new(
-            "INSERT INTO events (at, kind, account, idx, key_after, weight) ",
+            "INSERT INTO events (at, kind, account, idx, key_after, weight, actor) ",
         )
-        .push_values(chunk, |mut row, a| {
+        .push_values(chunk.iter().zip(actors), |mut row, (a, actor)| {
             row.push_bind(at)
                 .push_bind("allocate")
                 .push_bind(a.account.as_str())
                 .push_bind(i64::from(a.index))
                 .push_bind(a.hash_key.to_be_bytes().to_vec())
-                .push_bind(a.weight as i64);
+                .push_bind(a.weight as i64)
+                .push_bind(*actor);
         })
         .build()
         .execute(&mut *conn)
@@ -56,9 +65,14 @@ pub async fn insert_many(conn: &mut Conn, new: &[KeyRow], at: i64) -> Result<Vec
 /// Deletes each key, which must be stored as given, and logs `release` for it; answers
 /// the event ids in the order of `gone`, or [`StoreError::Stale`] if a row had changed.
 /// One statement per row: SQLite's statements cost no round trip.
-pub async fn delete_many(conn: &mut Conn, gone: &[KeyRow], at: i64) -> Result<Vec<i64>> {
+pub async fn delete_many(
+    conn: &mut Conn,
+    gone: &[KeyRow],
+    by: Actors<'_>,
+    at: i64,
+) -> Result<Vec<i64>> {
     let mut ids = Vec::with_capacity(gone.len());
-    for a in gone {
+    for (i, a) in gone.iter().enumerate() {
         let key = a.hash_key.to_be_bytes();
         let done = sqlx::query(
             "DELETE FROM assignments WHERE account = $1 AND idx = $2 AND hash_key = $3",
@@ -73,6 +87,7 @@ pub async fn delete_many(conn: &mut Conn, gone: &[KeyRow], at: i64) -> Result<Ve
             log(
                 conn,
                 at,
+                by.of(i, gone.len()),
                 "release",
                 a.account.as_str(),
                 a.index,

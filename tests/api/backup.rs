@@ -94,7 +94,8 @@ async fn lookups(app: &TestApp, accounts: impl Iterator<Item = &String>) -> Vec<
     answers
 }
 
-/// `GET /moves`, each move without the event that applied it (ids and times of an import).
+/// `GET /moves`, each move without the event that applied it (ids, times and actor of an
+/// import).
 async fn pending_moves(app: &TestApp) -> Vec<Value> {
     let page = app.get("/moves?limit=1000").await;
     assert_eq!(page.status, 200, "{}", page.body);
@@ -104,6 +105,7 @@ async fn pending_moves(app: &TestApp) -> Vec<Value> {
             let fields = m.as_object_mut().unwrap();
             fields.remove("event_id");
             fields.remove("applied_at");
+            fields.remove("applied_by");
             m
         })
         .collect();
@@ -226,7 +228,12 @@ async fn a_table_moves_from_sqlite_to_postgres_and_back_with_every_key() {
 }
 
 /// A snapshot line, as `GET /snapshot` writes one.
-fn line(account: &str, weight: u64, keys: &[u128], next: Option<(&[u128], &str)>) -> String {
+pub(crate) fn line(
+    account: &str,
+    weight: u64,
+    keys: &[u128],
+    next: Option<(&[u128], &str)>,
+) -> String {
     let strings = |keys: &[u128]| keys.iter().map(u128::to_string).collect::<Vec<_>>();
     let mut line = json!({
         "account": account, "hash_key": keys[0].to_string(), "hash_keys": strings(keys),
@@ -238,7 +245,7 @@ fn line(account: &str, weight: u64, keys: &[u128], next: Option<(&[u128], &str)>
     line.to_string() + "\n"
 }
 
-fn snapshot_file(dir: &Path, lines: &[String]) -> PathBuf {
+pub(crate) fn snapshot_file(dir: &Path, lines: &[String]) -> PathBuf {
     let head = json!({"event_id": 42, "accounts": lines.len(), "max_age_s": 60});
     let file = dir.join("hand.ndjson");
     std::fs::write(&file, head.to_string() + "\n" + &lines.concat()).unwrap();

@@ -313,7 +313,9 @@ async fn another_replica_shows_max_fanout_from_the_log() {
 const ACCOUNTS: usize = 40;
 
 /// An app that balances `s` by load every second, after `adjust`.
-async fn controlled(adjust: impl FnOnce(&mut keyspread::config::ServeConfig)) -> TestApp {
+pub(crate) async fn controlled(
+    adjust: impl FnOnce(&mut keyspread::config::ServeConfig),
+) -> TestApp {
     let app = crate::helpers::spawn_app_with(|c| {
         c.primary_stream = Some("s".into());
         c.lease_join_batch_ms = 0;
@@ -339,7 +341,7 @@ async fn controlled(adjust: impl FnOnce(&mut keyspread::config::ServeConfig)) ->
 
 /// Reports, as worker `w` holding every shard of `s`, that shard i carried `rates[i]`
 /// records a second over the last hour, spread evenly over the accounts on it.
-async fn report(app: &TestApp, rates: [u64; 4]) {
+pub(crate) async fn report(app: &TestApp, rates: [u64; 4]) {
     report_to(&Api::new(app.client.clone(), vec![app.url("")]), rates).await;
 }
 
@@ -424,7 +426,7 @@ async fn counter(app: &TestApp, name: &str) -> u64 {
 }
 
 /// Waits until the controller has run `n` more rounds here.
-async fn rounds(app: &TestApp, n: u64) {
+pub(crate) async fn rounds(app: &TestApp, n: u64) {
     let start = counter(app, "keyspread_controller_rounds_total").await;
     let deadline = Instant::now() + Duration::from_secs(n * 3 + 5);
     while counter(app, "keyspread_controller_rounds_total").await < start + n {

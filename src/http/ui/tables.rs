@@ -28,7 +28,7 @@ pub(super) fn moves(out: &mut String, view: &View) {
     }
     out.push_str(
         "<table><thead><tr><th>Account</th><th class=\"n\">Key</th><th>Shard</th>\
-         <th>Switches at (UTC)</th><th>Applied at (UTC)</th></tr></thead><tbody>",
+         <th>Switches at (UTC)</th><th>Applied at (UTC)</th><th>Applied by</th></tr></thead><tbody>",
     );
     for m in &page.items {
         let shard = |key| short_id(&view.distribution.shards[view.map.index_of(key)].shard_id);
@@ -40,14 +40,16 @@ pub(super) fn moves(out: &mut String, view: &View) {
         let _ = write!(
             out,
             "<tr data-event-id=\"{}\" data-account=\"{}\" data-index=\"{}\" data-from=\"{}\" \
-             data-to=\"{}\" data-switch-at=\"{}\"><td class=\"acct\">{}</td><td class=\"n\">{}</td>\
-             <td>{} → {}</td><td>{} <span class=\"state\">({})</span></td><td>{}</td></tr>",
+             data-to=\"{}\" data-switch-at=\"{}\" data-applied-by=\"{}\"><td class=\"acct\">{}</td>\
+             <td class=\"n\">{}</td><td>{} → {}</td><td>{} <span class=\"state\">({})</span></td>\
+             <td>{}</td><td>{}</td></tr>",
             m.event_id,
             Esc(&m.account),
             m.index,
             m.from.0,
             m.to.0,
             Esc(&m.switch_at),
+            Esc(&m.applied_by),
             Esc(&m.account),
             m.index,
             Esc(shard(m.from)),
@@ -55,6 +57,7 @@ pub(super) fn moves(out: &mut String, view: &View) {
             Esc(&m.switch_at),
             Until(switch_ms - view.now),
             Esc(&m.applied_at),
+            Esc(&m.applied_by),
         );
     }
     out.push_str("</tbody></table>");

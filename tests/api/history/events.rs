@@ -22,6 +22,10 @@ pub struct Observed {
     pub before: Option<u128>,
     pub after: Option<u128>,
     pub switch_at: Option<i64>,
+    /// For a move: why it was made (`admin`, `load`).
+    pub reason: Option<String>,
+    /// Who made the change.
+    pub actor: String,
     pub lo: i64,
     pub hi: i64,
 }
@@ -35,10 +39,12 @@ type Row = (
     Option<Vec<u8>>,
     Option<Vec<u8>>,
     Option<i64>,
+    Option<String>,
+    String,
 );
 
-const SQL: &str = "SELECT id, at, kind, account, idx, key_before, key_after, switch_at \
-                   FROM events WHERE id > $1 ORDER BY id LIMIT 5000";
+const SQL: &str = "SELECT id, at, kind, account, idx, key_before, key_after, switch_at, reason, \
+                   actor FROM events WHERE id > $1 ORDER BY id LIMIT 5000";
 
 fn key(bytes: Option<Vec<u8>>) -> Option<u128> {
     bytes.map(|b| u128::from_be_bytes(b.try_into().expect("a 16-byte key")))
@@ -79,6 +85,8 @@ impl Watcher {
                                 before: key(r.5),
                                 after: key(r.6),
                                 switch_at: r.7,
+                                reason: r.8,
+                                actor: r.9,
                                 lo,
                                 hi,
                             });
@@ -119,6 +127,29 @@ impl Watcher {
         let _ = self.task.await;
         self.seen.lock().unwrap().clone()
     }
+}
+
+/// Every event names who made it: the load controller its moves for load, and the
+/// replicas' clients (no token: `loopback`), the controller, or the configured primary
+/// stream (`config`) everything else.
+pub fn judge_actors(events: &[Observed]) -> Vec<super::Violation> {
+    (events.iter())
+        .filter(|e| {
+            let by_load = e.reason.as_deref() == Some("load");
+            match e.actor.as_str() {
+                "controller" => false,
+                "loopback" | "config" => by_load,
+                _ => true,
+            }
+        })
+        .map(|e| super::Violation {
+            check: "actors",
+            what: format!(
+                "event {} ({} of {:?}, reason {:?}) by {:?}",
+                e.id, e.kind, e.account, e.reason, e.actor
+            ),
+        })
+        .collect()
 }
 
 async fn page(db: &mut Db, after: i64) -> Result<Vec<Row>, sqlx::Error> {

@@ -134,6 +134,7 @@ async fn random_histories_keep_every_promise() {
     violations.extend(model.exclusive(&history.clock));
     violations.extend(leases::judge(&history));
     violations.extend(faults::judge(&history));
+    violations.extend(events::judge_actors(&history.events));
 
     let mut ops: BTreeMap<&str, BTreeMap<u16, u64>> = BTreeMap::new();
     for call in &history.calls {

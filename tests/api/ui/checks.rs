@@ -116,6 +116,7 @@ pub async fn moves(app: &TestApp, page: &[Tag]) {
         assert_eq!(row.get("data-from"), m["from"]);
         assert_eq!(row.get("data-to"), m["to"]);
         assert_eq!(row.get("data-switch-at"), m["switch_at"]);
+        assert_eq!(row.get("data-applied-by"), m["applied_by"]);
     }
 }
 
