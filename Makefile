@@ -110,8 +110,9 @@ openapi:
 ## Every benchmark, one table at the end (~6 minutes after the build; the first run builds a
 ## 1M-account SQLite database, ~1 minute, cached in the target directory): the criterion
 ## benches of the allocation tree, then the load scripts (start-up, lookup, allocation
-## against the database's own ceilings), and the Python mirror's lookups in process next to
-## GET /keys (100,000 accounts). KEYSPREAD_BENCH_POSTGRES=postgres://... adds
+## against the database's own ceilings), the Python mirror's lookups in process next to
+## GET /keys (100,000 accounts), and the Rust mirror at a million accounts (start,
+## lookups, commit-to-mirror latency). KEYSPREAD_BENCH_POSTGRES=postgres://... adds
 ## Postgres. Needs wrk and taskset. See docs/BENCHMARKS.md.
 BENCH_OUT := $(or $(CARGO_TARGET_DIR),target)
 
@@ -123,6 +124,7 @@ bench:
 	$(PYTHON) benches/load.py all --criterion $(BENCH_OUT)/criterion \
 		--memory-log $(BENCH_OUT)/bench-memory.log --output $(BENCH_OUT)/bench-table.md
 	$(PYTHON) benches/mirror.py --output $(BENCH_OUT)/bench-mirror.md
+	$(PYTHON) benches/rust_mirror.py --output $(BENCH_OUT)/bench-rust-mirror.md
 
 ## The load scripts alone (~5 minutes): start-up, lookup, allocation and the ceilings.
 bench-load:
