@@ -861,7 +861,16 @@ impl Tx {
         limit: u32,
         max_keys: u32,
     ) -> Result<(Vec<Assignment>, bool)> {
-        let rows = in_tx!(self, list(after, limit, max_keys + 1))?;
+        let rows = match self {
+            // A snapshot reads a million accounts this way: stepped on the connection, not
+            // handed over row by row (see `raw_sqlite`).
+            Tx::Sqlite(tx, health) => {
+                let done = sqlite::list_stepped(tx, after, limit, max_keys + 1).await;
+                health.observe(&done);
+                done
+            }
+            Tx::Postgres(tx) => postgres::list(tx, after, limit, max_keys + 1).await,
+        }?;
         list_page(rows, max_keys)
     }
 
@@ -1086,6 +1095,40 @@ fn decode_account(account: String) -> Result<AccountId> {
 
 fn decode_weight(weight: i64) -> Result<u64> {
     u64::try_from(weight).map_err(|_| StoreError::Corrupt(format!("weight {weight}")))
+}
+
+/// A page of [`Tx::list`]: the key rows of the first `$2` accounts after `$1`, by account and
+/// index, at most `$3` rows, with the columns [`listed`] decodes.
+const LIST_PAGE: &str = "SELECT account, idx, hash_key, weight, created_at, prev_hash_key, switch_at, \
+     max_fanout FROM assignments WHERE account IN \
+     (SELECT account FROM assignments WHERE account > $1 AND idx = 0 ORDER BY account LIMIT $2) \
+     ORDER BY account, idx LIMIT $3";
+
+/// A listed key row with the switch of a staged move that set it (past or pending; a
+/// `switch_at` with no old key is a key a fanout raise added, taking over then), and key
+/// 0's cap on the account's fanout, if it set one.
+fn listed(
+    row: KeyRow,
+    from: Option<&[u8]>,
+    switch_at: Option<i64>,
+    cap: Option<i64>,
+) -> Result<(KeyRow, Option<Switch>, Option<u32>)> {
+    let switch = match switch_at {
+        Some(switch_at) => Some(Switch {
+            index: row.index,
+            from: from.map(decode_key).transpose()?,
+            switch_at,
+        }),
+        None => None,
+    };
+    let cap = cap
+        .map(|c| {
+            u32::try_from(c).map_err(|_| {
+                StoreError::Corrupt(format!("account {}: max_fanout {c}", row.account))
+            })
+        })
+        .transpose()?;
+    Ok((row, switch, cap))
 }
 
 fn decode_row(

@@ -64,12 +64,7 @@ macro_rules! queries {
         /// at most `max_rows` of them, each with the switch of a staged move that set it
         /// (past or pending), and key 0 with the account's cap on its fanout, if it set one.
         pub async fn list(conn: &mut Conn, after: Option<&str>, limit: u32, max_rows: u32) -> Result<Vec<(KeyRow, Option<Switch>, Option<u32>)>> {
-            let rows = sqlx::query(
-                "SELECT account, idx, hash_key, weight, created_at, prev_hash_key, switch_at, max_fanout FROM assignments \
-                 WHERE account IN \
-                 (SELECT account FROM assignments WHERE account > $1 AND idx = 0 ORDER BY account LIMIT $2) \
-                 ORDER BY account, idx LIMIT $3",
-            )
+            let rows = sqlx::query(super::LIST_PAGE)
             .bind(after.unwrap_or(""))
             .bind(i64::from(limit))
             .bind(i64::from(max_rows))
@@ -85,21 +80,7 @@ macro_rules! queries {
                         r.try_get(4)?,
                     )?;
                     let from: Option<Vec<u8>> = r.try_get(5)?;
-                    let switch_at: Option<i64> = r.try_get(6)?;
-                    // A switch_at with no old key: a key a fanout raise added, taking over then.
-                    let switch = match switch_at {
-                        Some(switch_at) => Some(Switch {
-                            index: row.index,
-                            from: from.as_deref().map(decode_key).transpose()?,
-                            switch_at,
-                        }),
-                        None => None,
-                    };
-                    let cap: Option<i64> = r.try_get(7)?;
-                    let cap = cap
-                        .map(|c| u32::try_from(c).map_err(|_| StoreError::Corrupt(format!("account {}: max_fanout {c}", row.account))))
-                        .transpose()?;
-                    Ok((row, switch, cap))
+                    super::listed(row, from.as_deref(), r.try_get(6)?, r.try_get(7)?)
                 })
                 .collect()
         }

@@ -1,4 +1,4 @@
-//! The few SQLite C calls start-up needs to read every assignment quickly.
+//! The few SQLite C calls start-up and snapshots need to read every assignment quickly.
 //!
 //! sqlx copies each row into owned values on its connection thread and hands it to ours,
 //! about a microsecond a row; stepping a statement on the connection directly costs a
@@ -45,6 +45,44 @@ impl<'conn> Statement<'conn> {
             }),
             _ => Err(error(db)),
         }
+    }
+
+    /// Binds text to parameter `i` (from 1); SQLite copies it.
+    pub fn bind_text(&mut self, i: c_int, value: &str) -> Result<()> {
+        let len = c_int::try_from(value.len()).expect("a parameter fits in an int");
+        // SAFETY: `stmt` is live; SQLITE_TRANSIENT makes SQLite copy the bytes before this
+        // returns, so `value` need not outlive the call.
+        let rc = unsafe {
+            ffi::sqlite3_bind_text(
+                self.stmt.as_ptr(),
+                i,
+                value.as_ptr().cast(),
+                len,
+                ffi::SQLITE_TRANSIENT(),
+            )
+        };
+        self.bound(rc)
+    }
+
+    /// Binds an integer to parameter `i` (from 1).
+    pub fn bind_int(&mut self, i: c_int, value: i64) -> Result<()> {
+        // SAFETY: `stmt` is a live statement.
+        let rc = unsafe { ffi::sqlite3_bind_int64(self.stmt.as_ptr(), i, value) };
+        self.bound(rc)
+    }
+
+    fn bound(&self, rc: c_int) -> Result<()> {
+        if rc == ffi::SQLITE_OK {
+            Ok(())
+        } else {
+            Err(error(self.db))
+        }
+    }
+
+    /// Whether column `i` of the current row is NULL.
+    pub fn is_null(&self, i: c_int) -> bool {
+        // SAFETY: as for `bytes`.
+        unsafe { ffi::sqlite3_column_type(self.stmt.as_ptr(), i) == ffi::SQLITE_NULL }
     }
 
     /// Moves to the next row; false once there is none.

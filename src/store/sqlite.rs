@@ -136,6 +136,37 @@ pub async fn scan_assignments(
     Ok(())
 }
 
+/// [`Tx::list`](super::Tx::list)'s page, stepped through SQLite's C API on the
+/// transaction's connection (see [`raw_sqlite`](super::raw_sqlite) for why). A page is at
+/// most a few thousand rows: read without yielding, it holds the thread a millisecond or two.
+pub async fn list_stepped(
+    tx: &mut Transaction<'static, Sqlite>,
+    after: Option<&str>,
+    limit: u32,
+    max_rows: u32,
+) -> Result<Vec<(KeyRow, Option<Switch>, Option<u32>)>> {
+    let mut handle = tx.lock_handle().await?;
+    let mut rows = super::raw_sqlite::Statement::prepare(&mut handle, super::LIST_PAGE)?;
+    rows.bind_text(1, after.unwrap_or(""))?;
+    rows.bind_int(2, i64::from(limit))?;
+    rows.bind_int(3, i64::from(max_rows))?;
+    let mut out = Vec::new();
+    while rows.step()? {
+        let row = decode_row(
+            rows.text(0)?.to_owned(),
+            rows.int(1),
+            rows.bytes(2),
+            rows.int(3),
+            rows.int(4),
+        )?;
+        let from = (!rows.is_null(5)).then(|| rows.bytes(5));
+        let switch_at = (!rows.is_null(6)).then(|| rows.int(6));
+        let cap = (!rows.is_null(7)).then(|| rows.int(7));
+        out.push(super::listed(row, from, switch_at, cap)?);
+    }
+    Ok(out)
+}
+
 /// The connections to one SQLite file.
 ///
 /// Write transactions take turns on one connection of their own: SQLite drops a
