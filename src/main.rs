@@ -48,8 +48,8 @@ enum Command {
     /// conflicts: an account already there must hold exactly the keys, weight and switch
     /// the file gives it (it is left as it is), and no key of the file may be held by
     /// another account. Each write is logged, so running servers, their replicas and
-    /// producers' mirrors see the accounts at once. created_at becomes the time of the
-    /// import.
+    /// producers' mirrors see the accounts at once. A snapshot's created_at is kept; a CSV
+    /// row's account is created at the time of the import.
     Import {
         /// The CSV file, or the snapshot file.
         file: PathBuf,

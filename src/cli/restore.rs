@@ -260,16 +260,22 @@ fn parse_line(text: &str, keyspace: Keyspace) -> Result<Restored, String> {
         keys,
         next,
         max_fanout: a.max_fanout,
+        created_at: Some(unix_ms("created_at", &a.created_at)?),
     })
 }
 
 /// A `switch_at` (RFC 3339) as Unix milliseconds.
 fn switch_time(text: &str) -> Result<i64, String> {
+    unix_ms("switch_at", text)
+}
+
+/// An RFC 3339 time of field `what` in Unix milliseconds.
+fn unix_ms(what: &str, text: &str) -> Result<i64, String> {
     use time::format_description::well_known::Rfc3339;
     let at = time::OffsetDateTime::parse(text, &Rfc3339)
-        .map_err(|e| format!("switch_at {text:?} is not an RFC 3339 time: {e}"))?;
+        .map_err(|e| format!("{what} {text:?} is not an RFC 3339 time: {e}"))?;
     i64::try_from(at.unix_timestamp_nanos() / 1_000_000)
-        .map_err(|_| format!("switch_at {text:?} is out of range"))
+        .map_err(|_| format!("{what} {text:?} is out of range"))
 }
 
 /// A file's lines with their numbers (from 1).

@@ -21,6 +21,9 @@ pub struct Restored {
     /// milliseconds): a key that differs moves there; keys past `keys` take over then.
     pub next: Option<(Vec<HashKey>, i64)>,
     pub max_fanout: Option<u32>,
+    /// When the account was first allocated (Unix milliseconds), kept from the snapshot;
+    /// `None`: the time of the import.
+    pub created_at: Option<i64>,
 }
 
 /// What one [`Registry::restore`] did. When `refused` is not empty it wrote nothing.
@@ -149,7 +152,7 @@ impl Registry {
                         index: i as u32,
                         hash_key: key,
                         weight: share(i),
-                        created_at: at,
+                        created_at: r.created_at.unwrap_or(at),
                     });
                     let switch_at = placed.switch.as_ref().map(|s| s.1);
                     takes_over.push(switch_at.filter(|_| now.is_none()));
