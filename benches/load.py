@@ -103,12 +103,12 @@ def http_status(port, path, timeout=1.0):
 class Server:
     """One keyspread server on a free loopback port, pinned to SERVER_CPU unless told not to."""
 
-    def __init__(self, args, database_url, workdir, pinned=True):
+    def __init__(self, args, database_url, workdir, pinned=True, flags=()):
         self.port = free_port()
         cmd = ["taskset", "-c", SERVER_CPU] if pinned else []
         cmd += [args.binary, "serve",
                "--listen", f"127.0.0.1:{self.port}", "--database-url", database_url]
-        cmd += serve_extra_flags(args.binary)
+        cmd += serve_extra_flags(args.binary) + list(flags)
         self.log_path = os.path.join(workdir, f"server-{self.port}.log")
         env = dict(os.environ, RUST_LOG=os.environ.get("KEYSPREAD_BENCH_RUST_LOG", "warn"))
         self.started = time.monotonic()
@@ -214,12 +214,12 @@ def wrk(port, script, seconds):
     try:
         result = {
             "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "requests": int(re.search(r"(\d+) requests in ([\d.]+)(m?s)", out).group(1)),
+            "requests": int(re.search(r"(\d+) requests in ([\d.]+)(ms|s|m)", out).group(1)),
             "p50_ms": to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1)),
             "p99_ms": to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1)),
         }
-        span = re.search(r"\d+ requests in ([\d.]+)(m?s)", out)
-        result["seconds"] = float(span.group(1)) / (1000 if span.group(2) == "ms" else 1)
+        span = re.search(r"\d+ requests in ([\d.]+)(ms|s|m)", out)
+        result["seconds"] = float(span.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[span.group(2)]
     except AttributeError:
         raise SystemExit(f"cannot read wrk's output:\n{out}")
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)

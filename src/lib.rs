@@ -104,6 +104,10 @@ impl AppState {
         if credentials.is_none() && config.read_access == config::ReadAccess::Token {
             return Err(StartError::ReadAccessWithoutTokens);
         }
+        if let Some(credentials) = &credentials {
+            let names = credentials.names();
+            tracing::info!(tokens = names.len(), ?names, "tokens in force");
+        }
         let access = Arc::new(Access {
             credentials,
             read_access: config.read_access,
