@@ -146,6 +146,8 @@ impl Tokens {
     /// Parses a tokens file's text.
     pub fn parse(text: &str) -> Result<Tokens, LineError> {
         let mut tokens = Tokens::default();
+        // The byte order mark Windows editors write; `lines` drops their `\r` already.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (number, line) in text.lines().enumerate() {
             let line_error = |reason: String| LineError {
                 line: number + 1,
@@ -388,6 +390,18 @@ mod tests {
         let error = Tokens::parse(&format!("{good}\n{same}\n")).unwrap_err();
         assert!(error.reason.contains("same token"), "{error}");
         assert!(!error.reason.contains("sha256"), "{error}");
+    }
+
+    /// Notepad saves UTF-8 with a byte order mark and CRLF line ends: the same tokens.
+    #[test]
+    fn a_file_saved_on_windows_reads_the_same() {
+        let text = format!(
+            "# fleet\n{}\n",
+            line("producers", Roles::of(&[Role::Produce]), TOKEN)
+        );
+        let windows = format!("\u{feff}{}", text.replace('\n', "\r\n"));
+        assert_eq!(Tokens::parse(&windows), Tokens::parse(&text));
+        assert_eq!(Tokens::parse(&windows).unwrap().len(), 1);
     }
 
     #[test]
