@@ -134,18 +134,17 @@ impl AppState {
 }
 
 /// SIGHUP re-reads the tokens file: the new set is in force from the next request, and a
-/// file that cannot be taken leaves the set in force, saying why.
+/// file that cannot be taken leaves the set in force, saying why. A server without a tokens
+/// file takes SIGHUP too, and only says so: sent by habit, it must not end the process, as
+/// SIGHUP's default action would.
 fn reload_tokens_on_hangup(access: &Arc<Access>) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let Some(path) = access.credentials.as_ref().and_then(|c| c.file()) else {
-            return;
-        };
         let mut hangups = match signal(SignalKind::hangup()) {
             Ok(hangups) => hangups,
             Err(err) => {
-                tracing::warn!(%err, path = %path.display(), "no SIGHUP handler: the tokens file is read at start-up only");
+                tracing::warn!(%err, "no SIGHUP handler: the tokens file is read at start-up only, and SIGHUP ends the server");
                 return;
             }
         };
@@ -155,8 +154,13 @@ fn reload_tokens_on_hangup(access: &Arc<Access>) {
                 let Some(access) = access.upgrade() else {
                     return;
                 };
-                let Some(credentials) = &access.credentials else {
-                    return;
+                let Some(credentials) = access.credentials.as_ref().filter(|c| c.file().is_some())
+                else {
+                    tracing::warn!(
+                        "SIGHUP: this server has no tokens file (--tokens-file) to re-read; \
+                         nothing changes"
+                    );
+                    continue;
                 };
                 match credentials.reload() {
                     Ok(count) => tracing::info!(

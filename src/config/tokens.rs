@@ -146,6 +146,8 @@ impl Tokens {
     /// Parses a tokens file's text.
     pub fn parse(text: &str) -> Result<Tokens, LineError> {
         let mut tokens = Tokens::default();
+        // The byte order mark Windows editors write; `lines` drops their `\r` already.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (number, line) in text.lines().enumerate() {
             let line_error = |reason: String| LineError {
                 line: number + 1,
@@ -201,8 +203,20 @@ impl Tokens {
     }
 
     fn add(&mut self, grant: Grant) -> Result<(), String> {
-        if self.grants.iter().any(|g| g.name == grant.name) {
-            return Err(format!("the name {:?} is given twice", grant.name));
+        // Without case: the log must tell its actors apart however it is read.
+        if let Some(taken) = self
+            .grants
+            .iter()
+            .find(|g| g.name.eq_ignore_ascii_case(&grant.name))
+        {
+            return Err(if taken.name == grant.name {
+                format!("the name {:?} is given twice", grant.name)
+            } else {
+                format!(
+                    "the name {:?} is {:?} again (names are compared without case)",
+                    grant.name, taken.name
+                )
+            });
         }
         if self.grants.iter().any(|g| g.digest == grant.digest) {
             return Err(format!(
@@ -281,9 +295,9 @@ pub fn check_name(name: &str) -> Result<String, String> {
             name.escape_debug().to_string()
         ));
     }
-    if RESERVED_NAMES.contains(&name) {
+    if RESERVED_NAMES.iter().any(|r| r.eq_ignore_ascii_case(name)) {
         return Err(format!(
-            "the name {name:?} is the server's own in the event log ({}): choose another",
+            "the name {name:?} is the server's own in the event log ({}, in any case): choose another",
             RESERVED_NAMES.join(", ")
         ));
     }
@@ -388,6 +402,41 @@ mod tests {
         let error = Tokens::parse(&format!("{good}\n{same}\n")).unwrap_err();
         assert!(error.reason.contains("same token"), "{error}");
         assert!(!error.reason.contains("sha256"), "{error}");
+    }
+
+    /// Notepad saves UTF-8 with a byte order mark and CRLF line ends: the same tokens.
+    #[test]
+    fn a_file_saved_on_windows_reads_the_same() {
+        let text = format!(
+            "# fleet\n{}\n",
+            line("producers", Roles::of(&[Role::Produce]), TOKEN)
+        );
+        let windows = format!("\u{feff}{}", text.replace('\n', "\r\n"));
+        assert_eq!(Tokens::parse(&windows), Tokens::parse(&text));
+        assert_eq!(Tokens::parse(&windows).unwrap().len(), 1);
+    }
+
+    /// The log could not tell `Loopback` from the server's own `loopback` when read by a
+    /// person or a case-blind search, nor `Ops` from `ops`.
+    #[test]
+    fn names_differing_only_in_case_are_refused() {
+        for reserved in RESERVED_NAMES {
+            let upper = reserved.to_ascii_uppercase();
+            assert!(check_name(&upper).is_err(), "{upper}");
+            let title = format!("{}{}", &reserved[..1].to_ascii_uppercase(), &reserved[1..]);
+            assert!(check_name(&title).is_err(), "{title}");
+        }
+        let ops = line("ops", Roles::of(&[Role::Admin]), TOKEN);
+        let other = line("Ops", Roles::of(&[Role::Read]), "another-token-0123456789");
+        let error = Tokens::parse(&format!("{ops}\n{other}\n")).unwrap_err();
+        assert_eq!(error.line, 2, "{error}");
+        let file = Tokens::parse(&line(
+            "Admin",
+            Roles::of(&[Role::Read]),
+            "x".repeat(16).as_str(),
+        ))
+        .unwrap();
+        assert!(file.with_admin_token(TOKEN).is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod replay;
 mod skip;
 
 mod abuse;
+mod attacks;
 mod audit;
 mod backup;
 mod bounds;
