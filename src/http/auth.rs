@@ -128,14 +128,26 @@ impl Credentials {
     }
 }
 
-/// A tokens file anyone may write could grant anyone admin: refused, as ssh refuses such
-/// keys. One anyone may read shows who holds which role: a warning.
+/// A tokens file anyone but root and this server's user may write could grant them admin:
+/// refused, as ssh refuses such keys. One anyone may read shows who holds which role: a warning.
 #[cfg(unix)]
 fn check_mode(path: &Path) -> Result<(), CredentialsError> {
     use std::os::unix::fs::PermissionsExt;
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(()); // reading it says why
     };
+    let owner = std::os::unix::fs::MetadataExt::uid(&meta);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let us = unsafe { libc::geteuid() };
+    if owner != 0 && owner != us {
+        return Err(CredentialsError::Unsafe {
+            path: path.to_owned(),
+            reason: format!(
+                "it belongs to uid {owner}, neither root nor this server's user (uid {us}), who \
+                 could rewrite it and grant themselves any role; chown it"
+            ),
+        });
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o022 != 0 {
         return Err(CredentialsError::Unsafe {

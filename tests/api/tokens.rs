@@ -115,6 +115,15 @@ fn a_bad_tokens_file_refuses_start_up_with_its_line_and_never_shows_a_token() {
         assert!(out.contains(said), "{said}: {out}");
         assert!(!out.contains(&token) && !out.contains(&digest), "{out}");
     }
+    // Owned by another user, who could rewrite it: refused (a test run as root can chown).
+    std::fs::write(&path, format!("{line}\n")).unwrap();
+    restrict(&path);
+    if std::os::unix::fs::chown(&path, Some(54321), None).is_ok() {
+        let (exit, out) = run(&["serve"], &env, Duration::from_secs(10));
+        assert!(!exit.expect("refused").success(), "{out}");
+        assert!(out.contains("belongs to uid 54321"), "{out}");
+        std::os::unix::fs::chown(&path, Some(0), None).unwrap();
+    }
     let (missing, out) = run(
         &["serve"],
         &[
