@@ -225,6 +225,7 @@ pub async fn import<R: std::io::Read>(
                     reason: crate::store::MoveReason::Admin,
                 },
                 &crate::store::Actor::new(crate::store::Actor::IMPORT),
+                &crate::registry::Ticket::unbounded(),
             )
             .await
             .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;
@@ -301,6 +302,7 @@ async fn place(
         .allocate_many(
             chunk,
             &crate::store::Actor::new(crate::store::Actor::IMPORT),
+            &crate::registry::Ticket::unbounded(),
         )
         .await
         .map_err(|e| format!("import stopped after {} rows: {e}", summary.rows))?;

@@ -8,7 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::keyspace;
-use crate::registry;
+use crate::registry::{self, Ticket};
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -111,25 +111,47 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Waits for a registry change at most the store's change timeout, then answers 503. The
-/// change may still be made if it had reached the database (see docs/RELIABILITY.md).
+/// Waits for a registry change. Past the store's change timeout (Postgres) its caller
+/// gives up on it and answers 503, unless the change already passed its commit point (see
+/// [`Ticket`]): then the answer is the commit's result, whenever it comes. So a 503 from
+/// here means the change was not made, and never will be.
 pub async fn in_time<T>(
     state: &crate::AppState,
+    ticket: &Ticket,
     change: impl Future<Output = Result<T, registry::Error>>,
 ) -> Result<T, ApiError> {
     let Some(limit) = state.registry.change_timeout() else {
         return Ok(change.await?);
     };
-    match tokio::time::timeout(limit, change).await {
+    tokio::pin!(change);
+    match tokio::time::timeout(limit, &mut change).await {
         Ok(done) => Ok(done?),
-        Err(_) => {
-            tracing::warn!(?limit, "a change outlasted its time");
+        Err(_) if ticket.refuse() => {
+            tracing::warn!(?limit, "a change outlasted its time: refused");
             Err(ApiError::unavailable(format!(
-                "the database did not take the change within {} s; it may or may not have \
-                 been made: send it again later",
+                "the database did not take the change within {} s, so it was not made (and \
+                 will not be): send it again later",
                 limit.as_secs()
             )))
         }
+        Err(_) => Ok(change.await?),
+    }
+}
+
+/// Waits for a read of the database at most the store's change timeout, then answers 503.
+pub async fn read_in_time<T>(
+    state: &crate::AppState,
+    read: impl Future<Output = Result<T, registry::Error>>,
+) -> Result<T, ApiError> {
+    let Some(limit) = state.registry.change_timeout() else {
+        return Ok(read.await?);
+    };
+    match tokio::time::timeout(limit, read).await {
+        Ok(done) => Ok(done?),
+        Err(_) => Err(ApiError::unavailable(format!(
+            "the database did not answer within {} s: try again later",
+            limit.as_secs()
+        ))),
     }
 }
 
@@ -187,6 +209,17 @@ impl From<registry::Error> for ApiError {
             E::Unavailable => ApiError::unavailable(
                 "the database cannot take changes right now (unreachable, or held up by \
                  another writer): send the change again later",
+            ),
+            E::NotMade => ApiError::unavailable(format!("{err}: send it again later")),
+            E::Stale { .. } => {
+                ApiError::unavailable(format!("{err}: ask another replica, or again later"))
+            }
+            E::OutcomeUnknown(_) => ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "outcome-unknown",
+                "the change was sent to the database, but the connection was lost before its \
+                 answer came: it may or may not have been made. Send it again with the same \
+                 Idempotency-Key to learn which, or read the account or stream back",
             ),
             E::SchemaNewer { .. } => ApiError::unavailable(err.to_string()),
             E::Compacted { .. } => ApiError::new(StatusCode::GONE, "compacted", err.to_string()),

@@ -13,7 +13,7 @@ use super::error::{ApiError, Problem, in_time};
 use super::extract::{IfNoneMatch, OptionalJson, whole_number};
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
-use crate::registry::{Allocated, NewAccount, Update};
+use crate::registry::{Allocated, NewAccount, Ticket, Update};
 use crate::store::{self, Actor, MoveReason};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -291,6 +291,7 @@ pub struct BatchAnswer {
 async fn allocate_batch(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
     Json(body): Json<BatchRequest>,
 ) -> Result<Json<BatchAnswer>, ApiError> {
     let n = body.accounts.len();
@@ -325,7 +326,8 @@ async fn allocate_batch(
             key: None,
         });
     }
-    let answers = in_time(&state, state.registry.allocate_many(requests, &actor)).await?;
+    let change = state.registry.allocate_many(requests, &actor, &ticket);
+    let answers = in_time(&state, &ticket, change).await?;
     let created = answers
         .iter()
         .filter(|a| matches!(a, Allocated::Created(_)))
@@ -360,6 +362,7 @@ async fn allocate_batch(
 async fn allocate(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
     Path(AccountPath { account }): Path<AccountPath>,
     OptionalJson(body): OptionalJson<AllocateRequest>,
 ) -> Result<(StatusCode, Json<Assignment>), ApiError> {
@@ -369,7 +372,8 @@ async fn allocate(
     Ok(
         match in_time(
             &state,
-            state.registry.allocate(account, weight, fanout, &actor),
+            &ticket,
+            (state.registry).allocate(account, weight, fanout, &actor, &ticket),
         )
         .await?
         {
@@ -407,9 +411,16 @@ async fn lookup(
     Path(AccountPath { account }): Path<AccountPath>,
     cached: IfNoneMatch,
 ) -> Result<Response, ApiError> {
+    let account = account_id(account)?;
+    state
+        .registry
+        .vouch(std::time::Duration::from_secs(
+            state.lookup_cache.lifetime(),
+        ))
+        .await?;
     let a = state
         .registry
-        .lookup_id(account_id(account)?)
+        .lookup_id(account)
         .map_err(|account| ApiError::not_found(format!("account {account} has no hash key")))?;
     let now = crate::registry::now_ms();
     let keys = a.keys_at(now);
@@ -499,6 +510,7 @@ fn weight_and_fanout(
 async fn reweight(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
     Path(AccountPath { account }): Path<AccountPath>,
     Json(body): Json<ReweightRequest>,
 ) -> Result<Json<Assignment>, ApiError> {
@@ -524,9 +536,13 @@ async fn reweight(
         reason: MoveReason::Admin,
     };
     Ok(Json(
-        in_time(&state, state.registry.update(account, change, &actor))
-            .await?
-            .into(),
+        in_time(
+            &state,
+            &ticket,
+            state.registry.update(account, change, &actor, &ticket),
+        )
+        .await?
+        .into(),
     ))
 }
 
@@ -543,9 +559,13 @@ async fn reweight(
 async fn release(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
     Path(AccountPath { account }): Path<AccountPath>,
 ) -> Result<StatusCode, ApiError> {
-    in_time(&state, state.registry.release(account_id(account)?, &actor)).await?;
+    let change = state
+        .registry
+        .release(account_id(account)?, &actor, &ticket);
+    in_time(&state, &ticket, change).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

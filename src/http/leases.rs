@@ -1,22 +1,22 @@
 //! Consumer leases: `/streams/{name}/workers/{worker}` (join, heartbeat, leave),
 //! `/streams/{name}/leases` (the whole assignment) and checkpoints.
 
-use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, Problem, in_time};
+use super::error::{ApiError, Problem, in_time, read_in_time};
 use super::extract::{OptionalJson, whole_number};
 use super::load::{IgnoredLoadBody, LoadEntry};
 use super::streams::StreamPath;
 use crate::AppState;
 use crate::keyspace::is_kinesis_name;
 use crate::keyspace::lease_state::{HolderState, SHARD_END};
-use crate::registry::{Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease};
+use crate::registry::{Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease, Ticket};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -335,6 +335,7 @@ fn stream_name(name: &str) -> Result<(), ApiError> {
 )]
 async fn heartbeat(
     State(state): State<AppState>,
+    Extension(ticket): Extension<Ticket>,
     Path(WorkerPath { name, worker }): Path<WorkerPath>,
     OptionalJson(body): OptionalJson<HeartbeatRequest>,
 ) -> Result<Json<WorkerBody>, ApiError> {
@@ -350,9 +351,8 @@ async fn heartbeat(
     let load = super::load::reports(body.load)?;
     let answer = in_time(
         &state,
-        state
-            .registry
-            .heartbeat(&name, worker, ttl_s as i64 * 1000, load),
+        &ticket,
+        (state.registry).heartbeat(&name, worker, ttl_s as i64 * 1000, load, &ticket),
     )
     .await?;
     Ok(Json(answer.into()))
@@ -372,11 +372,13 @@ async fn heartbeat(
 )]
 async fn leave(
     State(state): State<AppState>,
+    Extension(ticket): Extension<Ticket>,
     Path(WorkerPath { name, worker }): Path<WorkerPath>,
 ) -> Result<StatusCode, ApiError> {
     stream_name(&name)?;
     let worker = worker_id(worker)?;
-    in_time(&state, state.registry.leave(&name, worker)).await?;
+    let change = state.registry.leave(&name, worker, &ticket);
+    in_time(&state, &ticket, change).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -401,7 +403,7 @@ async fn leases(
 /// A stream's whole assignment, as `GET /streams/{name}/leases` answers it.
 pub(super) async fn assignment(state: &AppState, name: &str) -> Result<LeasesBody, ApiError> {
     stream_name(name)?;
-    let view = in_time(state, state.registry.lease_view(name)).await?;
+    let view = read_in_time(state, state.registry.lease_view(name)).await?;
     Ok(view.into())
 }
 
@@ -424,6 +426,7 @@ pub(super) async fn assignment(state: &AppState, name: &str) -> Result<LeasesBod
 )]
 async fn checkpoint(
     State(state): State<AppState>,
+    Extension(ticket): Extension<Ticket>,
     Path(ShardPath { name, shard_id }): Path<ShardPath>,
     Json(body): Json<CheckpointRequest>,
 ) -> Result<Json<CheckpointBody>, ApiError> {
@@ -446,9 +449,8 @@ async fn checkpoint(
     }
     let done = in_time(
         &state,
-        state
-            .registry
-            .checkpoint(&name, shard_id, worker, body.epoch, sequence),
+        &ticket,
+        (state.registry).checkpoint(&name, shard_id, worker, body.epoch, sequence, &ticket),
     )
     .await?;
     Ok(Json(done.into()))

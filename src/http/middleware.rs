@@ -14,24 +14,33 @@ use super::client::Client;
 use super::error::{PROBLEM_JSON, problem};
 use super::roles::{self, Need};
 use crate::config::{ReadAccess, Role, Token};
+use crate::registry::Ticket;
 use crate::store::Actor;
 use crate::{Access, AppState};
 
 /// Answers 408 when a request takes longer than `limit`, or than `limit` plus the wait a
-/// long-poll of the log asks for (`GET /events?wait_s=`).
+/// long-poll of the log asks for (`GET /events?wait_s=`), unless the change it asked for
+/// is committing: then the commit's result is the answer. Every request carries the
+/// [`Ticket`] its change commits by, due at the same `limit`, so a 408 to a change means
+/// it was not made, and never will be.
 pub async fn time_limit(
     State(limit): State<std::time::Duration>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response<Body> {
+    let ticket = Ticket::new(limit);
+    request.extensions_mut().insert(ticket.clone());
     let limit = limit + super::events::long_poll(request.uri());
-    match tokio::time::timeout(limit, next.run(request)).await {
+    let answer = next.run(request);
+    tokio::pin!(answer);
+    match tokio::time::timeout(limit, &mut answer).await {
         Ok(response) => response,
-        Err(_) => {
+        Err(_) if ticket.refuse() => {
             let mut response = Response::new(Body::empty());
             *response.status_mut() = StatusCode::REQUEST_TIMEOUT;
             response
         }
+        Err(_) => answer.await,
     }
 }
 

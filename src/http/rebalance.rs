@@ -15,7 +15,7 @@ use super::extract::whole_number;
 use super::shards::MapParams;
 use crate::AppState;
 use crate::keyspace::{HashKey, LoadSkew, Plan, Skew};
-use crate::registry::{MapSpec, Planned};
+use crate::registry::{MapSpec, Planned, Ticket};
 use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -289,6 +289,7 @@ async fn preview(
 async fn apply(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
     Json(body): Json<ApplyRequest>,
 ) -> Result<Json<RebalancePlan>, ApiError> {
     let switch_after_s = body
@@ -306,6 +307,7 @@ async fn apply(
             switch_after_s as i64 * 1000,
             body.replan,
             &actor,
+            &ticket,
         )
         .await?;
     let switch_at = applied.switch_at;

@@ -144,6 +144,12 @@ async fn shard_of(
         (Some(k), None, None) => keyspace.parse(&k)?,
         (None, Some(account), None) => {
             let account = AccountId::parse(account)?;
+            state
+                .registry
+                .vouch(std::time::Duration::from_secs(
+                    state.lookup_cache.lifetime(),
+                ))
+                .await?;
             let a = state
                 .registry
                 .lookup(account.as_str())

@@ -16,12 +16,12 @@ use super::error::{ApiError, Problem, in_time};
 use super::extract::whole_number;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
-use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{
     HashKey, Keyspace, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew,
     is_kinesis_name,
 };
-use crate::registry::{Registry, Stream};
+pub use crate::registry::StreamMap;
+use crate::registry::{Registry, Stream, Ticket};
 use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -55,15 +55,6 @@ pub struct PutStream {
 }
 
 super::extract::objects_only!(PutStream);
-
-/// The map a `PUT /streams/{name}` body registers.
-pub struct StreamMap {
-    pub map: ShardMap,
-    /// Every shard consumers read, closed ones and parents included; none for a uniform map.
-    pub lease_shards: Option<Vec<LeaseShard>>,
-    /// The number Kinesis will give the stream's next new shard.
-    pub next_shard: u64,
-}
 
 impl PutStream {
     /// The map this body describes, checked as the route checks it (and as `keyspread
@@ -327,21 +318,17 @@ async fn list_streams(
 async fn put_stream(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
     Path(StreamPath { name }): Path<StreamPath>,
     Json(body): Json<PutStream>,
 ) -> Result<(StatusCode, Json<StreamChange>), ApiError> {
     let name = stream_name(name)?;
     let primary = body.primary;
-    let StreamMap {
-        map,
-        lease_shards,
-        next_shard,
-    } = body.into_map(state.registry.keyspace())?;
+    let map = body.into_map(state.registry.keyspace())?;
     let change = in_time(
         &state,
-        state
-            .registry
-            .put_stream(name, map, lease_shards, next_shard, primary, &actor),
+        &ticket,
+        (state.registry).put_stream(name, map, primary, &actor, &ticket),
     )
     .await?;
     let status = if change.before.is_some() {
@@ -406,9 +393,11 @@ async fn get_stream(
 async fn delete_stream(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
     Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<StatusCode, ApiError> {
-    in_time(&state, state.registry.delete_stream(name, &actor)).await?;
+    let change = state.registry.delete_stream(name, &actor, &ticket);
+    in_time(&state, &ticket, change).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

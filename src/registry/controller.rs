@@ -244,7 +244,7 @@ impl Registry {
                 keyspace::COLD_HALF_LIVES * this.load_config().half_life_ms,
             );
             tx.set_fanout_cold(&decided.cold).await?;
-            this.commit(&mut w, tx, Committed::Moves(0)).await?;
+            this.commit(&mut w, tx, Committed::Moves(0), &[]).await?;
             Ok::<_, Error>(Some(decided.changes))
         })
         .await?;
@@ -339,7 +339,8 @@ impl Registry {
                 new_keys_after_ms,
             });
             let by = Actor::controller();
-            match (self.update_placed(account.clone(), change, by_load, &by)).await {
+            let unbounded = super::Ticket::unbounded();
+            match (self.update_placed(account.clone(), change, by_load, &by, &unbounded)).await {
                 Ok(a) => {
                     if let (Some(util), Some(map)) = (&mut utilisation, &map) {
                         for key in a.hash_keys.as_slice().iter().skip(before) {
@@ -395,7 +396,8 @@ impl Registry {
         reason: MoveReason,
     ) -> Result<(), Error> {
         let ids = (tx.apply_moves(&moves, &Actor::controller(), at, switch_at, reason)).await?;
-        self.commit(w, tx, Committed::Moves(moves.len())).await?;
+        self.commit(w, tx, Committed::Moves(moves.len()), &[])
+            .await?;
         let events = ids
             .into_iter()
             .zip(&moves)

@@ -34,7 +34,8 @@ impl Registry {
     /// database's clock: the time (Unix milliseconds) the transaction decides and logs by.
     /// Switches due by then are ended, so their old keys may be picked.
     pub(super) async fn begin(&self, w: &mut Writer) -> Result<(Tx, i64), Error> {
-        w.tx_started = Some(std::time::Instant::now());
+        let started = std::time::Instant::now();
+        w.tx_started = Some(started);
         let mut tx = self.store.begin().await?;
         let mut events = tx.events_after(w.last_event).await?;
         if retention::gapped(w.last_event, events.iter().map(|e| e.id))
@@ -50,6 +51,7 @@ impl Registry {
             None
         };
         self.apply_all(w, events, streams)?;
+        self.synced.note(started);
         self.note_schema(tx.schema_version().await?);
         self.writable()?;
         let now = tx.clock_ms().await?;
@@ -60,7 +62,7 @@ impl Registry {
     /// Applies what other replicas committed since the last look, unless a commit notice
     /// named event `logged` and this process has applied that far: the notice of its own
     /// commit, or of one it read already. Answers how many events it applied.
-    async fn catch_up(&self, logged: Option<i64>) -> Result<usize, Error> {
+    pub(super) async fn catch_up(&self, logged: Option<i64>) -> Result<usize, Error> {
         let applied_here = |applied: i64| logged.is_some_and(|id| id <= applied);
         if applied_here(self.applied_event()) {
             return Ok(0);
@@ -71,6 +73,7 @@ impl Registry {
             return Ok(0);
         }
         self.count_follow_read();
+        let started = std::time::Instant::now();
         // A page may end inside a transaction (a batch, a fanout change of many keys): read
         // to the end of the log, then apply it all at once, so that a lookup sees each
         // transaction whole.
@@ -85,6 +88,7 @@ impl Registry {
             }
         }
         if events.is_empty() {
+            self.synced.note(started);
             return Ok(0);
         }
         if retention::gapped(w.last_event, events.iter().map(|e| e.id))
@@ -92,6 +96,7 @@ impl Registry {
         {
             let applied = events.len();
             self.reload(&mut w).await?;
+            self.synced.note(started);
             return Ok(applied);
         }
         let streams = if changes_streams(&events) {
@@ -101,6 +106,7 @@ impl Registry {
         };
         let applied = events.len();
         self.apply_all(&mut w, events, streams)?;
+        self.synced.note(started);
         Ok(applied)
     }
 

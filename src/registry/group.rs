@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Allocated, Error, NewAccount, Registry};
+use super::{Allocated, Error, NewAccount, Registry, Ticket};
 use crate::keyspace::AccountId;
 use crate::store::{Actor, Assignment};
 
@@ -25,12 +25,12 @@ pub(super) struct Pending<R, A> {
     reply: oneshot::Sender<Result<A, Error>>,
 }
 
-/// The queues single changes wait in, each with the actor that asked for it: a group's
-/// events each record their own request's.
+/// The queues single changes wait in, each with the actor that asked for it (a group's
+/// events each record their own request's) and its ticket.
 #[derive(Debug)]
 pub(super) struct Queues {
-    allocations: mpsc::Sender<Pending<(NewAccount, Actor), Allocated>>,
-    releases: mpsc::Sender<Pending<(AccountId, Actor), Assignment>>,
+    allocations: mpsc::Sender<Pending<(NewAccount, Actor, Ticket), Allocated>>,
+    releases: mpsc::Sender<Pending<(AccountId, Actor, Ticket), Assignment>>,
 }
 
 impl Registry {
@@ -111,7 +111,7 @@ impl Registry {
     /// Queues one allocation for the next group and waits for its commit.
     pub(super) async fn allocate_in_group(
         &self,
-        request: (NewAccount, Actor),
+        request: (NewAccount, Actor, Ticket),
     ) -> Result<Allocated, Error> {
         let queues = self.group.get().expect("group commit started in open");
         wait_in(&queues.allocations, request).await
@@ -120,7 +120,7 @@ impl Registry {
     /// Queues one release for the next group and waits for its commit.
     pub(super) async fn release_in_group(
         &self,
-        request: (AccountId, Actor),
+        request: (AccountId, Actor, Ticket),
     ) -> Result<Assignment, Error> {
         let queues = self.group.get().expect("group commit started in open");
         wait_in(&queues.releases, request).await
@@ -128,35 +128,35 @@ impl Registry {
 
     async fn commit_allocations(
         self: &Arc<Self>,
-        group: Vec<Pending<(NewAccount, Actor), Allocated>>,
+        group: Vec<Pending<(NewAccount, Actor, Ticket), Allocated>>,
     ) {
         let allocate = |requests| async move {
             let answers = self.allocate_each(requests).await?;
             Ok(answers.into_iter().map(Ok).collect())
         };
         // A second ask for the same account finds the key the first one got.
-        let again =
-            |first: &Result<Allocated, Error>, (request, _): &(NewAccount, Actor)| match first {
-                Ok(Allocated::Created(a) | Allocated::Existing(a)) => {
-                    Ok(Allocated::Existing(a.clone()))
-                }
-                // Not reached: an allocation group answers every request or fails as a whole.
-                Err(_) => Err(Error::NotFound(request.account.clone())),
-            };
-        commit_group(group, |(r, _)| &r.account, allocate, again).await;
+        let again = |first: &Result<Allocated, Error>,
+                     (request, ..): &(NewAccount, Actor, Ticket)| match first {
+            Ok(Allocated::Created(a) | Allocated::Existing(a)) => {
+                Ok(Allocated::Existing(a.clone()))
+            }
+            // Not reached: an allocation group answers every request or fails as a whole.
+            Err(_) => Err(Error::NotFound(request.account.clone())),
+        };
+        commit_group(group, |(r, ..)| &r.account, |(.., t)| t, allocate, again).await;
     }
 
     async fn commit_releases(
         self: &Arc<Self>,
-        group: Vec<Pending<(AccountId, Actor), Assignment>>,
+        group: Vec<Pending<(AccountId, Actor, Ticket), Assignment>>,
     ) {
         let release = |accounts| self.release_many(accounts);
         // A second release of the same account comes after the first, as if one by one:
         // it finds nothing to release.
-        let again = |_: &Result<Assignment, Error>, (account, _): &(AccountId, Actor)| {
+        let again = |_: &Result<Assignment, Error>, (account, ..): &(AccountId, Actor, Ticket)| {
             Err(Error::NotFound(account.clone()))
         };
-        commit_group(group, |(account, _)| account, release, again).await;
+        commit_group(group, |(account, ..)| account, |(.., t)| t, release, again).await;
     }
 }
 
@@ -164,10 +164,12 @@ impl Registry {
 /// account and answers each in order, or fails as a whole. A second ask for an account
 /// in the group gets `again(first answer, request)`. If the transaction fails, each
 /// request is committed again on its own: one bad request (the keyspace full, a row
-/// another writer changed) must not fail the others, and every caller gets its own answer.
+/// another writer changed, a caller that gave up at the commit point) must not fail the
+/// others, and every caller gets its own answer.
 async fn commit_group<R, A, F, Fut>(
     group: Vec<Pending<R, A>>,
     account: impl Fn(&R) -> &AccountId,
+    ticket: impl Fn(&R) -> &Ticket,
     commit: F,
     again: impl Fn(&Result<A, Error>, &R) -> Result<A, Error>,
 ) where
@@ -175,8 +177,15 @@ async fn commit_group<R, A, F, Fut>(
     F: Fn(Vec<R>) -> Fut,
     Fut: Future<Output = Result<Vec<Result<A, Error>>, Error>>,
 {
-    // A caller that stopped waiting (answered 503 already) must not see its change made later.
-    let group: Vec<_> = group.into_iter().filter(|p| !p.reply.is_closed()).collect();
+    // A change whose caller stopped waiting (answered 503 already), or whose deadline
+    // passed while it queued, is never made: refused now, for good.
+    let (group, late): (Vec<_>, Vec<_>) = group
+        .into_iter()
+        .partition(|p| !p.reply.is_closed() && ticket(&p.request).wanted());
+    for p in late {
+        ticket(&p.request).refuse();
+        let _ = p.reply.send(Err(Error::NotMade));
+    }
     if group.is_empty() {
         return;
     }
@@ -200,9 +209,21 @@ async fn commit_group<R, A, F, Fut>(
                 let _ = reply.send(Err(Error::Unavailable));
             }
         }
+        // The group's COMMIT was sent and its answer lost: every change in it may or may
+        // not have been made, and none may be tried again as if it had not.
+        Err(Error::OutcomeUnknown(cause)) => {
+            for reply in replies.into_iter().flatten() {
+                let _ = reply.send(Err(Error::OutcomeUnknown(cause.clone())));
+            }
+        }
         Err(_) => {
             for (request, senders) in requests.into_iter().zip(replies) {
                 for reply in senders.into_iter().filter(|r| !r.is_closed()) {
+                    if !ticket(&request).wanted() {
+                        ticket(&request).refuse();
+                        let _ = reply.send(Err(Error::NotMade));
+                        continue;
+                    }
                     let answer = commit(vec![request.clone()])
                         .await
                         .and_then(|mut answers| answers.pop().expect("one answer"));
@@ -347,7 +368,11 @@ mod tests {
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..64 {
             let registry = Arc::clone(&registry);
-            tasks.spawn(async move { registry.allocate(account(i), 1, 1, &by(i)).await });
+            tasks.spawn(async move {
+                registry
+                    .allocate(account(i), 1, 1, &by(i), &Ticket::unbounded())
+                    .await
+            });
         }
         while let Some(answer) = tasks.join_next().await {
             assert!(matches!(answer.unwrap(), Ok(Allocated::Created(_))));
@@ -368,7 +393,10 @@ mod tests {
         let (_dir, store, registry) = open().await;
         let mut keys = HashMap::new();
         for i in 0..64 {
-            let Allocated::Created(a) = registry.allocate(account(i), 1, 1, &by(i)).await.unwrap()
+            let Allocated::Created(a) = registry
+                .allocate(account(i), 1, 1, &by(i), &Ticket::unbounded())
+                .await
+                .unwrap()
             else {
                 panic!("acct-{i} existed");
             };
@@ -379,7 +407,14 @@ mod tests {
         let mut tasks = tokio::task::JoinSet::new();
         for i in (0..64).chain([0, 1000]) {
             let registry = Arc::clone(&registry);
-            tasks.spawn(async move { (i, registry.release(account(i), &by(i)).await) });
+            tasks.spawn(async move {
+                (
+                    i,
+                    registry
+                        .release(account(i), &by(i), &Ticket::unbounded())
+                        .await,
+                )
+            });
         }
         let (mut released, mut not_found) = (Vec::new(), Vec::new());
         while let Some(answer) = tasks.join_next().await {

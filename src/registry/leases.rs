@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::load::{IgnoredLoad, LoadReport};
-use super::{Error, Registry, Stream, detached};
+use super::{Error, Registry, Stream, Ticket, detached};
 use crate::keyspace::lease_state::{Holder, HolderState, LeaseShard, SHARD_END, leasable};
 use crate::keyspace::leases::{assign, assign_by_load};
 use crate::store::Tx;
@@ -140,10 +140,14 @@ impl Registry {
         worker: String,
         ttl_ms: i64,
         load: Vec<LoadReport>,
+        ticket: &Ticket,
     ) -> Result<Heartbeat, Error> {
         let stream = self.leased_stream(stream)?;
-        let this = Arc::clone(self);
+        let (this, ticket) = (Arc::clone(self), ticket.clone());
         detached(async move {
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
             let (mut tx, mut stream, now) = this.begin_leases(&stream).await?;
             let name: &str = &stream.name.clone();
             let me = WorkerRow {
@@ -186,7 +190,7 @@ impl Registry {
             if this.leases_due(&mut tx, &stream, now, joined).await? {
                 // The weights are read outside any transaction: they wait on the writer
                 // lock, which may be waiting on this database connection.
-                tx.commit().await?;
+                super::metrics::settle(tx, &[&ticket], None).await?;
                 let (again, current, now, weights) = this.begin_weighed(stream).await?;
                 (tx, stream) = (again, current);
                 // Another heartbeat may have assigned them meanwhile.
@@ -216,7 +220,7 @@ impl Registry {
                 }
                 leases.push(own);
             }
-            tx.commit().await?;
+            super::metrics::settle(tx, &[&ticket], None).await?;
             this.metrics.lease_heartbeats.add(1);
             Ok(Heartbeat {
                 worker: me.worker,
@@ -235,10 +239,18 @@ impl Registry {
     }
 
     /// Takes `worker` out of `stream`'s group; its leases go to the others at once.
-    pub async fn leave(self: &Arc<Self>, stream: &str, worker: String) -> Result<(), Error> {
+    pub async fn leave(
+        self: &Arc<Self>,
+        stream: &str,
+        worker: String,
+        ticket: &Ticket,
+    ) -> Result<(), Error> {
         let stream = self.leased_stream(stream)?;
-        let this = Arc::clone(self);
+        let (this, ticket) = (Arc::clone(self), ticket.clone());
         detached(async move {
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
             let (mut tx, stream, now, weights) = this.begin_weighed(stream).await?;
             let name = stream.name.as_str();
             if !tx.delete_worker(name, &worker).await? {
@@ -248,7 +260,7 @@ impl Registry {
                 });
             }
             this.assign_leases(&mut tx, &stream, &weights, now).await?;
-            tx.commit().await?;
+            super::metrics::settle(tx, &[&ticket], None).await?;
             Ok(())
         })
         .await
@@ -264,11 +276,15 @@ impl Registry {
         worker: String,
         epoch: u64,
         sequence_number: String,
+        ticket: &Ticket,
     ) -> Result<Checkpointed, Error> {
         let stream = self.leased_stream(stream)?;
         let end = sequence_number == SHARD_END;
-        let this = Arc::clone(self);
+        let (this, ticket) = (Arc::clone(self), ticket.clone());
         detached(async move {
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
             // Only a shard's end changes the assignment, and so needs the weights.
             let (mut tx, stream, now, weights) = if end {
                 let (tx, stream, now, weights) = this.begin_weighed(stream).await?;
@@ -308,7 +324,7 @@ impl Registry {
             if let Some(weights) = weights {
                 this.assign_leases(&mut tx, &stream, &weights, now).await?;
             }
-            tx.commit().await?;
+            super::metrics::settle(tx, &[&ticket], None).await?;
             Ok(Checkpointed {
                 shard_id,
                 worker,

@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::ticket::{self, Ticket};
 use super::{Registry, Writer, now_ms};
 use crate::metrics::{Counter, Gauge, Histogram, header, single};
-use crate::store::Tx;
+use crate::store::{StoreError, Tx};
 
 /// The registry's counters, gauges and histograms.
 #[derive(Debug, Default)]
@@ -32,6 +33,37 @@ pub struct Metrics {
     pub(super) controller_fanouts: Counter,
 }
 
+/// Commits `tx` at the commit point of the changes `tickets` stand for, timing the COMMIT
+/// in `commits` if given: refused ([`super::Error::NotMade`], rolled back) when one of them was
+/// refused or is past its deadline; when the database rolled it back, the tickets go back
+/// before their commit point (the change was not made); when its result is unknowable,
+/// they stay past it (their callers are answered that).
+pub(super) async fn settle(
+    tx: Tx,
+    tickets: &[&Ticket],
+    commits: Option<&Histogram>,
+) -> Result<(), super::Error> {
+    if ticket::commit_all(tickets).is_err() {
+        drop(tx);
+        return Err(super::Error::NotMade);
+    }
+    let committing = Instant::now();
+    let done = tx.commit().await;
+    if let Some(commits) = commits {
+        commits.observe(committing.elapsed());
+    }
+    match done {
+        Ok(()) => Ok(()),
+        Err(err @ StoreError::OutcomeUnknown(_)) => Err(err.into()),
+        Err(err) => {
+            for ticket in tickets {
+                ticket.rolled_back();
+            }
+            Err(err.into())
+        }
+    }
+}
+
 /// A change this process committed, for the counters.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Committed {
@@ -43,21 +75,22 @@ pub(super) enum Committed {
 }
 
 impl Registry {
-    /// Commits `tx` (begun by [`Registry::begin`]), timing the commit and the whole
-    /// transaction, and counts what it changed.
+    /// Commits `tx` (begun by [`Registry::begin`]) for the changes `tickets` stand for,
+    /// timing the commit and the whole transaction, and counts what it changed. Here, under
+    /// the write lock, is each change's commit point (see [`Ticket::commit_point`]): if one
+    /// was refused meanwhile, nothing commits.
     pub(super) async fn commit(
         &self,
         w: &mut Writer,
         tx: Tx,
         what: Committed,
+        tickets: &[&Ticket],
     ) -> Result<(), super::Error> {
-        let committing = Instant::now();
-        let done = tx.commit().await;
-        self.metrics.commits.observe(committing.elapsed());
-        if let Some(started) = w.tx_started.take() {
+        let started = w.tx_started.take();
+        settle(tx, tickets, Some(&self.metrics.commits)).await?;
+        if let Some(started) = started {
             self.metrics.transactions.observe(started.elapsed());
         }
-        done?;
         self.count(what);
         Ok(())
     }

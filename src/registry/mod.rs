@@ -28,7 +28,9 @@ mod restore;
 mod retention;
 mod snapshot;
 mod streams;
+mod ticket;
 mod totals;
+mod vouch;
 
 use accounts::Accounts;
 pub use accounts::Held;
@@ -47,8 +49,10 @@ pub use rebalance::{Applied, Counted, MapSpec, Planned};
 pub use restore::{RestoreChunk, Restored};
 pub use retention::Compacted;
 pub use snapshot::Snapshot;
-pub use streams::{Stream, StreamChange};
+pub use streams::{Stream, StreamChange, StreamMap};
+pub use ticket::Ticket;
 pub use totals::{AccountTotals, LoadTotals};
+pub use vouch::VOUCH;
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +100,15 @@ pub enum Error {
     Conflict,
     #[error("the database is unreachable; changes are refused until it is back")]
     Unavailable,
+    /// The change was refused at its commit point (see [`Ticket`]): it was not made.
+    #[error(
+        "the change was not made: it could not commit before its deadline (the database was \
+         slow or held up, or this server was paused)"
+    )]
+    NotMade,
+    /// A COMMIT was sent and its answer lost: the change may or may not have been made.
+    #[error("the outcome of the change is unknown: {0}")]
+    OutcomeUnknown(String),
     #[error(
         "the database's schema (migration {found}) is newer than this keyspread knows (up to {known}): it serves reads but refuses changes until it is upgraded"
     )]
@@ -104,6 +117,13 @@ pub enum Error {
         "events after {after} were compacted away (the log keeps those after {horizon}): take a new GET /snapshot and follow the log from its event_id"
     )]
     Compacted { after: i64, horizon: i64 },
+    /// This replica has not read the log for longer than its lookups may be cached, and
+    /// cannot read it now.
+    #[error(
+        "this replica has not been able to read the database's log for {age_s} s, longer than \
+         lookups may be cached: it cannot vouch for its table"
+    )]
+    Stale { age_s: u64 },
     #[error(transparent)]
     Store(StoreError),
 }
@@ -115,6 +135,10 @@ impl From<StoreError> for Error {
             StoreError::Unavailable(cause) => {
                 tracing::warn!(%cause, "database unreachable");
                 Error::Unavailable
+            }
+            StoreError::OutcomeUnknown(cause) => {
+                tracing::warn!(%cause, "a commit's outcome is unknown");
+                Error::OutcomeUnknown(cause)
             }
             other => Error::Store(other),
         }
@@ -182,6 +206,8 @@ pub struct Registry {
     /// The newest event applied to memory, for long-polls of the log to wait on; and
     /// whether the server is draining, which ends them at once.
     applied: tokio::sync::watch::Sender<LogHead>,
+    /// When the log was last read to its end: how far memory may be trusted.
+    synced: vouch::Synced,
 }
 
 /// What a long-poll of the log waits on (see [`Registry::wait_for_events`]).
@@ -335,6 +361,8 @@ impl Registry {
         primary: Option<String>,
     ) -> Result<Arc<Registry>, Error> {
         let started = Instant::now();
+        let synced = vouch::Synced::new();
+        synced.note(started);
         store.bind_keyspace(keyspace.bits()).await?;
         let Table {
             alloc,
@@ -371,6 +399,7 @@ impl Registry {
             follow_failing: Default::default(),
             load_config: Default::default(),
             applied: Default::default(),
+            synced,
         });
         registry.note_schema(schema);
         let w = registry.writer.lock().await;
@@ -432,6 +461,7 @@ impl Registry {
         weight: u64,
         fanout: u32,
         actor: &Actor,
+        ticket: &Ticket,
     ) -> Result<Allocated, Error> {
         keyspace::check_shares(weight, fanout)?;
         let request = NewAccount {
@@ -440,7 +470,8 @@ impl Registry {
             fanout,
             key: None,
         };
-        self.allocate_in_group((request, actor.clone())).await
+        self.allocate_in_group((request, actor.clone(), ticket.clone()))
+            .await
     }
 
     /// Gives each account a hash key (the walk's pick, or the one it brings), or answers
@@ -449,21 +480,28 @@ impl Registry {
         self: &Arc<Self>,
         requests: Vec<NewAccount>,
         actor: &Actor,
+        ticket: &Ticket,
     ) -> Result<Vec<Allocated>, Error> {
-        let requests = requests.into_iter().map(|r| (r, actor.clone())).collect();
+        let requests = (requests.into_iter())
+            .map(|r| (r, actor.clone(), ticket.clone()))
+            .collect();
         self.allocate_each(requests).await
     }
 
-    /// [`Registry::allocate_many`], each request made by its own actor (the requests of
-    /// several clients committed together).
+    /// [`Registry::allocate_many`], each request made by its own actor, with its own
+    /// ticket (the requests of several clients committed together).
     pub(super) async fn allocate_each(
         self: &Arc<Self>,
-        requests: Vec<(NewAccount, Actor)>,
+        requests: Vec<(NewAccount, Actor, Ticket)>,
     ) -> Result<Vec<Allocated>, Error> {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
             this.writable()?;
+            let tickets: Vec<&Ticket> = requests.iter().map(|(.., t)| t).collect();
+            if !tickets.iter().all(|t| t.wanted()) {
+                return Err(Error::NotMade);
+            }
             let mut now = this.decision_time().await?;
             // Mostly the log is where this process last saw it: pick from memory and write
             // it all in one round trip (or, when every account had a key, check in one
@@ -475,11 +513,18 @@ impl Registry {
             let started = Instant::now();
             let written = if new.is_empty() {
                 this.unmoved_since(w.last_event).await.map(|()| Vec::new())
+            } else if ticket::commit_all(&tickets).is_err() {
+                return Err(Error::NotMade);
             } else {
+                // The statement commits by itself: this was the commit point.
                 let by = Actors::Each(&actors);
-                this.store
+                let written = (this.store)
                     .insert_if_current(w.last_event, &new, by, now)
-                    .await
+                    .await;
+                if !matches!(written, Ok(_) | Err(StoreError::OutcomeUnknown(_))) {
+                    tickets.iter().for_each(|t| t.rolled_back());
+                }
+                written
             };
             let accounts = |new: &[KeyRow]| new.iter().filter(|r| r.index == 0).count();
             let (answers, new, ids) = match written {
@@ -496,8 +541,8 @@ impl Registry {
                         return Ok(answers);
                     }
                     let ids = tx.insert_many(&new, Actors::Each(&actors), now).await?;
-                    this.commit(&mut w, tx, Committed::Allocations(accounts(&new)))
-                        .await?;
+                    let what = Committed::Allocations(accounts(&new));
+                    this.commit(&mut w, tx, what, &tickets).await?;
                     (answers, new, ids)
                 }
                 Err(err) => return Err(err.into()),
@@ -575,7 +620,7 @@ impl Registry {
     fn pick(
         &self,
         w: &mut Writer,
-        requests: &[(NewAccount, Actor)],
+        requests: &[(NewAccount, Actor, Ticket)],
         now: i64,
     ) -> Result<Picked, Error> {
         self.end_switches(w, now)?;
@@ -583,7 +628,7 @@ impl Registry {
         let mut new: Vec<KeyRow> = Vec::new();
         let mut actors: Vec<Actor> = Vec::new();
         let mut failed = None;
-        for (request, actor) in requests {
+        for (request, actor, _) in requests {
             if let Some(existing) = self.lookup(request.account.as_str()) {
                 answers.push(Allocated::Existing(existing));
                 continue;
@@ -625,8 +670,10 @@ impl Registry {
         self: &Arc<Self>,
         account: AccountId,
         actor: &Actor,
+        ticket: &Ticket,
     ) -> Result<Assignment, Error> {
-        self.release_in_group((account, actor.clone())).await
+        self.release_in_group((account, actor.clone(), ticket.clone()))
+            .await
     }
 
     /// Frees each account's hash key in one transaction, each released by its own actor;
@@ -634,17 +681,21 @@ impl Registry {
     /// distinct.
     pub(super) async fn release_many(
         self: &Arc<Self>,
-        accounts: Vec<(AccountId, Actor)>,
+        accounts: Vec<(AccountId, Actor, Ticket)>,
     ) -> Result<Vec<Result<Assignment, Error>>, Error> {
         let this = Arc::clone(self);
         detached(async move {
             let mut w = this.writer.lock().await;
+            let tickets: Vec<Ticket> = accounts.iter().map(|(.., t)| t.clone()).collect();
+            if !tickets.iter().all(Ticket::wanted) {
+                return Err(Error::NotMade);
+            }
             let (mut tx, at) = this.begin(&mut w).await?;
             let mut answers = Vec::with_capacity(accounts.len());
             let mut gone: Vec<KeyRow> = Vec::new();
             let mut actors: Vec<Actor> = Vec::new();
             let mut released = 0;
-            for (account, actor) in accounts {
+            for (account, actor, _) in accounts {
                 match this.lookup(account.as_str()) {
                     Some(a) => {
                         // Highest index first: every moment's keys are `0..k`.
@@ -660,8 +711,8 @@ impl Registry {
                 return Ok(answers);
             }
             let ids = tx.delete_many(&gone, Actors::Each(&actors), at).await?;
-            this.commit(&mut w, tx, Committed::Releases(released))
-                .await?;
+            let tickets: Vec<&Ticket> = tickets.iter().collect();
+            (this.commit(&mut w, tx, Committed::Releases(released), &tickets)).await?;
             let events = ids.into_iter().zip(gone).map(|(id, row)| Event {
                 id,
                 at,
@@ -687,8 +738,10 @@ impl Registry {
         account: AccountId,
         change: Update,
         actor: &Actor,
+        ticket: &Ticket,
     ) -> Result<Assignment, Error> {
-        self.update_placed(account, change, None, actor).await
+        self.update_placed(account, change, None, actor, ticket)
+            .await
     }
 
     /// [`Registry::update`], a growth's new keys placed by `by_load` when given (each on the
@@ -699,11 +752,15 @@ impl Registry {
         change: Update,
         by_load: Option<LoadPlacement>,
         actor: &Actor,
+        ticket: &Ticket,
     ) -> Result<Assignment, Error> {
         let this = Arc::clone(self);
-        let actor = actor.clone();
+        let (actor, ticket) = (actor.clone(), ticket.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
             let (mut tx, at) = this.begin(&mut w).await?;
             let mut a = this
                 .lookup(account.as_str())
@@ -733,7 +790,7 @@ impl Registry {
                 let id = tx
                     .set_max_fanout(a.account.as_str(), cap, &actor, at)
                     .await?;
-                this.commit(&mut w, tx, Committed::Reweight).await?;
+                (this.commit(&mut w, tx, Committed::Reweight, &[&ticket])).await?;
                 let change = Change::MaxFanout {
                     account: a.account.clone(),
                     max_fanout: cap,
@@ -899,7 +956,7 @@ impl Registry {
                 };
                 events.push(Event { id, at, change });
             }
-            this.commit(&mut w, tx, Committed::Reweight).await?;
+            (this.commit(&mut w, tx, Committed::Reweight, &[&ticket])).await?;
             this.apply_events(&mut w, events)?;
             Ok(Assignment {
                 account: a.account,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use md5::{Digest, Md5};
 
 use super::controller::key_loads;
-use super::{Committed, Error, Held, LoadTotals, Registry, Writer, detached, now_ms};
+use super::{Committed, Error, Held, LoadTotals, Registry, Ticket, Writer, detached, now_ms};
 use crate::keyspace::{
     self, AccountId, Allocator, HashKey, Holding, KeyLoad, Load, LoadPlan, LoadPlanLimits,
     LoadSkew, Plan, ShardMap, plan_by_load,
@@ -126,15 +126,19 @@ impl Registry {
         switch_after_ms: i64,
         replan: bool,
         actor: &Actor,
+        ticket: &Ticket,
     ) -> Result<Applied, Error> {
         let parsed = PlanId::parse(&id).ok_or_else(|| Error::BadPlanId(id.clone()))?;
         let map = self.resolve(&parsed.spec).map_err(|e| match e {
             Error::Keyspace(_) => Error::BadPlanId(id.clone()),
             other => other,
         })?;
-        let (this, actor) = (Arc::clone(self), actor.clone());
+        let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
             let (mut tx, at) = this.begin(&mut w).await?;
             // Any change, a stream's map included, here or on another replica, moves the
             // event id on.
@@ -190,8 +194,8 @@ impl Registry {
             let ids = tx
                 .apply_moves(moves, &actor, at, switch_at, MoveReason::Admin)
                 .await?;
-            this.commit(&mut w, tx, Committed::Moves(moves.len()))
-                .await?;
+            let what = Committed::Moves(moves.len());
+            this.commit(&mut w, tx, what, &[&ticket]).await?;
             let events = ids
                 .into_iter()
                 .zip(moves)

@@ -232,8 +232,8 @@ impl Registry {
                 };
                 events.push(Event { id, at, change });
             }
-            this.commit(&mut w, tx, Committed::Allocations(done.written as usize))
-                .await?;
+            let what = Committed::Allocations(done.written as usize);
+            this.commit(&mut w, tx, what, &[]).await?;
             events.sort_unstable_by_key(|e| e.id);
             this.apply_events(&mut w, events)?;
             Ok(done)

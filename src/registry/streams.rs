@@ -3,10 +3,19 @@
 use std::sync::Arc;
 
 use super::rebalance::plan_id;
-use super::{Committed, Error, MapSpec, Registry, Writer, detached};
+use super::{Committed, Error, MapSpec, Registry, Ticket, Writer, detached};
 use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{self, Keyspace, Load, Plan, ShardMap, SplitPlan};
 use crate::store::{Actor, Change, Event, StreamRow, Tx};
+
+/// The map a stream registers: what `PUT /streams/{name}` takes.
+pub struct StreamMap {
+    pub map: ShardMap,
+    /// Every shard consumers read, closed ones and parents included; none for a uniform map.
+    pub lease_shards: Option<Vec<LeaseShard>>,
+    /// The number Kinesis will give the stream's next new shard.
+    pub next_shard: u64,
+}
 
 /// A registered stream.
 #[derive(Debug, Clone)]
@@ -116,21 +125,26 @@ impl Registry {
         streams.values().find(|s| s.primary).cloned()
     }
 
-    /// Registers or replaces `name`'s map. `listed` is every shard list-shards named
-    /// (`None` for a map given as a shard count). `primary: None` keeps the stream's
-    /// current role (or makes it primary if configuration named it so).
+    /// Registers or replaces `name`'s map. `primary: None` keeps the stream's current role
+    /// (or makes it primary if configuration named it so).
     pub async fn put_stream(
         self: &Arc<Self>,
         name: String,
-        map: ShardMap,
-        listed: Option<Vec<LeaseShard>>,
-        next_shard: u64,
+        StreamMap {
+            map,
+            lease_shards: listed,
+            next_shard,
+        }: StreamMap,
         primary: Option<bool>,
         actor: &Actor,
+        ticket: &Ticket,
     ) -> Result<StreamChange, Error> {
-        let (this, actor) = (Arc::clone(self), actor.clone());
+        let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
             let (mut tx, at) = this.begin(&mut w).await?;
             let old = this.stream(&name);
             let configured = w.pending_primary.as_deref() == Some(name.as_str());
@@ -155,6 +169,7 @@ impl Registry {
                         stream: name.clone(),
                     },
                 },
+                &ticket,
             )
             .await?;
             if primary && configured {
@@ -184,10 +199,18 @@ impl Registry {
     }
 
     /// Forgets a stream; if it was primary, new keys go back to the plain walk.
-    pub async fn delete_stream(self: &Arc<Self>, name: String, actor: &Actor) -> Result<(), Error> {
-        let (this, actor) = (Arc::clone(self), actor.clone());
+    pub async fn delete_stream(
+        self: &Arc<Self>,
+        name: String,
+        actor: &Actor,
+        ticket: &Ticket,
+    ) -> Result<(), Error> {
+        let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
             let (mut tx, at) = this.begin(&mut w).await?;
             this.stream(&name)
                 .ok_or_else(|| Error::UnknownStream(name.clone()))?;
@@ -204,6 +227,7 @@ impl Registry {
                     at,
                     change: Change::StreamDelete { stream: name },
                 },
+                &ticket,
             )
             .await
         })
@@ -258,6 +282,7 @@ impl Registry {
                         at,
                         change: Change::StreamPut { stream: name },
                     },
+                    &Ticket::unbounded(),
                 )
                 .await
             }
@@ -269,16 +294,18 @@ impl Registry {
         }
     }
 
-    /// Commits a stream change logged as `event`, then applies it; the streams table is
-    /// re-read inside the transaction, so memory gets exactly what was committed.
+    /// Commits a stream change logged as `event` (at `ticket`'s commit point), then applies
+    /// it; the streams table is re-read inside the transaction, so memory gets exactly what
+    /// was committed.
     async fn commit_stream_change(
         &self,
         w: &mut Writer,
         mut tx: Tx,
         event: Event,
+        ticket: &Ticket,
     ) -> Result<(), Error> {
         let rows = tx.load_streams().await?;
-        self.commit(w, tx, Committed::Stream).await?;
+        self.commit(w, tx, Committed::Stream, &[ticket]).await?;
         self.apply_events(w, vec![event])?;
         self.reload_streams(w, rows)
     }

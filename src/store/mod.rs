@@ -9,6 +9,7 @@
 pub mod leases;
 pub mod load;
 pub mod packed;
+mod pg_commit;
 mod postgres;
 mod queries;
 mod raw_sqlite;
@@ -501,6 +502,9 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]
     Database(sqlx::Error),
+    /// A COMMIT was sent and its result can no longer be known (see `pg_commit`).
+    #[error("the outcome of a commit is unknown: {0}")]
+    OutcomeUnknown(String),
 }
 
 /// The SQLite URL of `raw` when it looks like a bare file path (`/var/lib/k.db`, `k.db`):
@@ -590,7 +594,7 @@ const KEY_COLUMNS: &str = "SELECT account, idx, hash_key, weight, created_at FRO
 pub enum Tx {
     /// With the file's [`sqlite::Health`], which its statements and commit report to.
     Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>, sqlite::Health),
-    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    Postgres(pg_commit::PgTx),
 }
 
 /// Runs the same query function on whichever backend `$target` holds.

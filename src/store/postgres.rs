@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection as _, PgPool, Postgres, Transaction};
+use sqlx::{Connection as _, PgPool, Postgres};
+
+use super::pg_commit::PgTx;
 
 super::queries::queries!(Postgres);
 
@@ -50,7 +52,9 @@ pub async fn insert_if_current(
     at: i64,
 ) -> Result<Vec<i64>> {
     let columns = Columns::of(new, by);
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+    // A connection first: failing to get one sent nothing.
+    let mut conn = pool.acquire().await?;
+    let statement = sqlx::query_as::<_, (String, i64, i64)>(
         "SELECT account, idx, id FROM keyspread_allocate_keys_by($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(WRITE_LOCK)
@@ -62,14 +66,18 @@ pub async fn insert_if_current(
     .bind(&columns.created)
     .bind(&columns.actors)
     .bind(at)
-    .fetch_all(pool)
-    .await
-    .map_err(|err| match &err {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some(SERIALIZATION_FAILURE) => {
-            StoreError::LogMoved
-        }
-        _ => err.into(),
-    })?;
+    .fetch_all(&mut *conn);
+    // The statement commits by itself: once sent, its result is waited for like a COMMIT's.
+    let rows = super::pg_commit::settled(statement, None, &pool.connect_options())
+        .await
+        .map_err(|err| match &err {
+            StoreError::Database(sqlx::Error::Database(db))
+                if db.code().as_deref() == Some(SERIALIZATION_FAILURE) =>
+            {
+                StoreError::LogMoved
+            }
+            _ => err,
+        })?;
     columns.ids_in_order(rows)
 }
 
@@ -354,15 +362,18 @@ pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
 /// transaction rolls it back before the connection goes back to the pool. Sent together
 /// with `BEGIN` as one query, a refused lock left the connection in an aborted
 /// transaction that failed every later statement on it.
-pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
+pub async fn begin(pool: &PgPool) -> Result<PgTx> {
     let mut tx = pool.begin().await?;
-    sqlx::Executor::execute(&mut *tx, LOCK_WRITES).await?;
-    Ok(tx)
+    let row = sqlx::Executor::fetch_one(&mut *tx, LOCK_WRITES).await?;
+    let pid: i32 = row.try_get(0)?;
+    Ok(PgTx::new(tx, Some(pid), pool.connect_options()))
 }
 
-/// Takes the write lock. Sent without arguments it goes as a simple query: nothing to
-/// prepare, one message.
-const LOCK_WRITES: &str = "SELECT pg_advisory_xact_lock(7738725071420810593)";
+/// Takes the write lock, and names the backend that holds it (to ask after it while its
+/// COMMIT is under way). Without arguments it goes as a simple query: nothing to prepare,
+/// one message, and the lock is taken as soon as it arrives.
+const LOCK_WRITES: &str =
+    "SELECT pg_backend_pid() FROM (SELECT pg_advisory_xact_lock(7738725071420810593)) AS l";
 
 const _: () = assert!(WRITE_LOCK == 7_738_725_071_420_810_593);
 
@@ -372,10 +383,10 @@ const _: () = assert!(WRITE_LOCK == 7_738_725_071_420_810_593);
 const LEASE_LOCK: i32 = 0x6c65_6173; // "leas"
 
 /// A transaction holding `stream`'s lease lock, for changing its leases and workers.
-pub async fn begin_leases(pool: &PgPool, stream: &str) -> Result<Transaction<'static, Postgres>> {
+pub async fn begin_leases(pool: &PgPool, stream: &str) -> Result<PgTx> {
     let mut tx = pool.begin().await?;
     lease_lock(&mut tx, stream).await?;
-    Ok(tx)
+    Ok(PgTx::new(tx, None, pool.connect_options()))
 }
 
 /// Takes `stream`'s lease lock until the transaction ends.
@@ -389,16 +400,18 @@ pub async fn lease_lock(conn: &mut Conn, stream: &str) -> Result<()> {
 }
 
 /// A read-only transaction over one snapshot of the database, waiting for no lock.
-pub async fn snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
-    Ok(pool
+pub async fn snapshot(pool: &PgPool) -> Result<PgTx> {
+    let tx = pool
         .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await?)
+        .await?;
+    Ok(PgTx::new(tx, None, pool.connect_options()))
 }
 
-/// Commits `tx`. The other replicas hear of it from the `events` trigger (migration
-/// 0003), on commit and only then.
-pub async fn commit(tx: Transaction<'static, Postgres>) -> Result<()> {
-    Ok(tx.commit().await?)
+/// Commits `tx`, waiting for the result while its session lives (see
+/// [`pg_commit::settled`](super::pg_commit::settled)). The other replicas hear of it from
+/// the `events` trigger (migration 0003), on commit and only then.
+pub async fn commit(tx: PgTx) -> Result<()> {
+    tx.commit().await
 }
 
 #[cfg(test)]
