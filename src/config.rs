@@ -190,8 +190,8 @@ pub struct ServeConfig {
     pub auth_failure_burst: u32,
 
     /// Rate-limit clients allowed to mutate too (holders of the token; without a token,
-    /// clients on this host). Off by default: the limit is there for the others, and to
-    /// slow token guessing.
+    /// clients on this host). Off by default: the limit is there for the others (wrong
+    /// and missing tokens have --auth-failures-per-minute).
     #[arg(long, env = "KEYSPREAD_LIMIT_TOKEN_HOLDERS")]
     pub limit_token_holders: bool,
 

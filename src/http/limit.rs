@@ -221,8 +221,9 @@ impl Extra for Recent {
 /// they pass. Over budget, a host's credentials are not checked, but for the grants that
 /// passed from it within the last [`REMEMBERED`]: if any other token were checked, a guess
 /// that hits would stand out among the 429s, and the budget would not slow guessing at
-/// all. The price: a host that shares its address with a guesser (behind one NAT) waits
-/// for the budget with a token it has not used in that time.
+/// all. The price, for hosts that share an address with a guesser (behind one NAT): a
+/// token not used from it in that time waits for the budget like a guess, and the guesser
+/// is not slowed on the tokens that were.
 #[derive(Debug)]
 pub struct CredentialBudget {
     buckets: Buckets<Option<IpNet>, Recent>,
