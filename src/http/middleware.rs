@@ -42,10 +42,9 @@ pub async fn time_limit(
 /// token`; `/metrics` needs `--metrics-token` when there is one. Refused credentials spend
 /// their host's budget ([`CredentialBudget`](super::CredentialBudget)), other refusals the
 /// client's mutation limit; allowed changes are limited only with `--limit-token-holders`.
-/// An allowed request
-/// carries its [`Actor`] to the handler. Behind a trusted proxy, the client is the one its
-/// `X-Forwarded-For` names; a request another proxy relayed (it carries a forwarding
-/// header) is from a remote client.
+/// An allowed request carries its [`Actor`] to the handler. Behind a trusted proxy, the
+/// client is the one its `X-Forwarded-For` names; a request another proxy relayed (it
+/// carries a forwarding header) is from a remote client.
 pub async fn authorize(
     State(state): State<AppState>,
     mut request: Request,
@@ -156,13 +155,13 @@ impl Refusal {
 
 /// Runs `authenticate` on the budget of refused credentials of `client`'s host: a refusal
 /// keeps the try it took, a pass gives it back. Over budget nothing is checked but the
-/// names that passed from that host recently (see [`CredentialBudget`](super::CredentialBudget)): any other token,
-/// right or wrong, gets the same 429.
+/// names that passed from that host recently: any other token, right or wrong, gets the
+/// same 429 (see [`CredentialBudget`](super::CredentialBudget) for the trade-off).
 fn on_budget<G>(
     access: &Access,
     client: Option<Client>,
     name: fn(&G) -> &str,
-    authenticate: impl Fn() -> Result<G, Refused>,
+    authenticate: impl FnOnce() -> Result<G, Refused>,
 ) -> Result<G, Refusal> {
     let Some((budget, client)) = access.credential_budget.as_ref().zip(client) else {
         return authenticate().map_err(|refused| Refusal::uncounted(refused.into_answer()));
@@ -175,9 +174,8 @@ fn on_budget<G>(
                 _ => Err(Refusal {
                     answer: Box::new(too_many(
                         wait,
-                        "too many refused credentials from this host: until then no token \
-                         from it is checked but those that passed from it in the last 10 \
-                         minutes",
+                        "too many refused credentials from this host, so no token from it is \
+                         checked now but those that passed from it in the last 10 minutes",
                     )),
                     counted: true,
                 }),
