@@ -175,9 +175,23 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_MUTATION_BURST", default_value_t = 2000)]
     pub mutation_burst: u32,
 
+    /// Refused credentials (no token, or one this server does not take, where one is
+    /// needed) a client address may send per minute, an IPv6 client's whole /64 counting as
+    /// one address. Past them and the burst, tokens from that address are not checked, but
+    /// for those that passed from it in the last 10 minutes: 429 with `Retry-After`. 0: no
+    /// such budget (refusals count against --mutation-rate then).
+    #[arg(long, env = "KEYSPREAD_AUTH_FAILURES_PER_MINUTE", default_value_t = 60,
+          value_parser = clap::value_parser!(u32).range(0..=60_000))]
+    pub auth_failures_per_minute: u32,
+
+    /// Refused credentials an address may send at once before the per-minute rate applies.
+    #[arg(long, env = "KEYSPREAD_AUTH_FAILURE_BURST", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub auth_failure_burst: u32,
+
     /// Rate-limit clients allowed to mutate too (holders of the token; without a token,
-    /// clients on this host). Off by default: the limit is there for the others, and to
-    /// slow token guessing.
+    /// clients on this host). Off by default: the limit is there for the others (wrong
+    /// and missing tokens have --auth-failures-per-minute).
     #[arg(long, env = "KEYSPREAD_LIMIT_TOKEN_HOLDERS")]
     pub limit_token_holders: bool,
 
@@ -224,7 +238,8 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
-    /// Defaults for tests: loopback port 0, no token, 128 bits, mutations not rate-limited.
+    /// Defaults for tests: loopback port 0, no token, 128 bits, mutations and refused
+    /// credentials not rate-limited.
     pub fn for_tests(database_url: String) -> ServeConfig {
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -246,6 +261,8 @@ impl ServeConfig {
             max_connections: 10_000,
             mutation_rate: 0,
             mutation_burst: 2000,
+            auth_failures_per_minute: 0,
+            auth_failure_burst: 20,
             limit_token_holders: false,
             allowed_hosts: Vec::new(),
             trusted_proxies: Vec::new(),

@@ -57,6 +57,8 @@ pub struct Access {
     pub metrics_token: Option<config::Token>,
     /// Per-client rate limit of mutations, if any.
     pub mutation_limit: Option<http::MutationLimiter>,
+    /// Per-host budget of refused credentials, if any: stricter than the mutation limit.
+    pub credential_budget: Option<http::CredentialBudget>,
     /// Whether the limit applies to clients allowed to mutate too, not only to the others.
     pub limit_token_holders: bool,
     /// Without a token, the names requests may address and pages may come from.
@@ -113,6 +115,10 @@ impl AppState {
             read_access: config.read_access,
             metrics_token: config.metrics_token.clone(),
             mutation_limit: http::MutationLimiter::new(config.mutation_rate, config.mutation_burst),
+            credential_budget: http::CredentialBudget::new(
+                config.auth_failures_per_minute,
+                config.auth_failure_burst,
+            ),
             limit_token_holders: config.limit_token_holders,
             local_names: http::LocalNames::new(config.allowed_hosts.clone()),
             trusted_proxies: http::TrustedProxies::new(config.trusted_proxies.clone()),

@@ -28,7 +28,8 @@ impl LookupCache {
     /// Reads the configured header. Refuses a directive bounding an answer's life that is
     /// given twice (caches differ on which one counts) or is not whole seconds, and a
     /// lifetime past [`MAX_LIFETIME_S`], the longest a staged switch waits: a cached answer
-    /// would outlive the old key.
+    /// would outlive the old key. Refuses a lifetime of 0 too: no operator needs it (a
+    /// max-age beside `no-cache` revalidates every lookup) and it breaks mirrors and moves.
     pub fn parse(header: HeaderValue) -> Result<Self, String> {
         let text = header
             .to_str()
@@ -75,6 +76,19 @@ impl LookupCache {
                 cache.lifetime()
             ));
         }
+        if cache.lifetime() == 0 {
+            return Err(
+                "answers could be cached 0 s (max-age=0, or no max-age as with no-cache or \
+                 no-store alone): every mirror would be Stale at once and stay so (a mirror \
+                 answers only within the snapshot's max_age_s, this lifetime, of its last sync), \
+                 and staged moves would switch the moment they are applied, unannounced (their \
+                 wait defaults to this lifetime). Set max-age to at least 1 (the default is \
+                 max-age=60); to have caches revalidate every lookup, keep a max-age beside \
+                 no-cache: max-age=60, no-cache; a rebalance that must switch at once can say \
+                 switch_after_s: 0"
+                    .to_owned(),
+            );
+        }
         Ok(cache)
     }
 
@@ -84,7 +98,7 @@ impl LookupCache {
     }
 
     /// Longest any cache may serve an answer, in seconds: the larger of `max-age` and
-    /// `s-maxage`, plus `stale-while-revalidate` (0 when nothing allows caching).
+    /// `s-maxage`, plus `stale-while-revalidate`; at least 1 once parsed.
     pub fn lifetime(&self) -> u64 {
         let fresh = self.max_age.max(self.s_maxage).unwrap_or(0);
         fresh.saturating_add(self.stale_while_revalidate.unwrap_or(0))
@@ -132,7 +146,29 @@ mod tests {
         assert_eq!(refused("s-maxage=1, s-maxage=1"), "s-maxage is given twice");
         assert_eq!(refused("max-age=-1"), "max-age must be whole seconds");
         assert_eq!(refused("max-age"), "max-age must be whole seconds");
-        assert_eq!(cache("no-cache").lifetime(), 0);
+    }
+
+    /// A lifetime of 0 leaves every mirror Stale and switches staged moves unannounced.
+    #[test]
+    fn a_lifetime_of_0_is_refused_saying_what_to_set() {
+        for text in [
+            "max-age=0",
+            "no-cache",
+            "no-store",
+            "private",
+            "max-age=0, s-maxage=0, stale-while-revalidate=0",
+        ] {
+            let why = refused(text);
+            assert!(why.contains("0 s"), "{text}: {why}");
+            assert!(
+                why.contains("Stale") && why.contains("switch"),
+                "{text}: {why}"
+            );
+            assert!(why.contains("max-age=60, no-cache"), "{text}: {why}");
+        }
+        assert_eq!(cache("no-cache, max-age=60").lifetime(), 60);
+        assert_eq!(cache("max-age=0, stale-while-revalidate=5").lifetime(), 5);
+        assert_eq!(cache("no-store, s-maxage=1").lifetime(), 1);
     }
 
     #[test]
@@ -140,8 +176,7 @@ mod tests {
         assert_eq!(cache("max-age=60").lifetime(), 60);
         assert_eq!(cache("public, max-age=10, s-maxage=30").lifetime(), 30);
         assert_eq!(cache("max-age=10, stale-while-revalidate=5").lifetime(), 15);
-        assert_eq!(cache("no-cache").lifetime(), 0);
-        assert_eq!(cache("no-store").lifetime(), 0);
+        assert_eq!(cache("no-cache, max-age=20").lifetime(), 20);
         assert_eq!(cache("MAX-AGE=\"7\"").lifetime(), 7);
     }
 
@@ -163,6 +198,9 @@ mod tests {
             cache("max-age=5, stale-if-error=600").until(20),
             "max-age=5"
         );
-        assert_eq!(cache("no-cache").until(3), "no-cache");
+        assert_eq!(
+            cache("no-cache, max-age=60").until(3),
+            "no-cache, max-age=3"
+        );
     }
 }

@@ -86,12 +86,13 @@ impl Credentials {
         Ok(tokens)
     }
 
-    /// The grant of the request's token if it holds `role`; else the refusal to send.
-    #[allow(clippy::result_large_err)] // an answer, made only for refused requests
-    pub fn check(&self, headers: &HeaderMap, role: Role) -> Result<Grant, Response<Body>> {
+    /// The grant of the request's token; else why there is none. `role` is what the
+    /// request needs: it says so when refused, and a read may present its token as a
+    /// browser's Basic password.
+    pub fn authenticate(&self, headers: &HeaderMap, role: Role) -> Result<Grant, Refused> {
         let token = presented(headers, role)?;
         if token.len() > MAX_TOKEN_LEN {
-            return Err(unauthorized(
+            return Err(unknown(
                 role,
                 &format!(
                     "the token is {} characters long, and no token of this server is longer \
@@ -101,31 +102,55 @@ impl Credentials {
             ));
         }
         let tokens = self.tokens();
-        let Some(grant) = tokens.find(&token) else {
-            return Err(unauthorized(
+        let grant = tokens.find(&token).ok_or_else(|| {
+            unknown(
                 role,
-                "the token in Authorization: Bearer is not one this server takes (wrong, or removed \
-                 from the tokens file)",
-            ));
-        };
-        if !grant.roles.allow(role) {
-            return Err(problem(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                &format!(
-                    "this needs a token with the {role} role{}; the token {:?} has {}",
-                    if role == Role::Admin {
-                        ""
-                    } else {
-                        " (or admin)"
-                    },
-                    grant.name,
-                    grant.roles
-                ),
-            ));
-        }
+                "the token in Authorization: Bearer is not one this server takes (wrong, or \
+                 removed from the tokens file)",
+            )
+        })?;
         Ok(grant.clone())
     }
+}
+
+/// Why a request presents no grant (the answer boxed: refusals are the rare case).
+#[derive(Debug)]
+pub enum Refused {
+    /// No token, or one this server does not take: 401, and a guess if it was one.
+    Unknown(Box<Response<Body>>),
+    /// An `Authorization` header no client sends (several, two tokens in one): 400.
+    Malformed(Box<Response<Body>>),
+}
+
+impl Refused {
+    /// The answer to send.
+    pub fn into_answer(self) -> Response<Body> {
+        match self {
+            Refused::Unknown(answer) | Refused::Malformed(answer) => *answer,
+        }
+    }
+}
+
+/// Nothing when `grant` holds `role`; else the 403 that names the role needed.
+#[allow(clippy::result_large_err)] // an answer, made only for refused requests
+pub fn permit(grant: &Grant, role: Role) -> Result<(), Response<Body>> {
+    if grant.roles.allow(role) {
+        return Ok(());
+    }
+    Err(problem(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        &format!(
+            "this needs a token with the {role} role{}; the token {:?} has {}",
+            if role == Role::Admin {
+                ""
+            } else {
+                " (or admin)"
+            },
+            grant.name,
+            grant.roles
+        ),
+    ))
 }
 
 /// A tokens file anyone but root and this server's user may write could grant them admin:
@@ -176,11 +201,10 @@ fn check_mode(_: &Path) -> Result<(), CredentialsError> {
 
 /// The token the request presents: `Authorization: Bearer <token>`, or, for a read (a
 /// browser asked for the page), `Basic` with the token as the password.
-#[allow(clippy::result_large_err)] // an answer, made only for refused requests
-fn presented(headers: &HeaderMap, role: Role) -> Result<String, Response<Body>> {
+fn presented(headers: &HeaderMap, role: Role) -> Result<String, Refused> {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let Some(value) = values.next() else {
-        return Err(unauthorized(
+        return Err(unknown(
             role,
             &format!("this needs a token with the {role} role: send Authorization: Bearer <token>"),
         ));
@@ -200,10 +224,10 @@ fn presented(headers: &HeaderMap, role: Role) -> Result<String, Response<Body>> 
         basic_password(rest.trim())
             .ok_or_else(|| bad_authorization("Authorization: Basic is not base64 of NAME:TOKEN"))?
     } else {
-        return Err(unauthorized(role, "Authorization must be `Bearer <token>`"));
+        return Err(unknown(role, "Authorization must be `Bearer <token>`"));
     };
     if token.is_empty() {
-        return Err(unauthorized(role, "Authorization: Bearer carries no token"));
+        return Err(unknown(role, "Authorization: Bearer carries no token"));
     }
     if token.contains(' ') {
         return Err(bad_authorization(
@@ -241,6 +265,14 @@ pub fn unauthorized(role: Role, detail: &str) -> Response<Body> {
     denied
 }
 
-fn bad_authorization(detail: &str) -> Response<Body> {
-    problem(StatusCode::BAD_REQUEST, "bad-authorization", detail)
+fn unknown(role: Role, detail: &str) -> Refused {
+    Refused::Unknown(Box::new(unauthorized(role, detail)))
+}
+
+fn bad_authorization(detail: &str) -> Refused {
+    Refused::Malformed(Box::new(problem(
+        StatusCode::BAD_REQUEST,
+        "bad-authorization",
+        detail,
+    )))
 }

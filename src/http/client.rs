@@ -33,6 +33,18 @@ impl Client {
     pub fn is_loopback(self) -> bool {
         matches!(self, Client::Address(ip) if ip.is_loopback())
     }
+
+    /// The addresses one host holds, where its refused credentials are counted: an IPv4
+    /// address, or an IPv6 /64 (a host is given a whole /64 and may send from any address
+    /// in it). `None` for the clients no proxy could name, who share one count.
+    pub fn block(self) -> Option<IpNet> {
+        let ip = match self {
+            Client::Address(ip) | Client::Relayed(ip) => ip.to_canonical(),
+            Client::Unknown => return None,
+        };
+        let prefix = if ip.is_ipv4() { 32 } else { 64 };
+        IpNet::new(ip, prefix).ok().map(|net| net.trunc())
+    }
 }
 
 /// The proxies and load balancers allowed to name the client in `X-Forwarded-For`.
@@ -241,6 +253,31 @@ mod tests {
             v4.client(mapped, &forwarded(&["192.0.2.8"])),
             at("192.0.2.8")
         );
+    }
+
+    #[test]
+    fn a_host_is_its_ipv4_address_or_its_ipv6_64() {
+        let block = |text: &str| at(text).block().unwrap().to_string();
+        assert_eq!(block("2001:db8:1:2::7"), "2001:db8:1:2::/64");
+        assert_eq!(
+            at("2001:db8:1:2::7").block(),
+            at("2001:db8:1:2:ffff:ffff:ffff:ffff").block()
+        );
+        assert_ne!(at("2001:db8:1:2::7").block(), at("2001:db8:1:3::7").block());
+        assert_ne!(at("2001:db8:1:2::7").block(), at("2001:db8:2:2::7").block());
+        assert_eq!(block("198.51.100.7"), "198.51.100.7/32");
+        assert_ne!(at("198.51.100.7").block(), at("198.51.100.8").block());
+        // An IPv4 client seen through an IPv6 socket is that IPv4 address, not a /64.
+        assert_eq!(
+            at("::ffff:198.51.100.7").block(),
+            at("198.51.100.7").block()
+        );
+        // A client relayed by an untrusted proxy counts as the proxy's address.
+        assert_eq!(
+            Client::Relayed(ip("2001:db8::1")).block(),
+            at("2001:db8::2").block()
+        );
+        assert_eq!(Client::Unknown.block(), None);
     }
 
     #[test]

@@ -1,57 +1,158 @@
-//! Per-client rate limit of mutations: a token bucket per client IP address (clients a
-//! proxy could not name share one).
+//! Per-client rate limits as token buckets: refused mutations per client IP address
+//! (`--mutation-rate`), and refused credentials per host (`--auth-failures-per-minute`),
+//! stricter, so that tokens cannot be guessed quickly. Clients a proxy could not name share
+//! one bucket.
 //!
-//! Only mutations reach the map (each of them waits on a database commit anyway), so one
-//! `std::sync::Mutex` around it costs nothing that matters; reads never touch it.
+//! Each limiter keeps its map behind one `std::sync::Mutex`, held for a few arithmetic
+//! operations and never across an `.await`.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::client::Client;
 
-/// Most clients tracked at once. Past it, idle buckets are dropped first; if every bucket
-/// is still in use, newcomers share one bucket, so memory stays bounded under a flood of
-/// addresses.
+mod credentials;
+
+pub use credentials::CredentialBudget;
+
+/// Most clients one limiter tracks at once. Past it, idle entries are dropped first; if
+/// every entry is still in use, newcomers share one, so memory stays bounded under a flood
+/// of addresses.
 const MAX_CLIENTS: usize = 100_000;
 
-/// How often idle buckets are swept even when the map is not full.
+/// How often idle entries are swept even when the map is not full.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-/// Where clients past [`MAX_CLIENTS`] are counted together.
-const OVERFLOW: Client = Client::Address(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+/// How often a full map is swept at most: each sweep walks every entry, so a flood of
+/// newcomers must not make every request pay for one.
+const SWEEP_FULL_EVERY: Duration = Duration::from_secs(1);
 
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
+/// Where clients past [`MAX_CLIENTS`] are counted together: no real client's address.
+const OVERFLOW: IpAddr = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+
+/// A bucket, and what its client's entry keeps beside it.
+#[derive(Debug)]
+struct Entry<E> {
     tokens: f64,
     at: Instant,
+    extra: E,
+}
+
+impl<E> Entry<E> {
+    /// Takes a token; when there is none, answers how long until there is.
+    fn take(&mut self, rate: f64) -> Result<(), Duration> {
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
+        }
+    }
+}
+
+/// What an entry keeps besides its bucket.
+trait Extra: Default {
+    /// Whether the entry must stay although its bucket is full.
+    fn in_use(&self, now: Instant) -> bool;
+}
+
+impl Extra for () {
+    fn in_use(&self, _: Instant) -> bool {
+        false
+    }
+}
+
+/// Buckets of `burst` tokens that refill at `rate` a second, one per key.
+#[derive(Debug)]
+struct Buckets<K, E> {
+    rate: f64,
+    burst: f64,
+    table: Mutex<Table<K, E>>,
 }
 
 #[derive(Debug)]
-struct Buckets {
-    clients: HashMap<Client, Bucket>,
+struct Table<K, E> {
+    entries: HashMap<K, Entry<E>>,
     swept: Instant,
+}
+
+impl<K: Hash + Eq + Copy, E: Extra> Buckets<K, E> {
+    /// A burst below 1 is taken as 1.
+    fn new(rate: f64, burst: u32) -> Self {
+        Buckets {
+            rate,
+            burst: f64::from(burst.max(1)),
+            table: Mutex::new(Table {
+                entries: HashMap::new(),
+                swept: Instant::now(),
+            }),
+        }
+    }
+
+    /// Runs `f` on the entry of `key` (or of `overflow`, for a newcomer past
+    /// [`MAX_CLIENTS`]) refilled to `now`, with the key whose entry it is.
+    fn with<R>(
+        &self,
+        key: K,
+        overflow: K,
+        now: Instant,
+        f: impl FnOnce(K, &mut Entry<E>) -> R,
+    ) -> R {
+        let mut table = self.table.lock().expect("rate limit lock poisoned");
+        if now.saturating_duration_since(table.swept) >= SWEEP_EVERY {
+            self.sweep(&mut table, now);
+        }
+        let mut key = key;
+        if !table.entries.contains_key(&key) && table.entries.len() >= MAX_CLIENTS {
+            if now.saturating_duration_since(table.swept) >= SWEEP_FULL_EVERY {
+                self.sweep(&mut table, now);
+            }
+            if table.entries.len() >= MAX_CLIENTS {
+                key = overflow;
+            }
+        }
+        let entry = table.entries.entry(key).or_insert_with(|| Entry {
+            tokens: self.burst,
+            at: now,
+            extra: E::default(),
+        });
+        let elapsed = now.saturating_duration_since(entry.at).as_secs_f64();
+        entry.tokens = (entry.tokens + elapsed * self.rate).min(self.burst);
+        entry.at = entry.at.max(now);
+        f(key, entry)
+    }
+
+    /// Drops the entries whose bucket has refilled and that keep nothing else in use: a
+    /// full bucket is the same as none.
+    fn sweep(&self, table: &mut Table<K, E>, now: Instant) {
+        let (rate, burst) = (self.rate, self.burst);
+        table.entries.retain(|_, e| {
+            let elapsed = now.saturating_duration_since(e.at).as_secs_f64();
+            e.tokens + elapsed * rate < burst || e.extra.in_use(now)
+        });
+        table.swept = now;
+    }
+
+    fn tracked(&self) -> usize {
+        let table = self.table.lock().expect("rate limit lock poisoned");
+        table.entries.len()
+    }
 }
 
 /// Token buckets: `rate` mutations per second per client, bursts of up to `burst`.
 #[derive(Debug)]
 pub struct MutationLimiter {
-    rate: f64,
-    burst: f64,
-    buckets: Mutex<Buckets>,
+    buckets: Buckets<Client, ()>,
 }
 
 impl MutationLimiter {
     /// `None` when `rate` is 0 (no limit). A burst below 1 is taken as 1.
     pub fn new(rate: u32, burst: u32) -> Option<MutationLimiter> {
         (rate > 0).then(|| MutationLimiter {
-            rate: f64::from(rate),
-            burst: f64::from(burst.max(1)),
-            buckets: Mutex::new(Buckets {
-                clients: HashMap::new(),
-                swept: Instant::now(),
-            }),
+            buckets: Buckets::new(f64::from(rate), burst),
         })
     }
 
@@ -66,49 +167,14 @@ impl MutationLimiter {
     }
 
     fn check_at(&self, client: Client, now: Instant) -> Result<(), Duration> {
-        let mut buckets = self.buckets.lock().expect("rate limit lock poisoned");
-        if now.duration_since(buckets.swept) >= SWEEP_EVERY {
-            self.sweep(&mut buckets, now);
-        }
-        let mut key = client;
-        if !buckets.clients.contains_key(&client) && buckets.clients.len() >= MAX_CLIENTS {
-            self.sweep(&mut buckets, now);
-            if buckets.clients.len() >= MAX_CLIENTS {
-                key = OVERFLOW;
-            }
-        }
-        let full = Bucket {
-            tokens: self.burst,
-            at: now,
-        };
-        let bucket = buckets.clients.entry(key).or_insert(full);
-        let elapsed = now.duration_since(bucket.at).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * self.rate).min(self.burst);
-        bucket.at = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - bucket.tokens) / self.rate))
-        }
-    }
-
-    /// Drops the buckets that have refilled: a full bucket is the same as none.
-    fn sweep(&self, buckets: &mut Buckets, now: Instant) {
-        let (rate, burst) = (self.rate, self.burst);
-        buckets
-            .clients
-            .retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * rate < burst);
-        buckets.swept = now;
+        let rate = self.buckets.rate;
+        let overflow = Client::Address(OVERFLOW);
+        (self.buckets).with(client, overflow, now, |_, bucket| bucket.take(rate))
     }
 
     /// Clients currently tracked.
     pub fn tracked(&self) -> usize {
-        self.buckets
-            .lock()
-            .expect("rate limit lock poisoned")
-            .clients
-            .len()
+        self.buckets.tracked()
     }
 }
 

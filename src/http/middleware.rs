@@ -1,4 +1,4 @@
-//! Cross-cutting request handling: authentication of mutations, the names a server without
+//! Cross-cutting request handling: authentication, the names a server without
 //! a token answers under, and problem+json for every error, the framework's own rejections
 //! included.
 
@@ -10,10 +10,11 @@ use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, Response, StatusCode, header};
 use axum::middleware::Next;
 
+use super::auth::{Refused, permit};
 use super::client::Client;
 use super::error::{PROBLEM_JSON, problem};
 use super::roles::{self, Need};
-use crate::config::{ReadAccess, Role, Token};
+use crate::config::{Grant, ReadAccess, Role, Token};
 use crate::registry::Ticket;
 use crate::store::Actor;
 use crate::{Access, AppState};
@@ -47,11 +48,12 @@ pub async fn time_limit(
 /// Every operation needs what `roles::need` says. Without tokens (no `--token`, no
 /// `--tokens-file`), changes are taken from loopback clients only, and no foreign `Origin`;
 /// with them, a token whose role allows the operation, and reads too with `--read-access
-/// token`. Refused requests are rate-limited per client, so tokens cannot be guessed
-/// quickly; allowed changes only with `--limit-token-holders`. An allowed request carries
-/// its [`Actor`] to the handler. Behind a trusted proxy, the client is the one its
-/// `X-Forwarded-For` names; a request another proxy relayed (it carries a forwarding
-/// header) is from a remote client.
+/// token`; `/metrics` needs `--metrics-token` when there is one. Refused credentials spend
+/// their host's budget ([`CredentialBudget`](super::CredentialBudget)), other refusals the
+/// client's mutation limit; allowed changes are limited only with `--limit-token-holders`.
+/// An allowed request carries its [`Actor`] to the handler. Behind a trusted proxy, the
+/// client is the one its `X-Forwarded-For` names; a request another proxy relayed (it
+/// carries a forwarding header) is from a remote client.
 pub async fn authorize(
     State(state): State<AppState>,
     mut request: Request,
@@ -62,39 +64,146 @@ pub async fn authorize(
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_default();
-    let role = match roles::need(request.method(), &template) {
-        Need::Nothing | Need::MetricsToken => return next.run(request).await,
-        Need::Role(role) => role,
-    };
     let access = &state.access;
+    let role = match roles::need(request.method(), &template) {
+        Need::Nothing => return next.run(request).await,
+        Need::MetricsToken => None,
+        Need::Role(role) => Some(role),
+    };
     let reads_open = access.read_access == ReadAccess::Open || access.credentials.is_none();
-    if role == Role::Read && reads_open {
+    if role == Some(Role::Read) && reads_open {
         return next.run(request).await;
     }
     let client =
         peer(&request).map(|addr| access.trusted_proxies.client(addr.ip(), request.headers()));
-    let allowed = match &access.credentials {
-        Some(credentials) => credentials
-            .check(request.headers(), role)
-            .map(|grant| Actor::new(&grant.name)),
-        None => match local_only(access, client, request.headers()) {
-            Some(refused) => Err(refused),
-            None => Ok(Actor::loopback()),
-        },
+    let allowed = identify(access, client, request.headers(), role);
+    let limited = match &allowed {
+        Err(refusal) => !refusal.counted,
+        Ok(_) => access.limit_token_holders && role.is_some_and(|r| r != Role::Read),
     };
-    let limited = allowed.is_err() || (access.limit_token_holders && role != Role::Read);
     if limited
         && let (Some(limiter), Some(client)) = (&access.mutation_limit, client)
         && let Err(wait) = limiter.check(client)
     {
-        return too_many(wait);
+        return too_many(wait, "too many changes from this client");
     }
     match allowed {
         Ok(actor) => {
-            request.extensions_mut().insert(actor);
+            if let Some(actor) = actor {
+                request.extensions_mut().insert(actor);
+            }
             next.run(request).await
         }
-        Err(refused) => refused,
+        Err(refusal) => *refusal.answer,
+    }
+}
+
+/// Who a request that needs `role` (or, for `None`, the metrics token) is: its actor (none
+/// for a scraper), or its refusal.
+fn identify(
+    access: &Access,
+    client: Option<Client>,
+    headers: &HeaderMap,
+    role: Option<Role>,
+) -> Result<Option<Actor>, Refusal> {
+    match (role, &access.credentials) {
+        (None, _) => match &access.metrics_token {
+            Some(token) => {
+                on_budget(access, client, |_| SCRAPER, || scraper(headers, token)).map(|()| None)
+            }
+            None => Ok(None),
+        },
+        (Some(role), Some(credentials)) => {
+            let grant = on_budget(
+                access,
+                client,
+                |g: &Grant| &g.name,
+                || credentials.authenticate(headers, role),
+            );
+            grant.and_then(|grant| match permit(&grant, role) {
+                Ok(()) => Ok(Some(Actor::new(&grant.name))),
+                Err(answer) => Err(Refusal::uncounted(answer)),
+            })
+        }
+        (Some(_), None) => match local_only(access, client, headers) {
+            Some(answer) => Err(Refusal::uncounted(answer)),
+            None => Ok(Some(Actor::loopback())),
+        },
+    }
+}
+
+/// What the budget of refused credentials remembers a metrics scraper by: no grant's name
+/// (those have no `/`).
+const SCRAPER: &str = "/metrics";
+
+/// Nothing when the request carries the metrics token; else the 401.
+fn scraper(headers: &HeaderMap, token: &Token) -> Result<(), Refused> {
+    match carries(headers, token) {
+        true => Ok(()),
+        false => Err(Refused::Unknown(Box::new(unauthorized(
+            "metrics need Authorization: Bearer <metrics token>",
+        )))),
+    }
+}
+
+/// A refused request's answer, and whether the budget of refused credentials counted it
+/// (else the mutation limit does).
+struct Refusal {
+    answer: Box<Response<Body>>,
+    counted: bool,
+}
+
+impl Refusal {
+    fn uncounted(answer: Response<Body>) -> Refusal {
+        Refusal {
+            answer: Box::new(answer),
+            counted: false,
+        }
+    }
+}
+
+/// Runs `authenticate` on the budget of refused credentials of `client`'s host: a refusal
+/// keeps the try it took, a pass gives it back. Over budget nothing is checked but the
+/// names that passed from that host recently: any other token, right or wrong, gets the
+/// same 429 (see [`CredentialBudget`](super::CredentialBudget) for the trade-off).
+fn on_budget<G>(
+    access: &Access,
+    client: Option<Client>,
+    name: fn(&G) -> &str,
+    authenticate: impl FnOnce() -> Result<G, Refused>,
+) -> Result<G, Refusal> {
+    let Some((budget, client)) = access.credential_budget.as_ref().zip(client) else {
+        return authenticate().map_err(|refused| Refusal::uncounted(refused.into_answer()));
+    };
+    let taken = match budget.take(client) {
+        Ok(taken) => taken,
+        Err(wait) => {
+            return match authenticate() {
+                Ok(grant) if budget.knows(client, name(&grant)) => Ok(grant),
+                _ => Err(Refusal {
+                    answer: Box::new(too_many(
+                        wait,
+                        "too many refused credentials from this host, so no token from it is \
+                         checked now but those that passed from it in the last 10 minutes",
+                    )),
+                    counted: true,
+                }),
+            };
+        }
+    };
+    match authenticate() {
+        Ok(grant) => {
+            budget.passed(taken, name(&grant));
+            Ok(grant)
+        }
+        Err(Refused::Unknown(answer)) => Err(Refusal {
+            answer,
+            counted: true,
+        }),
+        Err(refused @ Refused::Malformed(_)) => {
+            budget.give_back(taken);
+            Err(Refusal::uncounted(refused.into_answer()))
+        }
     }
 }
 
@@ -182,12 +291,12 @@ fn quoted(value: &[u8]) -> String {
 }
 
 /// 429 with the whole seconds to wait in `Retry-After`.
-fn too_many(wait: std::time::Duration) -> Response<Body> {
+fn too_many(wait: std::time::Duration, why: &str) -> Response<Body> {
     let seconds = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
     let mut refused = problem(
         StatusCode::TOO_MANY_REQUESTS,
         "rate-limited",
-        &format!("too many changes from this client: try again in {seconds} s"),
+        &format!("{why}: try again in {seconds} s"),
     );
     refused
         .headers_mut()
@@ -209,12 +318,12 @@ fn peer(request: &Request) -> Option<SocketAddr> {
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`.
-pub(super) fn carries(headers: &HeaderMap, token: &Token) -> bool {
+fn carries(headers: &HeaderMap, token: &Token) -> bool {
     bearer(headers).is_some_and(|given| same_secret(given, token.expose()))
 }
 
 /// 401, asking for a bearer token.
-pub(super) fn unauthorized(detail: &str) -> Response<Body> {
+fn unauthorized(detail: &str) -> Response<Body> {
     let mut denied = problem(StatusCode::UNAUTHORIZED, "unauthorized", detail);
     denied.headers_mut().insert(
         header::WWW_AUTHENTICATE,

@@ -45,7 +45,7 @@ pub use error::{ApiError, PROBLEM_JSON, Problem};
 pub use events::{EventBody, EventPage};
 pub use heavy::HeavyWork;
 pub use keys::{Assignment, AssignmentPage};
-pub use limit::MutationLimiter;
+pub use limit::{CredentialBudget, MutationLimiter};
 pub use linger::Lingering;
 pub use local::LocalNames;
 pub use metrics::HttpMetrics;

@@ -447,3 +447,155 @@ async fn an_oversized_body_is_not_read_for_ever() {
     feeder.abort();
     assert!(took < Duration::from_secs(10), "closed only after {took:?}");
 }
+
+/// The budget of refused credentials the guessing tests run with: README's defaults.
+const GUESSES_PER_MINUTE: u32 = 60;
+const GUESS_BURST: u32 = 20;
+
+/// A server of the tokens in `roles` behind a proxy on loopback, so each request names its
+/// client in `X-Forwarded-For`, with the default budget of refused credentials.
+async fn guarded(dir: &std::path::Path) -> crate::helpers::TestApp {
+    let tokens = crate::roles::write_tokens_file(dir);
+    spawn_app_with(|c| {
+        c.tokens_file = Some(tokens);
+        c.metrics_token = Some(METRICS_TOKEN.parse().unwrap());
+        c.trusted_proxies = vec![keyspread::config::parse_network("127.0.0.1").unwrap()];
+        c.auth_failures_per_minute = GUESSES_PER_MINUTE;
+        c.auth_failure_burst = GUESS_BURST;
+    })
+    .await
+}
+
+/// `POST /keys/{account}` from `client` with `token` (none when empty): the status, and the
+/// seconds `Retry-After` says.
+async fn allocate_from(
+    app: &crate::helpers::TestApp,
+    client: &str,
+    token: &str,
+    account: &str,
+) -> (u16, Option<u64>) {
+    let mut request =
+        (app.client.post(app.url(&format!("/keys/{account}")))).header("x-forwarded-for", client);
+    if !token.is_empty() {
+        request = request.bearer_auth(token);
+    }
+    let answer = request.send().await.unwrap();
+    let retry = answer.headers().get("retry-after");
+    let retry = retry.map(|v| v.to_str().unwrap().parse().unwrap());
+    (answer.status().as_u16(), retry)
+}
+
+/// 2,000 wrong tokens from one address, 8 at a time: only the budget's worth (the burst,
+/// plus the rate over the time they took) are checked and answered 401; the rest get 429
+/// with `Retry-After`. Meanwhile the token that address used before passes every time. A
+/// valid token it never used is answered as a wrong one is, so a guess that hits does not
+/// stand out; and /metrics' token is on the same budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guessed_tokens_get_the_budgets_401s_and_then_429s_that_reveal_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = Arc::new(guarded(dir.path()).await);
+    let (guesser, producers) = ("2001:db8:1:2::7", crate::roles::token_of("producers"));
+    assert_eq!(
+        allocate_from(&app, guesser, &producers, "warm").await.0,
+        201
+    );
+
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let (app, producers) = (Arc::clone(&app), producers.clone());
+        workers.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..250 {
+                let guess = format!("guess-{w}-{i}-0123456789abcdef");
+                let (status, retry) = allocate_from(&app, guesser, &guess, "g").await;
+                assert!(
+                    status != 429 || retry.is_some_and(|s| s >= 1),
+                    "{status} {retry:?}"
+                );
+                statuses.push(status);
+                if i % 50 == 0 {
+                    let account = format!("p{w}-{i}");
+                    let held = allocate_from(&app, guesser, &producers, &account).await;
+                    assert_eq!(held.0, 201, "the producers' token, amid the guesses");
+                }
+            }
+            statuses
+        }));
+    }
+    let mut statuses = Vec::new();
+    for worker in workers {
+        statuses.extend(worker.await.unwrap());
+    }
+    let took = started.elapsed();
+    let refused = statuses.iter().filter(|s| **s == 401).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    let budget = f64::from(GUESS_BURST) + took.as_secs_f64() * f64::from(GUESSES_PER_MINUTE) / 60.0;
+    println!(
+        "2000 guesses in {took:?}: {refused} answered 401, {limited} 429 (budget {budget:.1})"
+    );
+    assert_eq!(refused + limited, 2000, "{statuses:?}");
+    assert!(refused >= GUESS_BURST as usize, "{refused} 401s");
+    assert!(
+        refused as f64 <= budget.floor(),
+        "{refused} 401s past a budget of {budget:.1}"
+    );
+
+    // Over budget, the right token is answered as a wrong one unless this address used it.
+    let ops = crate::roles::token_of("ops");
+    assert_eq!(allocate_from(&app, guesser, &ops, "o").await.0, 429);
+    assert_eq!(allocate_from(&app, guesser, "", "o").await.0, 429);
+    let metrics = |token: &str| {
+        (app.client.get(app.url("/metrics")))
+            .header("x-forwarded-for", guesser)
+            .bearer_auth(token)
+            .send()
+    };
+    assert_eq!(metrics(METRICS_TOKEN).await.unwrap().status(), 429);
+    assert_eq!(metrics(WRONG).await.unwrap().status(), 429);
+    // The same host from another address of its /64 shares the budget; another /64 not.
+    let neighbour = "2001:db8:1:2:ffff:ffff:ffff:ffff";
+    assert_eq!(allocate_from(&app, neighbour, WRONG, "n").await.0, 429);
+    assert_eq!(
+        allocate_from(&app, "2001:db8:1:3::7", WRONG, "n").await.0,
+        401
+    );
+    assert_eq!(
+        allocate_from(&app, "2001:db8:1:3::7", &ops, "n").await.0,
+        201
+    );
+}
+
+/// Valid requests spend nothing of the budget: after 100 of them an address still has its
+/// whole burst of refusals, and a valid token that failed its role (403) is no guess either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valid_credentials_spend_none_of_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = guarded(dir.path()).await;
+    let client = "198.51.100.7";
+    let (producers, reader) = (
+        crate::roles::token_of("producers"),
+        crate::roles::token_of("reader"),
+    );
+    for i in 0..100 {
+        assert_eq!(
+            allocate_from(&app, client, &producers, &format!("v{i}"))
+                .await
+                .0,
+            201
+        );
+        assert_eq!(allocate_from(&app, client, &reader, "r").await.0, 403);
+    }
+    let scraped = (app.client.get(app.url("/metrics")))
+        .header("x-forwarded-for", client)
+        .bearer_auth(METRICS_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scraped.status(), 200);
+    for i in 0..GUESS_BURST {
+        let guess = format!("guess-{i}-0123456789abcdef");
+        let (status, _) = allocate_from(&app, client, &guess, "g").await;
+        assert_eq!(status, 401, "refusal {i} of a burst of {GUESS_BURST}");
+    }
+}

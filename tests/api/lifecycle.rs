@@ -328,7 +328,7 @@ fn a_port_in_use_is_named_in_the_error() {
 }
 
 #[test]
-fn serve_refuses_a_lookup_cache_control_that_could_outlive_a_switch() {
+fn serve_refuses_a_lookup_cache_control_that_outlives_a_switch_or_stales_mirrors() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("never.db");
     let url = format!("sqlite://{}", db.display());
@@ -339,6 +339,9 @@ fn serve_refuses_a_lookup_cache_control_that_could_outlive_a_switch() {
         ("max-age=60, max-age=600", "max-age is given twice"),
         ("max-age=60, MAX-AGE=60", "max-age is given twice"),
         ("max-age=soon", "max-age"),
+        ("max-age=0", "Stale"),
+        ("no-cache", "max-age=60, no-cache"),
+        ("no-store", "0 s"),
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_keyspread"))
             .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &url])
