@@ -40,6 +40,8 @@ pub struct AppState {
     pub connections: ConnectionLimits,
     /// Where plans and distributions run: off the async workers, a few at once.
     pub heavy: http::HeavyWork,
+    /// Idempotency-Keys whose first request is being made here.
+    pub in_flight: http::InFlight,
 }
 
 /// Who may change assignments and read metrics (one `Arc` in [`AppState`], which every
@@ -86,6 +88,7 @@ impl AppState {
         registry.set_load_config(config.load_config());
         // Other processes and replicas may write too: follow the event log.
         registry.follow();
+        registry.forget_kept(std::time::Duration::from_secs(60));
         registry.retain(
             config.event_retention,
             std::time::Duration::from_secs(config.event_compaction_interval_s),
@@ -135,6 +138,7 @@ impl AppState {
                 max_connections: config.max_connections as usize,
             },
             heavy: http::HeavyWork::for_this_machine(),
+            in_flight: http::InFlight::default(),
         })
     }
 }

@@ -78,7 +78,35 @@ impl ApiError {
     pub fn detail(&self) -> &str {
         &self.detail
     }
+
+    /// The problem document's bytes, as the answer carries them.
+    pub fn problem_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.problem()).unwrap_or_default()
+    }
+
+    /// The same refusal, worded for a read: a database that cannot be read now.
+    pub fn for_read(self) -> ApiError {
+        if self.slug == "unavailable" {
+            ApiError::unavailable("the database cannot be read right now: try again later")
+        } else {
+            self
+        }
+    }
+
+    fn problem(&self) -> Problem {
+        Problem {
+            kind: format!("urn:keyspread:problem:{}", self.slug),
+            title: (self.status.canonical_reason().unwrap_or("Error")).to_owned(),
+            status: self.status.as_u16(),
+            detail: self.detail.clone(),
+        }
+    }
 }
+
+/// Marks an answer that says nothing final about its request (a conflict with another
+/// writer, or with another request of the same Idempotency-Key): never kept for a key.
+#[derive(Debug, Clone, Copy)]
+pub struct Passing;
 
 /// A problem response for `status` of kind `slug`.
 pub fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
@@ -106,6 +134,9 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        if matches!(self.slug, "conflict" | "idempotency-key-in-use") {
+            response.extensions_mut().insert(Passing);
         }
         response
     }
@@ -176,6 +207,12 @@ impl From<keyspace::Error> for ApiError {
 
 impl From<registry::Error> for ApiError {
     fn from(err: registry::Error) -> Self {
+        ApiError::from(&err)
+    }
+}
+
+impl From<&registry::Error> for ApiError {
+    fn from(err: &registry::Error) -> Self {
         use registry::Error as E;
         match err {
             E::NotFound(_)
@@ -191,7 +228,7 @@ impl From<registry::Error> for ApiError {
             E::ShardOpen { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "shard-open", err.to_string())
             }
-            E::Keyspace(e) => e.into(),
+            E::Keyspace(e) => e.clone().into(),
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
             E::BadPlanId(_) | E::FanoutCap(_) | E::InvalidReport(_) => {
                 ApiError::unprocessable(err.to_string())
@@ -203,7 +240,7 @@ impl From<registry::Error> for ApiError {
                 format!(
                     "account {account}'s fanout is growing: its new keys take over at {}; \
                      change its fanout after that",
-                    super::timestamp_ms(switch_at)
+                    super::timestamp_ms(*switch_at)
                 ),
             ),
             E::Unavailable => ApiError::unavailable(
@@ -223,7 +260,12 @@ impl From<registry::Error> for ApiError {
             ),
             E::SchemaNewer { .. } => ApiError::unavailable(err.to_string()),
             E::Compacted { .. } => ApiError::new(StatusCode::GONE, "compacted", err.to_string()),
-            E::Store(_) => ApiError::internal(&err),
+            E::KeyInUse => ApiError::new(
+                StatusCode::CONFLICT,
+                "idempotency-key-in-use",
+                err.to_string(),
+            ),
+            E::Store(_) => ApiError::internal(err),
         }
     }
 }

@@ -11,6 +11,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem, in_time};
 use super::extract::{IfNoneMatch, OptionalJson, whole_number};
+use super::idempotency;
 use crate::AppState;
 use crate::keyspace::{self, AccountId, HashKey};
 use crate::registry::{Allocated, NewAccount, Ticket, Update};
@@ -293,7 +294,7 @@ async fn allocate_batch(
     Extension(actor): Extension<Actor>,
     Extension(ticket): Extension<Ticket>,
     Json(body): Json<BatchRequest>,
-) -> Result<Json<BatchAnswer>, ApiError> {
+) -> Result<(StatusCode, Json<BatchAnswer>), ApiError> {
     let n = body.accounts.len();
     if !(1..=MAX_BATCH).contains(&n) {
         return Err(ApiError::unprocessable(format!(
@@ -326,8 +327,13 @@ async fn allocate_batch(
             key: None,
         });
     }
+    idempotency::tell_json(&ticket, batch_answer);
     let change = state.registry.allocate_many(requests, &actor, &ticket);
-    let answers = in_time(&state, &ticket, change).await?;
+    Ok(batch_answer(in_time(&state, &ticket, change).await?))
+}
+
+/// A batch's answer: every account's assignment, and how many were new.
+fn batch_answer(answers: Vec<Allocated>) -> (StatusCode, Json<BatchAnswer>) {
     let created = answers
         .iter()
         .filter(|a| matches!(a, Allocated::Created(_)))
@@ -338,11 +344,12 @@ async fn allocate_batch(
             Allocated::Created(a) | Allocated::Existing(a) => a.into(),
         })
         .collect();
-    Ok(Json(BatchAnswer {
+    let body = BatchAnswer {
         existing: items.len() - created,
         created,
         items,
-    }))
+    };
+    (StatusCode::OK, Json(body))
 }
 
 /// Allocate a hash key for an account (idempotent).
@@ -369,18 +376,17 @@ async fn allocate(
     let account = account_id(account)?;
     let body = body.unwrap_or_default();
     let (weight, fanout) = weight_and_fanout(body.weight, body.fanout)?;
-    Ok(
-        match in_time(
-            &state,
-            &ticket,
-            (state.registry).allocate(account, weight, fanout, &actor, &ticket),
-        )
-        .await?
-        {
-            Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
-            Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
-        },
-    )
+    idempotency::tell_json(&ticket, allocated);
+    let change = (state.registry).allocate(account, weight, fanout, &actor, &ticket);
+    Ok(allocated(in_time(&state, &ticket, change).await?))
+}
+
+/// An allocation's answer: 201 with a new assignment, 200 with the one it had.
+fn allocated(a: Allocated) -> (StatusCode, Json<Assignment>) {
+    match a {
+        Allocated::Created(a) => (StatusCode::CREATED, Json(a.into())),
+        Allocated::Existing(a) => (StatusCode::OK, Json(a.into())),
+    }
 }
 
 /// Look up an account's hash key.
@@ -535,15 +541,11 @@ async fn reweight(
         max_fanout,
         reason: MoveReason::Admin,
     };
-    Ok(Json(
-        in_time(
-            &state,
-            &ticket,
-            state.registry.update(account, change, &actor, &ticket),
-        )
-        .await?
-        .into(),
-    ))
+    idempotency::tell_json(&ticket, |a: store::Assignment| {
+        (StatusCode::OK, Json(Assignment::from(a)))
+    });
+    let change = state.registry.update(account, change, &actor, &ticket);
+    Ok(Json(in_time(&state, &ticket, change).await?.into()))
 }
 
 /// Release an account's hash key.
@@ -562,9 +564,11 @@ async fn release(
     Extension(ticket): Extension<Ticket>,
     Path(AccountPath { account }): Path<AccountPath>,
 ) -> Result<StatusCode, ApiError> {
-    let change = state
-        .registry
-        .release(account_id(account)?, &actor, &ticket);
+    let account = account_id(account)?;
+    idempotency::tell(&ticket, |_: &store::Assignment| {
+        idempotency::empty(StatusCode::NO_CONTENT)
+    });
+    let change = state.registry.release(account, &actor, &ticket);
     in_time(&state, &ticket, change).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -11,12 +11,14 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem, in_time, read_in_time};
 use super::extract::{OptionalJson, whole_number};
+use super::idempotency;
 use super::load::{IgnoredLoadBody, LoadEntry};
 use super::streams::StreamPath;
 use crate::AppState;
 use crate::keyspace::is_kinesis_name;
 use crate::keyspace::lease_state::{HolderState, SHARD_END};
 use crate::registry::{Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease, Ticket};
+use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -335,6 +337,7 @@ fn stream_name(name: &str) -> Result<(), ApiError> {
 )]
 async fn heartbeat(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Extension(ticket): Extension<Ticket>,
     Path(WorkerPath { name, worker }): Path<WorkerPath>,
     OptionalJson(body): OptionalJson<HeartbeatRequest>,
@@ -349,10 +352,13 @@ async fn heartbeat(
         )));
     }
     let load = super::load::reports(body.load)?;
+    idempotency::tell_json(&ticket, |h: Heartbeat| {
+        (StatusCode::OK, Json(WorkerBody::from(h)))
+    });
     let answer = in_time(
         &state,
         &ticket,
-        (state.registry).heartbeat(&name, worker, ttl_s as i64 * 1000, load, &ticket),
+        (state.registry).heartbeat(&name, worker, ttl_s as i64 * 1000, load, &actor, &ticket),
     )
     .await?;
     Ok(Json(answer.into()))
@@ -372,12 +378,14 @@ async fn heartbeat(
 )]
 async fn leave(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Extension(ticket): Extension<Ticket>,
     Path(WorkerPath { name, worker }): Path<WorkerPath>,
 ) -> Result<StatusCode, ApiError> {
     stream_name(&name)?;
     let worker = worker_id(worker)?;
-    let change = state.registry.leave(&name, worker, &ticket);
+    idempotency::tell(&ticket, |_: &()| idempotency::empty(StatusCode::NO_CONTENT));
+    let change = state.registry.leave(&name, worker, &actor, &ticket);
     in_time(&state, &ticket, change).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -426,6 +434,7 @@ pub(super) async fn assignment(state: &AppState, name: &str) -> Result<LeasesBod
 )]
 async fn checkpoint(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Extension(ticket): Extension<Ticket>,
     Path(ShardPath { name, shard_id }): Path<ShardPath>,
     Json(body): Json<CheckpointRequest>,
@@ -447,10 +456,23 @@ async fn checkpoint(
             super::clip(&sequence)
         )));
     }
+    idempotency::tell_json(&ticket, |c: Checkpointed| {
+        (StatusCode::OK, Json(CheckpointBody::from(c)))
+    });
     let done = in_time(
         &state,
         &ticket,
-        (state.registry).checkpoint(&name, shard_id, worker, body.epoch, sequence, &ticket),
+        (state.registry).checkpoint(
+            &name,
+            Checkpointed {
+                shard_id,
+                worker,
+                epoch: body.epoch,
+                checkpoint: sequence,
+            },
+            &actor,
+            &ticket,
+        ),
     )
     .await?;
     Ok(Json(done.into()))

@@ -8,6 +8,7 @@ mod events;
 mod extract;
 mod health;
 mod heavy;
+pub mod idempotency;
 mod keys;
 mod leases;
 mod limit;
@@ -44,6 +45,7 @@ pub use client::{Client, TrustedProxies};
 pub use error::{ApiError, PROBLEM_JSON, Problem};
 pub use events::{EventBody, EventPage};
 pub use heavy::HeavyWork;
+pub use idempotency::InFlight;
 pub use keys::{Assignment, AssignmentPage};
 pub use limit::{CredentialBudget, MutationLimiter};
 pub use linger::Lingering;
@@ -73,34 +75,47 @@ pub const HEARTBEAT_BODY_LIMIT: usize = 4 * 1024 * 1024;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Every documented route, with the document built from them.
-fn api() -> OpenApiRouter<AppState> {
-    // Bodies are refused with 413 from their length before they are read.
-    let small = || RequestBodyLimitLayer::new(BODY_LIMIT);
+/// Every documented route, with the document built from them; with `state`, each change
+/// also keeps its answer for an Idempotency-Key (the document needs no state).
+fn api(state: Option<&AppState>) -> OpenApiRouter<AppState> {
+    let limit = |routes, limit| limited(routes, limit, state);
     let mut api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .merge(keys::router().layer(small()))
-        .merge(large(keys::batch_router(), BATCH_BODY_LIMIT))
-        .merge(shards::router().layer(small()))
-        .merge(rebalance::router().layer(small()))
-        .merge(streams::router().layer(small()))
-        .merge(large(streams::put_router(), STREAM_BODY_LIMIT))
-        .merge(leases::router().layer(small()))
-        .merge(large(leases::heartbeat_router(), HEARTBEAT_BODY_LIMIT))
-        .merge(load::router().layer(small()))
-        .merge(health::router().layer(small()))
-        .merge(metrics::router().layer(small()))
-        .merge(events::router().layer(small()))
-        .merge(snapshot::router().layer(small()))
-        .merge(ui::router().layer(small()));
+        .merge(limit(keys::router(), BODY_LIMIT))
+        .merge(limit(keys::batch_router(), BATCH_BODY_LIMIT))
+        .merge(limit(shards::router(), BODY_LIMIT))
+        .merge(limit(rebalance::router(), BODY_LIMIT))
+        .merge(limit(streams::router(), BODY_LIMIT))
+        .merge(limit(streams::put_router(), STREAM_BODY_LIMIT))
+        .merge(limit(leases::router(), BODY_LIMIT))
+        .merge(limit(leases::heartbeat_router(), HEARTBEAT_BODY_LIMIT))
+        .merge(limit(load::router(), BODY_LIMIT))
+        .merge(limit(health::router(), BODY_LIMIT))
+        .merge(limit(metrics::router(), BODY_LIMIT))
+        .merge(limit(events::router(), BODY_LIMIT))
+        .merge(limit(snapshot::router(), BODY_LIMIT))
+        .merge(limit(ui::router(), BODY_LIMIT));
     openapi::optional_bodies(api.get_openapi_mut());
     openapi::guarded_mutations(api.get_openapi_mut());
+    openapi::idempotent_mutations(api.get_openapi_mut());
     openapi::role_security(api.get_openapi_mut());
     api
 }
 
-/// `routes` with bodies up to `limit` bytes: the extractors' own default (2 MB) lifted too,
-/// or it would refuse a body the limit allows.
-fn large(routes: OpenApiRouter<AppState>, limit: usize) -> OpenApiRouter<AppState> {
+/// `routes` with bodies up to `limit` bytes, refused with 413 from their length before they
+/// are read (the extractors' own default, 2 MB, set to it too, or it would refuse a body
+/// the limit allows); inside that limit, with `state`, the Idempotency-Key of each change.
+fn limited(
+    routes: OpenApiRouter<AppState>,
+    limit: usize,
+    state: Option<&AppState>,
+) -> OpenApiRouter<AppState> {
+    let routes = match state {
+        Some(state) => routes.layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            idempotency::idempotent,
+        )),
+        None => routes,
+    };
     routes
         .layer(RequestBodyLimitLayer::new(limit))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
@@ -121,7 +136,7 @@ const OPENAPI_30_PATH: &str = "/openapi-3.0.json";
 impl HttpMetrics {
     /// Series for every route this service has.
     pub fn for_routes() -> HttpMetrics {
-        let (_, doc) = api().split_for_parts();
+        let (_, doc) = api(None).split_for_parts();
         let api_paths = doc.paths.paths.into_keys();
         HttpMetrics::new(api_paths.chain(DOC_PATHS.map(String::from)))
     }
@@ -261,7 +276,7 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 /// The OpenAPI document, as served at `/openapi.json` and committed in `openapi/`.
 pub fn openapi_json() -> String {
-    let (_, doc) = api().split_for_parts();
+    let (_, doc) = api(None).split_for_parts();
     doc.to_pretty_json()
         .expect("the OpenAPI document serializes")
 }
@@ -269,7 +284,7 @@ pub fn openapi_json() -> String {
 /// The same document in OpenAPI 3.0.3, for generators that read 3.0 only: as served at
 /// `/openapi-3.0.json` and committed as `openapi/openapi-3.0.json`.
 pub fn openapi_30_json() -> String {
-    let (_, doc) = api().split_for_parts();
+    let (_, doc) = api(None).split_for_parts();
     rendition_30(&doc)
 }
 
@@ -283,7 +298,7 @@ fn rendition_30(doc: &utoipa::openapi::OpenApi) -> String {
 pub fn router(state: AppState) -> Router {
     let timeout = state.request_timeout;
     let record = metrics::RecordLayer(Arc::clone(&state.http_metrics));
-    let (routes, doc) = api().split_for_parts();
+    let (routes, doc) = api(Some(&state)).split_for_parts();
     let trace = TraceLayer::new_for_http().make_span_with(|request: &Request| {
         let id = request
             .headers()

@@ -111,8 +111,9 @@ fn is_null(schema: &RefOr<Schema>) -> bool {
 }
 
 /// What every mutation may answer besides its own responses, said once, here, for all:
-/// 429 from the per-client rate limit, 503 when the database cannot take the change (401
-/// and 403 come from [`role_security`]).
+/// 429 from the per-client rate limit, 503 when the change was not made (the database
+/// cannot take it now), 504 when its commit was sent and its answer lost (401 and 403 come
+/// from [`role_security`]).
 pub fn guarded_mutations(doc: &mut OpenApi) {
     use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
     let problem = || {
@@ -141,10 +142,22 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
         (
             "503",
             retry_after(
-                "The database cannot take the change now (unreachable, or held up by another \
-                 writer); the change may or may not have been made: send it again after the \
-                 given seconds",
+                "The change was not made, and will not be: the database cannot take it now \
+                 (unreachable, or held up by another writer), or it could not commit before \
+                 its deadline. Send it again after the given seconds",
             ),
+        ),
+        (
+            "504",
+            ResponseBuilder::new()
+                .description(
+                    "problem `outcome-unknown`: the change's commit was sent to the database and \
+                     the connection was lost before its answer came, so it may or may not have \
+                     been made. Send it again with the same Idempotency-Key: its first outcome \
+                     is replayed if it was made, and it is made now if it was not",
+                )
+                .content(PROBLEM_JSON, problem())
+                .build(),
         ),
     ];
     for operation in mutations(doc) {
@@ -153,6 +166,64 @@ pub fn guarded_mutations(doc: &mut OpenApi) {
                 .responses
                 .responses
                 .insert((*status).to_owned(), RefOr::T(response.clone()));
+        }
+    }
+}
+
+/// Every change takes an optional `Idempotency-Key` header, and may answer 409 while the
+/// first request with its key is being made and 422 when the key named another request;
+/// said once, here, for all.
+pub fn idempotent_mutations(doc: &mut OpenApi) {
+    use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+    use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, Required, ResponseBuilder};
+    let key = ParameterBuilder::new()
+        .name("Idempotency-Key")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(
+            "Names this request (a UUID, say; 1 to 255 visible ASCII characters), per token:              its first committed answer is kept 24 h, and a repeat with the same key, method,              path and body is answered that again (with `Idempotent-Replayed: true`) without              being applied again. Refusals for the moment (408, 429, 503, 504) are not kept: a              retry after one is applied as new",
+        ))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(super::idempotency::MAX_KEY_LEN)),
+        ))
+        .build();
+    let cases = [
+        (
+            "409",
+            "A request with the same Idempotency-Key is being made now (problem \
+             `idempotency-key-in-use`): send it again to be told its answer",
+        ),
+        (
+            "422",
+            "The Idempotency-Key was sent before with another request (problem \
+             `idempotency-key-reused`)",
+        ),
+    ];
+    for operation in mutations(doc) {
+        operation
+            .parameters
+            .get_or_insert_with(Vec::new)
+            .push(key.clone());
+        for (status, case) in cases {
+            let responses = &mut operation.responses.responses;
+            match responses.get_mut(status) {
+                Some(RefOr::T(response)) => {
+                    response.description = format!("{} Or: {case}", response.description);
+                }
+                _ => {
+                    let problem = ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build();
+                    let response = ResponseBuilder::new()
+                        .description(case)
+                        .content(PROBLEM_JSON, problem)
+                        .build();
+                    responses.insert(status.to_owned(), RefOr::T(response));
+                }
+            }
         }
     }
 }

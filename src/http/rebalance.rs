@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
@@ -12,10 +13,11 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
 use super::extract::whole_number;
+use super::idempotency;
 use super::shards::MapParams;
 use crate::AppState;
 use crate::keyspace::{HashKey, LoadSkew, Plan, Skew};
-use crate::registry::{MapSpec, Planned, Ticket};
+use crate::registry::{Applied, MapSpec, Planned, Ticket};
 use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -291,7 +293,7 @@ async fn apply(
     Extension(actor): Extension<Actor>,
     Extension(ticket): Extension<Ticket>,
     Json(body): Json<ApplyRequest>,
-) -> Result<Json<RebalancePlan>, ApiError> {
+) -> Result<(StatusCode, Json<RebalancePlan>), ApiError> {
     let switch_after_s = body
         .switch_after_s
         .unwrap_or_else(|| state.lookup_cache.lifetime().min(MAX_SWITCH_AFTER_S));
@@ -300,6 +302,7 @@ async fn apply(
             "switch_after_s must be between 0 and {MAX_SWITCH_AFTER_S} seconds, got {switch_after_s}"
         )));
     }
+    idempotency::tell_json(&ticket, applied_answer);
     let applied = state
         .registry
         .apply(
@@ -310,6 +313,11 @@ async fn apply(
             &ticket,
         )
         .await?;
+    Ok(applied_answer(applied))
+}
+
+/// What an apply answers: the moves applied, each with when it switches.
+fn applied_answer(applied: Applied) -> (StatusCode, Json<RebalancePlan>) {
     let switch_at = applied.switch_at;
     let mut answer = RebalancePlan::planned(applied.plan_id, applied.plan);
     answer.replanned = Some(applied.replanned);
@@ -320,7 +328,7 @@ async fn apply(
         }
         answer.switch_at = Some(switch_at);
     }
-    Ok(Json(answer))
+    (StatusCode::OK, Json(answer))
 }
 
 /// Paging through pending moves by event id.

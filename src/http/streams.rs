@@ -14,12 +14,14 @@ use utoipa_axum::routes;
 use super::aws_cli;
 use super::error::{ApiError, Problem, in_time};
 use super::extract::whole_number;
+use super::idempotency;
 use super::rebalance::RebalancePlan;
 use crate::AppState;
 use crate::keyspace::{
     HashKey, Keyspace, ListShards, ListedShard, Load, Reshard, Shard, ShardMap, Skew,
     is_kinesis_name,
 };
+use crate::registry;
 pub use crate::registry::StreamMap;
 use crate::registry::{Registry, Stream, Ticket};
 use crate::store::Actor;
@@ -325,12 +327,13 @@ async fn put_stream(
     let name = stream_name(name)?;
     let primary = body.primary;
     let map = body.into_map(state.registry.keyspace())?;
-    let change = in_time(
-        &state,
-        &ticket,
-        (state.registry).put_stream(name, map, primary, &actor, &ticket),
-    )
-    .await?;
+    idempotency::tell_json(&ticket, stream_changed);
+    let change = (state.registry).put_stream(name, map, primary, &actor, &ticket);
+    Ok(stream_changed(in_time(&state, &ticket, change).await?))
+}
+
+/// What registering a map answers: 201 for a new stream, 200 for a replaced map.
+fn stream_changed(change: registry::StreamChange) -> (StatusCode, Json<StreamChange>) {
     let status = if change.before.is_some() {
         StatusCode::OK
     } else {
@@ -344,7 +347,7 @@ async fn put_stream(
     unspread.dedup();
     let unspread_accounts = unspread.len();
     unspread.truncate(20);
-    Ok((
+    (
         status,
         Json(StreamChange {
             stream: StreamBody::from(&change.stream),
@@ -358,7 +361,7 @@ async fn put_stream(
             unspread_accounts,
             unspread_sample: unspread,
         }),
-    ))
+    )
 }
 
 /// Show a registered stream.
@@ -396,6 +399,7 @@ async fn delete_stream(
     Extension(ticket): Extension<Ticket>,
     Path(StreamPath { name }): Path<StreamPath>,
 ) -> Result<StatusCode, ApiError> {
+    idempotency::tell(&ticket, |_: &()| idempotency::empty(StatusCode::NO_CONTENT));
     let change = state.registry.delete_stream(name, &actor, &ticket);
     in_time(&state, &ticket, change).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -131,7 +131,7 @@ impl Registry {
         group: Vec<Pending<(NewAccount, Actor, Ticket), Allocated>>,
     ) {
         let allocate = |requests| async move {
-            let answers = self.allocate_each(requests).await?;
+            let answers = self.allocate_each(requests, false).await?;
             Ok(answers.into_iter().map(Ok).collect())
         };
         // A second ask for the same account finds the key the first one got.

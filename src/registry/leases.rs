@@ -24,6 +24,7 @@ use super::load::{IgnoredLoad, LoadReport};
 use super::{Error, Registry, Stream, Ticket, detached};
 use crate::keyspace::lease_state::{Holder, HolderState, LeaseShard, SHARD_END, leasable};
 use crate::keyspace::leases::{assign, assign_by_load};
+use crate::store::Actor;
 use crate::store::Tx;
 use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
 
@@ -140,10 +141,11 @@ impl Registry {
         worker: String,
         ttl_ms: i64,
         load: Vec<LoadReport>,
+        actor: &Actor,
         ticket: &Ticket,
     ) -> Result<Heartbeat, Error> {
         let stream = self.leased_stream(stream)?;
-        let (this, ticket) = (Arc::clone(self), ticket.clone());
+        let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
         detached(async move {
             if !ticket.wanted() {
                 return Err(Error::NotMade);
@@ -220,20 +222,20 @@ impl Registry {
                 }
                 leases.push(own);
             }
-            super::metrics::settle(tx, &[&ticket], None).await?;
-            this.metrics.lease_heartbeats.add(1);
-            Ok(Heartbeat {
+            // By shard id (Kinesis numbers shards upwards): O(own leases), where the stream's
+            // own order would cost a walk of all its shards.
+            leases.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+            let beat = Heartbeat {
                 worker: me.worker,
                 ttl_ms,
                 expires_at: me.expires_at,
                 ignored_load,
-                leases: {
-                    // By shard id (Kinesis numbers shards upwards): O(own leases), where the
-                    // stream's own order would cost a walk of all its shards.
-                    leases.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
-                    leases
-                },
-            })
+                leases,
+            };
+            ticket.keep_in(&mut tx, &actor, Ok(&beat), now).await?;
+            super::metrics::settle(tx, &[&ticket], None).await?;
+            this.metrics.lease_heartbeats.add(1);
+            Ok(beat)
         })
         .await
     }
@@ -243,10 +245,11 @@ impl Registry {
         self: &Arc<Self>,
         stream: &str,
         worker: String,
+        actor: &Actor,
         ticket: &Ticket,
     ) -> Result<(), Error> {
         let stream = self.leased_stream(stream)?;
-        let (this, ticket) = (Arc::clone(self), ticket.clone());
+        let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
         detached(async move {
             if !ticket.wanted() {
                 return Err(Error::NotMade);
@@ -260,27 +263,32 @@ impl Registry {
                 });
             }
             this.assign_leases(&mut tx, &stream, &weights, now).await?;
+            ticket.keep_in(&mut tx, &actor, Ok(&()), now).await?;
             super::metrics::settle(tx, &[&ticket], None).await?;
             Ok(())
         })
         .await
     }
 
-    /// Records `worker`'s progress on `shard_id`, if it holds that lease at `epoch`. A
-    /// shard read to its end ([`SHARD_END`]) is done: its lease ends, and its children may
-    /// be leased.
+    /// Records `asked`: its worker's progress on its shard, if it holds that lease at its
+    /// epoch. A shard read to its end ([`SHARD_END`]) is done: its lease ends, and its
+    /// children may be leased.
     pub async fn checkpoint(
         self: &Arc<Self>,
         stream: &str,
-        shard_id: String,
-        worker: String,
-        epoch: u64,
-        sequence_number: String,
+        asked: Checkpointed,
+        actor: &Actor,
         ticket: &Ticket,
     ) -> Result<Checkpointed, Error> {
         let stream = self.leased_stream(stream)?;
+        let Checkpointed {
+            shard_id,
+            worker,
+            epoch,
+            checkpoint: sequence_number,
+        } = asked;
         let end = sequence_number == SHARD_END;
-        let (this, ticket) = (Arc::clone(self), ticket.clone());
+        let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
         detached(async move {
             if !ticket.wanted() {
                 return Err(Error::NotMade);
@@ -324,13 +332,15 @@ impl Registry {
             if let Some(weights) = weights {
                 this.assign_leases(&mut tx, &stream, &weights, now).await?;
             }
-            super::metrics::settle(tx, &[&ticket], None).await?;
-            Ok(Checkpointed {
+            let done = Checkpointed {
                 shard_id,
                 worker,
                 epoch,
                 checkpoint: sequence_number,
-            })
+            };
+            ticket.keep_in(&mut tx, &actor, Ok(&done), now).await?;
+            super::metrics::settle(tx, &[&ticket], None).await?;
+            Ok(done)
         })
         .await
     }

@@ -19,6 +19,7 @@ mod accounts;
 mod controller;
 mod follow;
 mod group;
+mod keep;
 mod leases;
 mod load;
 mod md5_loads;
@@ -36,6 +37,7 @@ use accounts::Accounts;
 pub use accounts::Held;
 pub use controller::{FanoutDecision, Round, capped_loads, fanout_targets, key_loads, plan_round};
 pub use follow::POLL;
+pub use keep::{KEPT_FOR_MS, Keep};
 pub use leases::{
     Checkpointed, Heartbeat, LeaseState, LeaseView, OwnLease, ShardLease, WEIGHT_RECHECK_MS,
     WorkerLeases,
@@ -117,6 +119,12 @@ pub enum Error {
         "events after {after} were compacted away (the log keeps those after {horizon}): take a new GET /snapshot and follow the log from its event_id"
     )]
     Compacted { after: i64, horizon: i64 },
+    /// Another request with the same Idempotency-Key committed first.
+    #[error(
+        "another request with this Idempotency-Key was being made at the same time: send it \
+         again to be told its answer"
+    )]
+    KeyInUse,
     /// This replica has not read the log for longer than its lookups may be cached, and
     /// cannot read it now.
     #[error(
@@ -485,7 +493,7 @@ impl Registry {
         let requests = (requests.into_iter())
             .map(|r| (r, actor.clone(), ticket.clone()))
             .collect();
-        self.allocate_each(requests).await
+        self.allocate_each(requests, true).await
     }
 
     /// [`Registry::allocate_many`], each request made by its own actor, with its own
@@ -493,6 +501,7 @@ impl Registry {
     pub(super) async fn allocate_each(
         self: &Arc<Self>,
         requests: Vec<(NewAccount, Actor, Ticket)>,
+        batch: bool,
     ) -> Result<Vec<Allocated>, Error> {
         let this = Arc::clone(self);
         detached(async move {
@@ -502,6 +511,9 @@ impl Registry {
             if !tickets.iter().all(|t| t.wanted()) {
                 return Err(Error::NotMade);
             }
+            // An answer kept for an Idempotency-Key is written with the change, so keyed
+            // requests take the transaction below.
+            let keyed = tickets.iter().any(|t| t.keep().is_some());
             let mut now = this.decision_time().await?;
             // Mostly the log is where this process last saw it: pick from memory and write
             // it all in one round trip (or, when every account had a key, check in one
@@ -511,8 +523,10 @@ impl Registry {
             // the write lock.
             let (answers, new, actors) = this.pick(&mut w, &requests, now)?;
             let started = Instant::now();
-            let written = if new.is_empty() {
-                this.unmoved_since(w.last_event).await.map(|()| Vec::new())
+            let written = if keyed {
+                None
+            } else if new.is_empty() {
+                Some(this.unmoved_since(w.last_event).await.map(|()| Vec::new()))
             } else if ticket::commit_all(&tickets).is_err() {
                 return Err(Error::NotMade);
             } else {
@@ -524,28 +538,36 @@ impl Registry {
                 if !matches!(written, Ok(_) | Err(StoreError::OutcomeUnknown(_))) {
                     tickets.iter().for_each(|t| t.rolled_back());
                 }
-                written
+                Some(written)
             };
             let accounts = |new: &[KeyRow]| new.iter().filter(|r| r.index == 0).count();
             let (answers, new, ids) = match written {
-                Ok(_) if new.is_empty() => return Ok(answers),
-                Ok(ids) => {
+                Some(Ok(_)) if new.is_empty() => return Ok(answers),
+                Some(Ok(ids)) => {
                     this.count_committed(started, Committed::Allocations(accounts(&new)));
                     (answers, new, ids)
                 }
-                Err(StoreError::LogMoved | StoreError::Conflict) => {
+                None | Some(Err(StoreError::LogMoved | StoreError::Conflict)) => {
                     let (mut tx, at) = this.begin(&mut w).await?;
                     now = at;
                     let (answers, new, actors) = this.pick(&mut w, &requests, now)?;
-                    if new.is_empty() {
+                    if new.is_empty() && !keyed {
                         return Ok(answers);
                     }
                     let ids = tx.insert_many(&new, Actors::Each(&actors), now).await?;
+                    if batch {
+                        let (_, actor, ticket) = &requests[0];
+                        ticket.keep_in(&mut tx, actor, Ok(&answers), now).await?;
+                    } else {
+                        for ((_, actor, ticket), answer) in requests.iter().zip(&answers) {
+                            ticket.keep_in(&mut tx, actor, Ok(answer), now).await?;
+                        }
+                    }
                     let what = Committed::Allocations(accounts(&new));
                     this.commit(&mut w, tx, what, &tickets).await?;
                     (answers, new, ids)
                 }
-                Err(err) => return Err(err.into()),
+                Some(Err(err)) => return Err(err.into()),
             };
             let events = ids.into_iter().zip(new).map(|(id, row)| Event {
                 id,
@@ -695,6 +717,7 @@ impl Registry {
             let mut gone: Vec<KeyRow> = Vec::new();
             let mut actors: Vec<Actor> = Vec::new();
             let mut released = 0;
+            let asked: Vec<Actor> = accounts.iter().map(|(_, actor, _)| actor.clone()).collect();
             for (account, actor, _) in accounts {
                 match this.lookup(account.as_str()) {
                     Some(a) => {
@@ -711,6 +734,9 @@ impl Registry {
                 return Ok(answers);
             }
             let ids = tx.delete_many(&gone, Actors::Each(&actors), at).await?;
+            for ((ticket, actor), answer) in tickets.iter().zip(&asked).zip(&answers) {
+                ticket.keep_in(&mut tx, actor, answer.as_ref(), at).await?;
+            }
             let tickets: Vec<&Ticket> = tickets.iter().collect();
             (this.commit(&mut w, tx, Committed::Releases(released), &tickets)).await?;
             let events = ids.into_iter().zip(gone).map(|(id, row)| Event {
@@ -790,13 +816,14 @@ impl Registry {
                 let id = tx
                     .set_max_fanout(a.account.as_str(), cap, &actor, at)
                     .await?;
+                a.max_fanout = cap;
+                ticket.keep_in(&mut tx, &actor, Ok(&a), at).await?;
                 (this.commit(&mut w, tx, Committed::Reweight, &[&ticket])).await?;
                 let change = Change::MaxFanout {
                     account: a.account.clone(),
                     max_fanout: cap,
                 };
                 this.apply_events(&mut w, vec![Event { id, at, change }])?;
-                a.max_fanout = cap;
                 return Ok(a);
             }
             if let Some(switch_at) = (a.switching.iter())
@@ -956,9 +983,7 @@ impl Registry {
                 };
                 events.push(Event { id, at, change });
             }
-            (this.commit(&mut w, tx, Committed::Reweight, &[&ticket])).await?;
-            this.apply_events(&mut w, events)?;
-            Ok(Assignment {
+            let updated = Assignment {
                 account: a.account,
                 hash_keys: HashKeys::from_vec(keys),
                 weight,
@@ -978,7 +1003,11 @@ impl Registry {
                     }))
                     .collect(),
                 max_fanout: cap,
-            })
+            };
+            ticket.keep_in(&mut tx, &actor, Ok(&updated), at).await?;
+            (this.commit(&mut w, tx, Committed::Reweight, &[&ticket])).await?;
+            this.apply_events(&mut w, events)?;
+            Ok(updated)
         })
         .await
     }

@@ -194,6 +194,7 @@ impl Registry {
             let ids = tx
                 .apply_moves(moves, &actor, at, switch_at, MoveReason::Admin)
                 .await?;
+            ticket.keep_in(&mut tx, &actor, Ok(&applied), at).await?;
             let what = Committed::Moves(moves.len());
             this.commit(&mut w, tx, what, &[&ticket]).await?;
             let events = ids
@@ -296,7 +297,7 @@ fn plan_for<'a>(
 
 /// What an apply did: the plan it applied (named by its own id), when its moves switch
 /// (Unix milliseconds), and whether it planned again because the preview had gone stale.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Applied {
     pub plan_id: String,
     pub plan: Planned,

@@ -159,41 +159,47 @@ impl Registry {
                 listed,
             };
             let id = tx.put_stream(&row, &actor).await?;
-            this.commit_stream_change(
-                &mut w,
-                tx,
-                Event {
-                    id,
-                    at,
-                    change: Change::StreamPut {
-                        stream: name.clone(),
-                    },
-                },
-                &ticket,
-            )
-            .await?;
-            if primary && configured {
-                w.pending_primary = None;
-            }
-            let stream = this.stream(&name).expect("just registered");
-            let loads = |map: &ShardMap| -> Vec<Load> {
+            // The answer as memory holds it once this commits, worked out before, so that an
+            // answer kept for an Idempotency-Key is kept with the change.
+            let stream = Stream::from_row(StreamRow { version: id, ..row }, this.keyspace)?;
+            let loads = |w: &Writer, map: &ShardMap| -> Vec<Load> {
                 map.iter()
                     .map(|s| w.alloc.load_in(s.start, s.end))
                     .collect()
             };
             let before = old.map(|o| {
-                let l = loads(&o.map);
+                let l = loads(&w, &o.map);
                 (o.map, l)
             });
-            let after = loads(&stream.map);
-            let plan = this.plan(&mut w, &stream.map, at)?;
-            let rebalance = (plan_id(w.last_event, &MapSpec::Stream(name), &plan), plan);
-            Ok(StreamChange {
+            let after = loads(&w, &stream.map);
+            let primary_after = match this.primary_stream() {
+                _ if stream.primary => Some((*stream.map).clone()),
+                Some(other) if other.name != name => Some((*other.map).clone()),
+                _ => None,
+            };
+            let balanced = w.alloc.balanced_map().cloned();
+            w.alloc.balance_on(primary_after);
+            let plan = this.plan(&mut w, &stream.map, at);
+            w.alloc.balance_on(balanced);
+            let plan = plan?;
+            let rebalance = (plan_id(id, &MapSpec::Stream(name.clone()), &plan), plan);
+            let change = StreamChange {
                 stream,
                 before,
                 after,
                 rebalance,
-            })
+            };
+            ticket.keep_in(&mut tx, &actor, Ok(&change), at).await?;
+            let event = Event {
+                id,
+                at,
+                change: Change::StreamPut { stream: name },
+            };
+            (this.commit_stream_change(&mut w, tx, event, &ticket)).await?;
+            if primary && configured {
+                w.pending_primary = None;
+            }
+            Ok(change)
         })
         .await
     }
@@ -219,6 +225,7 @@ impl Registry {
             tx.lease_lock(&name).await?;
             tx.delete_lease_group(&name).await?;
             let id = tx.delete_stream(&name, &actor, at).await?;
+            ticket.keep_in(&mut tx, &actor, Ok(&()), at).await?;
             this.commit_stream_change(
                 &mut w,
                 tx,

@@ -3,9 +3,11 @@
 //! change has not reached its commit point; the change may commit only while its caller
 //! still waits and its deadline has not passed. Whichever comes first decides, once.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use super::keep::Keep;
 
 /// Neither side has decided yet.
 const PENDING: u8 = 0;
@@ -23,6 +25,10 @@ struct Inner {
     state: AtomicU8,
     /// The change commits before this instant, or not at all.
     deadline: Option<Instant>,
+    /// The request's Idempotency-Key, if it sent one, and how its answer is told.
+    keep: OnceLock<Keep>,
+    /// Whether the change kept its answer in its own transaction.
+    kept: AtomicBool,
 }
 
 impl Ticket {
@@ -37,6 +43,8 @@ impl Ticket {
         Ticket(Arc::new(Inner {
             state: AtomicU8::new(PENDING),
             deadline,
+            keep: OnceLock::new(),
+            kept: AtomicBool::new(false),
         }))
     }
 
@@ -107,6 +115,26 @@ impl Ticket {
             Ok(_) => true,
             Err(now) => now == REFUSED,
         }
+    }
+
+    /// Gives the change the request's Idempotency-Key and how its answer is told (once).
+    pub fn set_keep(&self, keep: Keep) {
+        let _ = self.0.keep.set(keep);
+    }
+
+    /// The request's Idempotency-Key, if it sent one.
+    pub fn keep(&self) -> Option<&Keep> {
+        self.0.keep.get()
+    }
+
+    /// Whether the change kept its answer in its own transaction (else, if its answer is
+    /// one to keep, it made no change, and the answer is kept on its own).
+    pub fn was_kept(&self) -> bool {
+        self.0.kept.load(Ordering::Acquire)
+    }
+
+    pub(super) fn note_kept(&self) {
+        self.0.kept.store(true, Ordering::Release);
     }
 
     fn overdue(&self) -> bool {

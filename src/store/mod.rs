@@ -6,6 +6,7 @@
 //! database's write lock, so writers in other processes or replicas take turns; the
 //! in-memory tree is only a cache of what is committed here.
 
+pub mod kept;
 pub mod leases;
 pub mod load;
 pub mod packed;
@@ -576,6 +577,8 @@ fn turned_away(db: &dyn sqlx::error::DatabaseError) -> bool {
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+pub use kept::Kept;
 
 /// The database behind keyspread.
 #[derive(Debug, Clone)]

@@ -23,6 +23,7 @@ mod follow;
 mod forwarded;
 mod heavy;
 mod history;
+mod idempotency;
 mod import;
 mod keys;
 mod kinesalite;

@@ -411,3 +411,64 @@ async fn wait_until_locked(db: &mut Db) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A COMMIT that reaches the database while the connection then goes silent (a proxy that
+/// black-holes it right after): the change was made, its answer lost. The client is told
+/// so, 504 `outcome-unknown`, once the session cannot be reached for the liveness bound,
+/// never 503; and sending it again with the same Idempotency-Key, through a replica that
+/// reaches the database, replays the 201 the commit made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_504_and_its_key_settles_it() {
+    let Some(server) =
+        crate::skip::postgres_only("a_commit_whose_answer_is_lost_is_504_and_its_key_settles_it")
+    else {
+        return;
+    };
+    let db = PgDatabase::create(&server).await;
+    let (proxy, through_proxy) = proxy_to(&db).await;
+    let a = spawn_app_with(|c| c.database_url = through_proxy).await;
+    let b = spawn_app_with(|c| c.database_url = db.url.clone()).await;
+    a.allocate("before").await;
+    let patient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let keyed = |app: &crate::helpers::TestApp| {
+        patient
+            .post(app.url("/keys/lost"))
+            .header("Idempotency-Key", "lost-1")
+    };
+
+    proxy.black_hole_after("COMMIT");
+    let started = Instant::now();
+    let lost = answer(keyed(&a).send().await.unwrap()).await;
+    let took = started.elapsed();
+    assert!(proxy.is_black_hole());
+    assert_problem(&lost, 504, "may or may not have been made");
+    assert!(
+        lost.body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("outcome-unknown"),
+        "{}",
+        lost.body
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+
+    let settled = keyed(&b).send().await.unwrap();
+    let replayed = settled.headers().get("idempotent-replayed").cloned();
+    let settled = answer(settled).await;
+    assert_eq!(
+        (
+            settled.status,
+            replayed.as_ref().map(|v| v.to_str().unwrap())
+        ),
+        (201, Some("true")),
+        "{}",
+        settled.body
+    );
+    assert_eq!(b.get("/keys/lost").await.status, 200, "the commit was made");
+    println!(
+        "a lost commit answered 504 after {took:?}; its key replayed the 201 on another replica"
+    );
+}
