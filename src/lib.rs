@@ -40,6 +40,8 @@ pub struct AppState {
     pub connections: ConnectionLimits,
     /// Where plans and distributions run: off the async workers, a few at once.
     pub heavy: http::HeavyWork,
+    /// Where snapshots wait for their clients, a few at once.
+    pub spools: http::Spools,
 }
 
 /// Who may change assignments and read metrics (one `Arc` in [`AppState`], which every
@@ -129,6 +131,7 @@ impl AppState {
                 max_connections: config.max_connections as usize,
             },
             heavy: http::HeavyWork::for_this_machine(),
+            spools: http::Spools::default(),
         })
     }
 }

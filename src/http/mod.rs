@@ -22,6 +22,7 @@ mod rebalance;
 pub mod roles;
 mod shards;
 mod snapshot;
+mod spool;
 mod streams;
 mod ui;
 
@@ -52,6 +53,7 @@ pub use metrics::HttpMetrics;
 pub use rebalance::MAX_SWITCH_AFTER_S;
 pub use shards::ShardOf;
 pub use snapshot::{NDJSON, SnapshotHead, line as ndjson_line, page_lines};
+pub use spool::Spools;
 pub use streams::{PutStream, StreamMap};
 
 use crate::AppState;
