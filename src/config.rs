@@ -162,7 +162,10 @@ pub struct ServeConfig {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_secs: u64,
 
-    /// Most connections served at once; more wait in the listen backlog until one closes.
+    /// Most connections served at once; more wait in the listen backlog until one closes. A
+    /// long poll of the log (`GET /events?wait_s=`) gives its connection's place to another
+    /// while it waits, up to as many long polls again (past those, a waiting one keeps its
+    /// place), and takes a place back before it answers.
     #[arg(long, env = "KEYSPREAD_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,

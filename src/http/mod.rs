@@ -43,7 +43,7 @@ use utoipa_swagger_ui::SwaggerUi;
 pub use auth::{Credentials, CredentialsError};
 pub use client::{Client, TrustedProxies};
 pub use error::{ApiError, PROBLEM_JSON, Problem};
-pub use events::{EventBody, EventPage};
+pub use events::{EventBody, EventPage, long_poll};
 pub use heavy::HeavyWork;
 pub use keys::{Assignment, AssignmentPage};
 pub use limit::MutationLimiter;

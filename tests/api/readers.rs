@@ -1,4 +1,5 @@
-//! Readers hold no one up: a client trickling a snapshot holds no turn that others need.
+//! Readers hold no one up: a client trickling a snapshot holds no turn that others need,
+//! and long polls of the log leave `--max-connections` to other requests.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 
-use crate::helpers::spawn_app_with;
+use crate::helpers::{answer, spawn_app_with};
 
 /// Accounts in the table a slow client reads: about 12 MB of snapshot, well past what the
 /// sockets between the two can buffer.
@@ -110,4 +111,68 @@ async fn a_client_trickling_a_snapshot_holds_no_one_up() {
         "the slow client read its whole answer ({read} bytes) before the others were done: \
          nothing was held"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_leave_the_connection_cap_to_other_requests() {
+    const CAP: usize = 8;
+    let app = spawn_app_with(|c| c.max_connections = CAP as u32).await;
+    app.allocate("acme").await;
+    let after = app.get("/events?after=0&limit=1000").await.body["next"].clone();
+    let poll_url = app.url(&format!("/events?after={after}&wait_s=60"));
+    let mut polls = JoinSet::new();
+    // Each on a connection of its own, as mirrors in other processes would.
+    let poll = |polls: &mut JoinSet<_>| {
+        let request = reqwest::Client::new().get(&poll_url);
+        polls.spawn(async move { answer(request.send().await.unwrap()).await })
+    };
+    for _ in 0..CAP {
+        poll(&mut polls);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // As many long polls as the cap wait, and lookups on new connections are answered.
+    let fresh = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    for _ in 0..2 * CAP {
+        let lookup = fresh().get(app.url("/keys/acme")).send().await;
+        let lookup = lookup.expect("a lookup answered while long polls wait");
+        assert_eq!(lookup.status(), 200);
+    }
+
+    // As many again wait in the connections' own places: those are all taken.
+    let more: Vec<_> = (0..CAP).map(|_| poll(&mut polls)).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let blocked = fresh()
+        .get(app.url("/keys/acme"))
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(
+        blocked.is_err(),
+        "past the cap and as many long polls again, a client waits"
+    );
+    more.iter().for_each(|poll| poll.abort());
+    let lookup = fresh().get(app.url("/keys/acme")).send().await;
+    assert_eq!(
+        lookup.expect("answered once the extra polls left").status(),
+        200
+    );
+
+    // The long polls still answer the next event, each taking a place back to answer it.
+    let allocated = fresh().post(app.url("/keys/globex")).send().await.unwrap();
+    assert_eq!(allocated.status(), 201);
+    let mut woken = 0;
+    while let Some(done) = polls.join_next().await {
+        let Ok(got) = done else { continue };
+        assert_eq!(got.status, 200, "{}", got.body);
+        assert_eq!(got.body["events"][0]["account"], "globex", "{}", got.body);
+        woken += 1;
+    }
+    assert_eq!(woken, CAP);
 }
