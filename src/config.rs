@@ -170,6 +170,13 @@ pub struct ServeConfig {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
+    /// Seconds a stop (SIGTERM, SIGINT) gives requests in flight, clients still reading their
+    /// answers included; then their connections are dropped and the process exits. 20 ends
+    /// the process before the 30 s Kubernetes and ECS wait by default before SIGKILL.
+    #[arg(long, env = "KEYSPREAD_SHUTDOWN_TIMEOUT_S", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub shutdown_timeout_s: u64,
+
     /// Mutations (POST, PUT, PATCH, DELETE) per second each client IP may make; 0: no limit.
     #[arg(long, env = "KEYSPREAD_MUTATION_RATE", default_value_t = 1000)]
     pub mutation_rate: u32,
@@ -247,6 +254,7 @@ impl ServeConfig {
             request_timeout_secs: 10,
             header_timeout_secs: 10,
             max_connections: 10_000,
+            shutdown_timeout_s: 20,
             mutation_rate: 0,
             mutation_burst: 2000,
             limit_token_holders: false,
@@ -276,6 +284,10 @@ impl ServeConfig {
 
     pub fn header_timeout(&self) -> Duration {
         Duration::from_secs(self.header_timeout_secs)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs(self.shutdown_timeout_s)
     }
 }
 

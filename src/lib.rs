@@ -67,12 +67,15 @@ pub struct Access {
     pub trusted_proxies: http::TrustedProxies,
 }
 
-/// How long connections may dawdle, and how many are served at once.
+/// How long connections may dawdle, how many are served at once, and how long a stop waits
+/// for them.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     /// For a request's headers, and between requests on an idle connection.
     pub header_timeout: Duration,
     pub max_connections: usize,
+    /// From the shutdown signal to dropping the connections still open.
+    pub shutdown_timeout: Duration,
 }
 
 impl AppState {
@@ -128,6 +131,7 @@ impl AppState {
             connections: ConnectionLimits {
                 header_timeout: config.header_timeout(),
                 max_connections: config.max_connections as usize,
+                shutdown_timeout: config.shutdown_timeout(),
             },
             heavy: http::HeavyWork::for_this_machine(),
             spools: http::Spools::default(),

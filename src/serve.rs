@@ -1,5 +1,5 @@
-//! The accept loop: connections within `--max-connections`, and long polls of the log
-//! beside them.
+//! The accept loop: connections within `--max-connections`, long polls of the log beside
+//! them, and a stop that ends within `--shutdown-timeout-s` whatever clients do.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{AppState, app, http};
 
-/// Serves `state` on `listener` until `shutdown` resolves, then drains in-flight requests.
+/// Serves `state` on `listener` until `shutdown` resolves, then drains in-flight requests
+/// for the shutdown timeout at most, and drops the connections still open after it.
 ///
 /// Connections past `max_connections` wait in the listen backlog; a client that is slow to
 /// send its headers, or leaves its connection idle, is disconnected after `header_timeout`.
@@ -33,11 +34,13 @@ pub async fn serve(
     let app = app(state);
     let places = Places::new(limits.max_connections);
     let graceful = GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     tokio::pin!(shutdown);
     loop {
+        while connections.try_join_next().is_some() {}
         let place = tokio::select! {
             place = places.take() => place,
             () = &mut shutdown => break,
@@ -75,7 +78,7 @@ pub async fn serve(
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        connections.spawn(async move {
             // Errors here are the client's doing (a reset, a timeout): nothing to report.
             if let Err(err) = connection.await {
                 tracing::debug!(%err, %peer, "connection closed");
@@ -85,7 +88,15 @@ pub async fn serve(
     drop(listener);
     // Long-polls of the log answer now, rather than hold the drain for up to a minute.
     registry.end_long_polls();
-    graceful.shutdown().await;
+    let drained = tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown()).await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            timeout_s = limits.shutdown_timeout.as_secs(),
+            "requests still in flight at the shutdown timeout: their connections are dropped"
+        );
+        connections.shutdown().await;
+    }
     Ok(())
 }
 

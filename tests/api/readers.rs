@@ -1,14 +1,16 @@
 //! Readers hold no one up: a client trickling a snapshot holds no turn that others need,
-//! and long polls of the log leave `--max-connections` to other requests.
+//! long polls of the log leave `--max-connections` to other requests, and a stop ends
+//! within `--shutdown-timeout-s` whatever clients leave unread.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 
-use crate::helpers::{answer, spawn_app_with};
+use crate::helpers::{answer, fresh_database, spawn_app_with};
+use crate::process::Server;
 
 /// Accounts in the table a slow client reads: about 12 MB of snapshot, well past what the
 /// sockets between the two can buffer.
@@ -175,4 +177,34 @@ async fn long_polls_leave_the_connection_cap_to_other_requests() {
         woken += 1;
     }
     assert_eq!(woken, CAP);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_process_within_the_shutdown_timeout_whatever_clients_leave_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _postgres) = fresh_database(dir.path()).await;
+    let timeout = Duration::from_secs(2);
+    let env = [("KEYSPREAD_SHUTDOWN_TIMEOUT_S", "2")];
+    let mut server = Server::spawn_with(&url, &dir.path().join("server.log"), &env);
+    let client = reqwest::Client::new();
+    server.wait_ready(&client).await;
+    fill(&client, &server.url).await;
+    let addr = server.url.trim_start_matches("http://").parse().unwrap();
+    // It asks for the whole table and never reads it.
+    let stalled = ask_for_snapshot(addr).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    server.signal("TERM");
+    let stopping = Instant::now();
+    let exit = server.wait_exit(timeout + Duration::from_secs(5)).await;
+    let took = stopping.elapsed();
+    let exit = exit.unwrap_or_else(|| panic!("still running {took:?} after SIGTERM"));
+    assert!(exit.success(), "{exit}");
+    assert!(
+        took >= timeout,
+        "the request in flight was dropped after {took:?}, before the shutdown timeout"
+    );
+    let log = server.log_text();
+    assert!(log.contains("their connections are dropped"), "{log}");
+    drop(stalled);
 }
