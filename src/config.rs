@@ -162,10 +162,20 @@ pub struct ServeConfig {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_secs: u64,
 
-    /// Most connections served at once; more wait in the listen backlog until one closes.
+    /// Most connections served at once; more wait in the listen backlog until one closes. A
+    /// long poll of the log (`GET /events?wait_s=`) gives its connection's place to another
+    /// while it waits, up to as many long polls again (past those, a waiting one keeps its
+    /// place), and takes a place back before it answers.
     #[arg(long, env = "KEYSPREAD_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+
+    /// Seconds a stop (SIGTERM, SIGINT) gives requests in flight, clients still reading their
+    /// answers included; then their connections are dropped and the process exits. 20 ends
+    /// the process before the 30 s Kubernetes and ECS wait by default before SIGKILL.
+    #[arg(long, env = "KEYSPREAD_SHUTDOWN_TIMEOUT_S", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub shutdown_timeout_s: u64,
 
     /// Mutations (POST, PUT, PATCH, DELETE) per second each client IP may make; 0: no limit.
     #[arg(long, env = "KEYSPREAD_MUTATION_RATE", default_value_t = 1000)]
@@ -259,6 +269,7 @@ impl ServeConfig {
             request_timeout_secs: 10,
             header_timeout_secs: 10,
             max_connections: 10_000,
+            shutdown_timeout_s: 20,
             mutation_rate: 0,
             mutation_burst: 2000,
             auth_failures_per_minute: 0,
@@ -290,6 +301,10 @@ impl ServeConfig {
 
     pub fn header_timeout(&self) -> Duration {
         Duration::from_secs(self.header_timeout_secs)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs(self.shutdown_timeout_s)
     }
 }
 

@@ -9,14 +9,12 @@ pub mod http;
 pub use ::keyspace;
 pub mod metrics;
 pub mod registry;
+mod serve;
 pub mod store;
 pub mod telemetry;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::net::TcpListener;
 
 use crate::config::ServeConfig;
 use crate::keyspace::Keyspace;
@@ -24,6 +22,7 @@ use crate::registry::Registry;
 use crate::store::Store;
 
 pub use http::router as app;
+pub use serve::serve;
 
 /// Everything a request handler needs.
 #[derive(Clone)]
@@ -42,6 +41,8 @@ pub struct AppState {
     pub heavy: http::HeavyWork,
     /// Idempotency-Keys whose first request is being made here.
     pub in_flight: http::InFlight,
+    /// Where snapshots wait for their clients, a few at once.
+    pub spools: http::Spools,
 }
 
 /// Who may change assignments and read metrics (one `Arc` in [`AppState`], which every
@@ -70,12 +71,15 @@ pub struct Access {
     pub trusted_proxies: http::TrustedProxies,
 }
 
-/// How long connections may dawdle, and how many are served at once.
+/// How long connections may dawdle, how many are served at once, and how long a stop waits
+/// for them.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     /// For a request's headers, and between requests on an idle connection.
     pub header_timeout: Duration,
     pub max_connections: usize,
+    /// From the shutdown signal to dropping the connections still open.
+    pub shutdown_timeout: Duration,
 }
 
 impl AppState {
@@ -136,9 +140,11 @@ impl AppState {
             connections: ConnectionLimits {
                 header_timeout: config.header_timeout(),
                 max_connections: config.max_connections as usize,
+                shutdown_timeout: config.shutdown_timeout(),
             },
             heavy: http::HeavyWork::for_this_machine(),
             in_flight: http::InFlight::default(),
+            spools: http::Spools::default(),
         })
     }
 }
@@ -203,73 +209,4 @@ pub enum StartError {
          --tokens-file"
     )]
     ReadAccessWithoutTokens,
-}
-
-/// Serves `state` on `listener` until `shutdown` resolves, then drains in-flight requests.
-///
-/// Connections past `max_connections` wait in the listen backlog; a client that is slow to
-/// send its headers, or leaves its connection idle, is disconnected after `header_timeout`.
-/// A body left unread (a 413, say) is discarded within bounds before the connection closes.
-pub async fn serve(
-    listener: TcpListener,
-    state: AppState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::server::graceful::GracefulShutdown;
-    use hyper_util::service::TowerToHyperService;
-    use tower::ServiceExt as _;
-
-    let limits = state.connections;
-    let registry = Arc::clone(&state.registry);
-    let app = app(state);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    tokio::pin!(shutdown);
-    loop {
-        let slot = tokio::select! {
-            slot = Arc::clone(&slots).acquire_owned() => slot.expect("semaphore never closed"),
-            () = &mut shutdown => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors, say: wait for some to close, do not spin.
-                    tracing::warn!(%err, "cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let service =
-            app.clone()
-                .map_request(move |mut request: hyper::Request<hyper::body::Incoming>| {
-                    request
-                        .extensions_mut()
-                        .insert(axum::extract::ConnectInfo(peer));
-                    // Bodies left unread are drained, so their clients read the answer.
-                    http::Lingering::wrap(request)
-                });
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            // Errors here are the client's doing (a reset, a timeout): nothing to report.
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, %peer, "connection closed");
-            }
-            drop(slot);
-        });
-    }
-    drop(listener);
-    // Long-polls of the log answer now, rather than hold the drain for up to a minute.
-    registry.end_long_polls();
-    graceful.shutdown().await;
-    Ok(())
 }

@@ -73,8 +73,8 @@ impl HeavyWork {
         Ok(([(header::CONTENT_TYPE, json)], body).into_response())
     }
 
-    /// One of the pool's turns, for heavy work that is not a closure (a streamed answer):
-    /// held, it counts against the threads as running work does.
+    /// One of the pool's turns, for heavy work that is not a closure (reading a table into
+    /// a spool): held, it counts against the threads as running work does.
     pub async fn turn(&self) -> tokio::sync::OwnedSemaphorePermit {
         Arc::clone(&self.permits)
             .acquire_owned()

@@ -23,6 +23,7 @@ mod rebalance;
 pub mod roles;
 mod shards;
 mod snapshot;
+mod spool;
 mod streams;
 mod ui;
 
@@ -43,7 +44,7 @@ use utoipa_swagger_ui::SwaggerUi;
 pub use auth::{Credentials, CredentialsError};
 pub use client::{Client, TrustedProxies};
 pub use error::{ApiError, PROBLEM_JSON, Problem};
-pub use events::{EventBody, EventPage};
+pub use events::{EventBody, EventPage, long_poll};
 pub use heavy::HeavyWork;
 pub use idempotency::InFlight;
 pub use keys::{Assignment, AssignmentPage};
@@ -54,6 +55,7 @@ pub use metrics::HttpMetrics;
 pub use rebalance::MAX_SWITCH_AFTER_S;
 pub use shards::ShardOf;
 pub use snapshot::{NDJSON, SnapshotHead, line as ndjson_line, page_lines};
+pub use spool::Spools;
 pub use streams::{PutStream, StreamMap};
 
 use crate::AppState;

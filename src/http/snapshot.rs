@@ -1,12 +1,11 @@
 //! `GET /snapshot`: the whole table as of one event, streamed as NDJSON, for a producer's
 //! mirror to start from before it follows `GET /events` from that event on.
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -21,9 +20,6 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// The media type of the answer: one JSON value per line.
 pub const NDJSON: &str = "application/x-ndjson";
-
-/// Pages of lines the server reads ahead of a client.
-const READ_AHEAD: usize = 2;
 
 /// The first line of `GET /snapshot`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -40,7 +36,9 @@ pub struct SnapshotHead {
 
 /// The whole table as of one event: a first line [`SnapshotHead`], then one
 /// [`Assignment`] per line by account (with `next` while a staged move is pending), all
-/// read in one read transaction and streamed as read. A client that stops reading for the
+/// read in one read transaction. The table is written to a spool (a temporary file) as fast
+/// as it is read and sent from there as the client reads, so a slow client holds neither
+/// the transaction nor a turn of the heavy pool. A client that stops reading for the
 /// request timeout has its answer cut short; count the lines against `accounts`.
 #[utoipa::path(
     get, path = "/snapshot", tag = "keys",
@@ -50,7 +48,12 @@ pub struct SnapshotHead {
     )
 )]
 async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
-    // Streaming a table is heavy work: it takes a turn of the heavy pool while it runs.
+    let (spool, progress) = state
+        .spools
+        .open()
+        .await
+        .map_err(|e| ApiError::internal(&e))?;
+    // Reading a table is heavy work: it takes a turn of the heavy pool until it is spooled.
     let turn = state.heavy.turn().await;
     let mut snapshot = state.registry.snapshot().await?;
     let head = SnapshotHead {
@@ -58,39 +61,34 @@ async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
         accounts: snapshot.accounts,
         max_age_s: state.lookup_cache.lifetime(),
     };
-    let stall = state.request_timeout;
-    let (lines, body) = mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD);
     let first = line(&head).map_err(|e| ApiError::internal(&e))?;
     tokio::spawn(async move {
-        let _turn = turn;
-        let send = |chunk| async {
-            // A client that stops reading releases the transaction after `stall`.
-            matches!(
-                tokio::time::timeout(stall, lines.send(chunk)).await,
-                Ok(Ok(()))
-            )
-        };
-        if !send(Ok(first)).await {
-            return;
-        }
-        loop {
-            let chunk = match snapshot.next_page().await {
-                Ok(None) => return,
-                Ok(Some(page)) => page_lines(page),
-                Err(err) => Err(std::io::Error::other(err.to_string())),
+        let mut page = Ok(first);
+        let result = loop {
+            let written = match page {
+                Ok(bytes) => spool.write(bytes).await,
+                Err(err) => Err(err),
             };
-            let failed = chunk.is_err();
-            if let Err(err) = &chunk {
+            if let Err(err) = written {
                 tracing::warn!(%err, "snapshot cut short");
+                break Err(err.to_string());
             }
-            if !send(chunk).await || failed {
+            if spool.abandoned() {
                 return;
             }
-        }
+            page = match snapshot.next_page().await {
+                Ok(None) => break Ok(()),
+                Ok(Some(assignments)) => page_lines(assignments),
+                Err(err) => Err(std::io::Error::other(err.to_string())),
+            };
+        };
+        // The transaction and the turn end here, whatever the client has read.
+        drop((snapshot, turn));
+        spool.finish(result);
     });
-    let stream = tokio_stream::wrappers::ReceiverStream::new(body);
     let ndjson = HeaderValue::from_static(NDJSON);
-    Ok(([(header::CONTENT_TYPE, ndjson)], Body::from_stream(stream)).into_response())
+    let body = progress.into_body(state.request_timeout);
+    Ok(([(header::CONTENT_TYPE, ndjson)], body).into_response())
 }
 
 /// One NDJSON line: `value` and a newline (the head of a snapshot).

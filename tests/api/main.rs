@@ -50,6 +50,7 @@ mod pipes;
 mod python_client;
 mod python_mirror;
 mod rate;
+mod readers;
 mod readme;
 mod rebalance;
 mod replicas;

@@ -113,6 +113,21 @@ impl Server {
         assert!(sent.success(), "kill -{signal} {}", child.id());
     }
 
+    /// Waits up to `limit` for the process to exit: its status, or `None` if it still runs.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let started = Instant::now();
+        let child = self.child.as_mut().expect("a running server");
+        loop {
+            if let Some(exit) = child.try_wait().unwrap() {
+                return Some(exit);
+            }
+            if started.elapsed() >= limit {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Kills the process with SIGKILL (no shutdown of any kind) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
