@@ -40,14 +40,14 @@ pub struct EventParams {
 pub const MAX_WAIT_S: u32 = 60;
 
 /// The `wait_s` a request to `uri` asks for, if it is a long-poll of the log: the request
-/// may take that much longer than other requests. Out of range counts as none (the request
-/// is refused).
+/// may take that much longer than other requests. The query is read as the route's
+/// extractor reads it (percent-encoded names too); a query it refuses, or a wait out of
+/// range, counts as none (the request is refused).
 pub fn long_poll(uri: &axum::http::Uri) -> std::time::Duration {
     let wait = (uri.path() == "/events")
-        .then(|| uri.query())
+        .then(|| Query::<EventParams>::try_from_uri(uri).ok())
         .flatten()
-        .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("wait_s=")))
-        .and_then(|w| w.parse::<u32>().ok())
+        .and_then(|Query(params)| params.wait_s)
         .filter(|&w| w <= MAX_WAIT_S)
         .unwrap_or(0);
     std::time::Duration::from_secs(u64::from(wait))
