@@ -36,6 +36,12 @@ pub struct SnapshotHead {
     /// come at least this long after they are logged (unless an admin asked for sooner),
     /// so a mirror that synced within it cannot have missed one whose time has come.
     pub max_age_s: u64,
+    /// The log `event_id` belongs to (also in the `X-Keyspread-Log` header): a page of
+    /// `GET /events` naming another log, or a 410, means this table's history ended there.
+    /// (Backups written before logs had names lack it, and still import.)
+    #[serde(default)]
+    #[schema(format = "uuid", required = true)]
+    pub log_id: String,
 }
 
 /// The whole table as of one event: a first line [`SnapshotHead`], then one
@@ -45,7 +51,8 @@ pub struct SnapshotHead {
 #[utoipa::path(
     get, path = "/snapshot", tag = "keys",
     responses(
-        (status = 200, description = "NDJSON: a `SnapshotHead` line, then `accounts` `Assignment` lines", content_type = "application/x-ndjson", body = SnapshotHead),
+        (status = 200, description = "NDJSON: a `SnapshotHead` line, then `accounts` `Assignment` lines", content_type = "application/x-ndjson", body = SnapshotHead,
+            headers(("x-keyspread-log" = String, description = "The log the table comes from (its `log_id`)"))),
         (status = 503, description = "The database cannot be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -57,7 +64,9 @@ async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
         event_id: snapshot.event_id,
         accounts: snapshot.accounts,
         max_age_s: state.lookup_cache.lifetime(),
+        log_id: snapshot.log_id.to_string(),
     };
+    let log_id = snapshot.log_id;
     let stall = state.request_timeout;
     let (lines, body) = mpsc::channel::<Result<Bytes, std::io::Error>>(READ_AHEAD);
     let first = line(&head).map_err(|e| ApiError::internal(&e))?;
@@ -90,7 +99,8 @@ async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(body);
     let ndjson = HeaderValue::from_static(NDJSON);
-    Ok(([(header::CONTENT_TYPE, ndjson)], Body::from_stream(stream)).into_response())
+    let response = ([(header::CONTENT_TYPE, ndjson)], Body::from_stream(stream)).into_response();
+    Ok(super::events::named(response, log_id))
 }
 
 /// One NDJSON line: `value` and a newline (the head of a snapshot).

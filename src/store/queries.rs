@@ -130,6 +130,26 @@ macro_rules! queries {
             Ok(sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(&mut *conn).await?)
         }
 
+        /// The log's name and its newest event id (0 while it has none), in one statement.
+        pub async fn log_end(conn: &mut Conn) -> Result<crate::store::LogEnd> {
+            let (log_id, end): (Option<String>, i64) = sqlx::query_as(
+                "SELECT (SELECT value FROM meta WHERE name = 'log_id'), (SELECT COALESCE(MAX(id), 0) FROM events)",
+            )
+            .fetch_one(&mut *conn)
+            .await?;
+            crate::store::LogEnd::decode(log_id, end)
+        }
+
+        /// Renames the log `from` to `to` unless it is no longer `from`; answers its name now.
+        pub async fn rename_log(conn: &mut Conn, from: &str, to: &str) -> Result<String> {
+            sqlx::query("UPDATE meta SET value = $2 WHERE name = 'log_id' AND value = $1")
+                .bind(from)
+                .bind(to)
+                .execute(&mut *conn)
+                .await?;
+            Ok(sqlx::query_scalar("SELECT value FROM meta WHERE name = 'log_id'").fetch_one(&mut *conn).await?)
+        }
+
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows: Vec<EventRow> = sqlx::query_as(
                 "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx, switch_at, \

@@ -36,6 +36,7 @@ mod leases_stale;
 mod lifecycle;
 mod load;
 mod load_kinesis;
+mod log_id;
 mod long_poll;
 mod makefile;
 mod mirror;
