@@ -20,6 +20,7 @@ mod controller;
 mod follow;
 mod group;
 mod leases;
+mod lineage;
 mod load;
 mod log;
 mod md5_loads;
@@ -354,6 +355,7 @@ impl Registry {
     ) -> Result<Arc<Registry>, Error> {
         let started = Instant::now();
         store.bind_keyspace(keyspace.bits()).await?;
+        lineage::check(&store).await?;
         let Table {
             alloc,
             accounts,
@@ -397,6 +399,7 @@ impl Registry {
             }),
         });
         registry.note_schema(schema);
+        registry.keep_lineage();
         let w = registry.writer.lock().await;
         registry.count_applied(&w, last_event);
         drop(w);

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::helpers::{Answer, Db, TestApp, answer, assert_problem, spawn_app, spawn_app_with};
+use crate::process::Server;
 
 /// The `X-Keyspread-Log` header of `response`.
 fn log_header(response: &reqwest::Response) -> String {
@@ -253,4 +254,70 @@ async fn a_writer_that_finds_its_log_rewound_decides_on_the_table_the_database_h
         "c is not in the database's log"
     );
     assert_ne!(stored_log_id(&mut db).await, log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_copy_of_a_sqlite_file_is_a_new_log() {
+    if !crate::skip::sqlite_only("an_older_copy_of_a_sqlite_file_is_a_new_log") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keyspread.db");
+    let url = format!("sqlite://{}", file.display());
+    let log_file = dir.path().join("server.log");
+    let client = reqwest::Client::new();
+    let allocate = |server: &Server, account: String| {
+        let request = client.post(format!("{}/keys/{account}", server.url));
+        async move { assert_eq!(request.send().await.unwrap().status(), 201) }
+    };
+    let page = |server: &Server, after: i64| {
+        let request = client.get(format!("{}/events?after={after}", server.url));
+        async move { answer(request.send().await.unwrap()).await }
+    };
+
+    let mut server = Server::spawn(&url, &log_file);
+    server.wait_ready(&client).await;
+    for i in 0..3 {
+        allocate(&server, format!("before-{i}")).await;
+    }
+    server.kill();
+    let copy = dir.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    let files = ["keyspread.db", "keyspread.db-wal"];
+    for name in files.iter().filter(|n| dir.path().join(n).exists()) {
+        std::fs::copy(dir.path().join(name), copy.join(name)).unwrap();
+    }
+
+    let mut server = Server::spawn(&url, &log_file);
+    server.wait_ready(&client).await;
+    for i in 0..3 {
+        allocate(&server, format!("after-{i}")).await;
+    }
+    let served = page(&server, 0).await.body;
+    let (log, end) = (served["log_id"].clone(), served["next"].as_i64().unwrap());
+    // The newest event served reaches the lineage within a few milliseconds.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill();
+    for name in ["keyspread.db", "keyspread.db-wal", "keyspread.db-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    for name in files.iter().filter(|n| copy.join(n).exists()) {
+        std::fs::copy(copy.join(name), dir.path().join(name)).unwrap();
+    }
+
+    let mut server = Server::spawn(&url, &log_file);
+    server.wait_ready(&client).await;
+    let restored = page(&server, 0).await.body;
+    assert_ne!(restored["log_id"], log, "{}", server.log_text());
+    assert!(restored["next"].as_i64().unwrap() < end, "{restored}");
+    assert!(
+        server.log_text().contains("older copy of the file"),
+        "{}",
+        server.log_text()
+    );
+    let gone = page(&server, end).await;
+    assert_eq!(
+        (gone.status, &gone.body["type"]),
+        (410, &Value::from("urn:keyspread:problem:past-end"))
+    );
 }
