@@ -41,6 +41,7 @@ mod long_poll;
 mod makefile;
 mod mirror;
 mod mirror_kinesis;
+mod mirror_log;
 mod names;
 mod observability;
 mod order_kinesis;
