@@ -54,6 +54,7 @@ mod readme;
 mod rebalance;
 mod replicas;
 mod reshard;
+mod restore_proof;
 mod retention;
 pub mod roles;
 mod rust_client;
