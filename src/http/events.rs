@@ -206,10 +206,9 @@ pub struct EventPage {
     /// Pass as `after` for the next page: the last event's id, or `after` itself when the
     /// page is empty (nothing newer yet; ask again later).
     pub next: i64,
-    /// The log these events belong to, read with them (and in the `X-Keyspread-Log`
-    /// header). Event ids mean something only within one log: a reader whose position
+    /// The log these events belong to (a UUID), read with them (and in the
+    /// `X-Keyspread-Log` header). Event ids mean something only within one log: a reader whose position
     /// came from another log (the snapshot's `log_id`) takes a new `GET /snapshot`.
-    #[schema(format = "uuid")]
     pub log_id: String,
 }
 
@@ -303,8 +302,7 @@ pub struct PastEndProblem {
     pub status: u16,
     /// Where the log ends, and what the reader does next.
     pub detail: String,
-    /// The log the database holds.
-    #[schema(format = "uuid")]
+    /// The log the database holds (a UUID).
     pub log_id: String,
     /// Its newest event id: every position in it is at most this.
     pub end: i64,

@@ -36,11 +36,11 @@ pub struct SnapshotHead {
     /// come at least this long after they are logged (unless an admin asked for sooner),
     /// so a mirror that synced within it cannot have missed one whose time has come.
     pub max_age_s: u64,
-    /// The log `event_id` belongs to (also in the `X-Keyspread-Log` header): a page of
+    /// The log `event_id` belongs to, a UUID (also in the `X-Keyspread-Log` header): a page of
     /// `GET /events` naming another log, or a 410, means this table's history ended there.
     /// (Backups written before logs had names lack it, and still import.)
     #[serde(default)]
-    #[schema(format = "uuid", required = true)]
+    #[schema(required = true)]
     pub log_id: String,
 }
 
