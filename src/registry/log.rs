@@ -3,7 +3,7 @@
 //! built from.
 
 use super::{Error, Registry, Writer, retention};
-use crate::store::{LogEnd, LogId, LoggedEvent, Tx};
+use crate::store::{LogEnd, LogId, LogRead, LoggedEvent, Tx};
 
 /// Events of the log, read with the log's name in one consistent state of the database.
 #[derive(Debug)]
@@ -73,22 +73,21 @@ impl Registry {
     /// dropped: the horizon is raised before any is dropped, so a page that passed some by
     /// is never answered. (An empty page passed none by: the newest event is never dropped.)
     async fn read_log(&self, after: i64, limit: u32) -> Result<LogPage, Error> {
-        let mut tx = self.store.snapshot().await?;
-        let events = tx.log(after, i64::from(limit)).await?;
-        let LogEnd { log_id, end } = tx.log_end().await?;
+        let LogRead {
+            end: LogEnd { log_id, end },
+            horizon,
+            events,
+        } = self.store.read_log(after, i64::from(limit)).await?;
         if after > end {
             return Err(Error::PastEnd { after, end, log_id });
         }
         // Ids that follow on from `after` with no gap skipped nothing.
-        if retention::gapped(after, events.iter().map(|l| l.event.id)) {
-            let horizon = tx.event_horizon().await?;
-            if after < horizon {
-                return Err(Error::Compacted {
-                    after,
-                    horizon,
-                    log_id,
-                });
-            }
+        if retention::gapped(after, events.iter().map(|l| l.event.id)) && after < horizon {
+            return Err(Error::Compacted {
+                after,
+                horizon,
+                log_id,
+            });
         }
         Ok(LogPage { log_id, events })
     }

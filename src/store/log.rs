@@ -49,10 +49,45 @@ impl LogEnd {
     }
 }
 
+/// Events of the log after some id, as one state of the database held them with the log's
+/// name, its end and its horizon (events at or below it may be gone).
+#[derive(Debug)]
+pub struct LogRead {
+    pub end: LogEnd,
+    pub horizon: i64,
+    pub events: Vec<LoggedEvent>,
+}
+
+/// The page of [`Store::read_log`]: the head on every row, and one row (of NULL events)
+/// when no event follows `$1`.
+pub(super) const LOG_PAGE: &str = "SELECT h.log_id, h.log_end, h.horizon, e.id, e.at, e.kind, \
+     e.account, e.key_before, e.key_after, e.weight, e.stream, e.shard_count, e.idx, e.switch_at, \
+     e.reason, e.max_fanout, e.actor \
+     FROM (SELECT (SELECT value FROM meta WHERE name = 'log_id') AS log_id, \
+     (SELECT COALESCE(MAX(id), 0) FROM events) AS log_end, \
+     (SELECT value FROM meta WHERE name = 'event_horizon') AS horizon) h \
+     LEFT JOIN (SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, \
+     idx, switch_at, reason, max_fanout, actor FROM events WHERE id > $1 ORDER BY id LIMIT $2) e \
+     ON TRUE ORDER BY e.id";
+
+/// The horizon as the `meta` table stores it (none: 0, nothing was dropped).
+pub(super) fn decode_horizon(stored: Option<String>) -> Result<i64> {
+    stored.map_or(Ok(0), |v| {
+        v.parse()
+            .map_err(|_| StoreError::Corrupt(format!("event_horizon {v:?}")))
+    })
+}
+
 impl Store {
     /// The log's name and newest event id, read together.
     pub async fn log_end(&self) -> Result<LogEnd> {
         on_backend!(self, c => log_end())
+    }
+
+    /// Up to `limit` events after `after`, oldest first, with the log's name, end and
+    /// horizon, all read in one statement.
+    pub async fn read_log(&self, after: i64, limit: i64) -> Result<LogRead> {
+        on_backend!(self, c => log_page(after, limit))
     }
 }
 
@@ -60,11 +95,6 @@ impl Tx {
     /// The log's name and newest event id, as this transaction sees them.
     pub async fn log_end(&mut self) -> Result<LogEnd> {
         in_tx!(self, log_end())
-    }
-
-    /// Up to `limit` events after `after` with the columns the log stores, oldest first.
-    pub async fn log(&mut self, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
-        in_tx!(self, events_after(after, limit))
     }
 
     /// Gives log `from` the name `to`, unless another writer renamed it first; answers the

@@ -24,7 +24,7 @@ use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{AccountId, HashKey, Move};
 use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
-pub use log::{LogEnd, LogId};
+pub use log::{LogEnd, LogId, LogRead};
 pub use postgres::CHANNEL;
 pub use retention::Compaction;
 
