@@ -131,7 +131,7 @@ async fn run(store: &Store, rows: &mut Rows, rows_per_tx: usize, secs: f64) -> (
 async fn run_groups(store: &Store, rows: &mut Rows, secs: f64) -> (u64, f64) {
     let deadline = Duration::from_secs_f64(secs);
     let start = Instant::now();
-    let mut seen = 0;
+    let mut seen = store.log_end().await.expect("the log's end");
     let mut inserted = 0u64;
     let loopback = Actor::loopback();
     let by = Actors::One(&loopback);
@@ -152,7 +152,7 @@ async fn run_groups(store: &Store, rows: &mut Rows, secs: f64) -> (u64, f64) {
             .insert_if_current(seen, &group, by, group[0].created_at)
             .await
             .expect("insert_if_current");
-        seen = ids.into_iter().max().unwrap_or(seen);
+        seen.end = ids.into_iter().max().unwrap_or(seen.end);
         inserted += GROUP as u64;
     }
     let elapsed = start.elapsed().as_secs_f64();

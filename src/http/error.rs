@@ -24,6 +24,10 @@ pub struct Problem {
     pub status: u16,
     /// What was wrong with this request.
     pub detail: String,
+    /// The members a problem type adds (RFC 9457 extensions), which its own schema names.
+    #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+    #[schema(ignore)]
+    pub extensions: serde_json::Map<String, serde_json::Value>,
 }
 
 /// An error answered to a client.
@@ -32,6 +36,7 @@ pub struct ApiError {
     status: StatusCode,
     slug: &'static str,
     detail: String,
+    extensions: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ApiError {
@@ -40,7 +45,14 @@ impl ApiError {
             status,
             slug,
             detail: detail.into(),
+            extensions: serde_json::Map::new(),
         }
+    }
+
+    /// The problem with the extension member `name` set to `value`.
+    pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.extensions.insert(name.to_owned(), value.into());
+        self
     }
 
     pub fn bad_request(detail: impl Into<String>) -> Self {
@@ -94,12 +106,12 @@ impl ApiError {
     }
 
     fn problem(&self) -> Problem {
-        Problem {
-            kind: format!("urn:keyspread:problem:{}", self.slug),
-            title: (self.status.canonical_reason().unwrap_or("Error")).to_owned(),
-            status: self.status.as_u16(),
-            detail: self.detail.clone(),
-        }
+        problem_body(
+            self.status,
+            self.slug,
+            &self.detail,
+            self.extensions.clone(),
+        )
     }
 }
 
@@ -110,17 +122,37 @@ pub struct Passing;
 
 /// A problem response for `status` of kind `slug`.
 pub fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
-    let body = Problem {
-        kind: format!("urn:keyspread:problem:{slug}"),
-        title: status.canonical_reason().unwrap_or("Error").to_owned(),
-        status: status.as_u16(),
-        detail: detail.to_owned(),
-    };
+    problem_with(status, slug, detail, serde_json::Map::new())
+}
+
+/// [`problem`] with extension members.
+fn problem_with(
+    status: StatusCode,
+    slug: &str,
+    detail: &str,
+    extensions: serde_json::Map<String, serde_json::Value>,
+) -> Response<Body> {
+    let body = problem_body(status, slug, detail, extensions);
     let mut response = (status, Json(body)).into_response();
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
+}
+
+fn problem_body(
+    status: StatusCode,
+    slug: &str,
+    detail: &str,
+    extensions: serde_json::Map<String, serde_json::Value>,
+) -> Problem {
+    Problem {
+        kind: format!("urn:keyspread:problem:{slug}"),
+        title: status.canonical_reason().unwrap_or("Error").to_owned(),
+        status: status.as_u16(),
+        detail: detail.to_owned(),
+        extensions,
+    }
 }
 
 /// Seconds a 503 asks the client to wait before trying again: about one lock timeout, the
@@ -129,7 +161,7 @@ pub const RETRY_AFTER_SECS: u32 = 2;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response<Body> {
-        let mut response = problem(self.status, self.slug, &self.detail);
+        let mut response = problem_with(self.status, self.slug, &self.detail, self.extensions);
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()
@@ -259,7 +291,15 @@ impl From<&registry::Error> for ApiError {
                  Idempotency-Key to learn which, or read the account or stream back",
             ),
             E::SchemaNewer { .. } => ApiError::unavailable(err.to_string()),
-            E::Compacted { .. } => ApiError::new(StatusCode::GONE, "compacted", err.to_string()),
+            E::Compacted { horizon, .. } => {
+                ApiError::new(StatusCode::GONE, "compacted", err.to_string())
+                    .with("horizon", *horizon)
+            }
+            E::PastEnd { end, log_id, .. } => {
+                ApiError::new(StatusCode::GONE, "past-end", err.to_string())
+                    .with("log_id", log_id.to_string())
+                    .with("end", *end)
+            }
             E::KeyInUse => ApiError::new(
                 StatusCode::CONFLICT,
                 "idempotency-key-in-use",

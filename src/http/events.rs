@@ -2,15 +2,17 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
+use axum::http::{HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, PROBLEM_JSON, Problem};
+use super::error::{ApiError, Problem};
 use crate::AppState;
 use crate::keyspace::{AccountId, HashKey};
-use crate::store::{Change, LoggedEvent, MoveReason};
+use crate::store::{Change, LogId, LoggedEvent, MoveReason};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
@@ -40,17 +42,28 @@ pub struct EventParams {
 pub const MAX_WAIT_S: u32 = 60;
 
 /// The `wait_s` a request to `uri` asks for, if it is a long-poll of the log: the request
-/// may take that much longer than other requests. Out of range counts as none (the request
-/// is refused).
+/// may take that much longer than other requests. The query is read as the route's
+/// extractor reads it (percent-encoded names too); a query it refuses, or a wait out of
+/// range, counts as none (the request is refused).
 pub fn long_poll(uri: &axum::http::Uri) -> std::time::Duration {
     let wait = (uri.path() == "/events")
-        .then(|| uri.query())
+        .then(|| Query::<EventParams>::try_from_uri(uri).ok())
         .flatten()
-        .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("wait_s=")))
-        .and_then(|w| w.parse::<u32>().ok())
+        .and_then(|Query(params)| params.wait_s)
         .filter(|&w| w <= MAX_WAIT_S)
         .unwrap_or(0);
     std::time::Duration::from_secs(u64::from(wait))
+}
+
+/// The header naming the log an answer of `GET /events` or `GET /snapshot` belongs to.
+pub const LOG_HEADER: HeaderName = HeaderName::from_static("x-keyspread-log");
+
+/// `response` with the [`LOG_HEADER`] naming `log_id`.
+pub fn named(mut response: Response, log_id: LogId) -> Response {
+    if let Ok(value) = HeaderValue::from_str(&log_id.to_string()) {
+        response.headers_mut().insert(LOG_HEADER, value);
+    }
+    response
 }
 
 /// What an event did.
@@ -193,44 +206,70 @@ pub struct EventPage {
     /// Pass as `after` for the next page: the last event's id, or `after` itself when the
     /// page is empty (nothing newer yet; ask again later).
     pub next: i64,
+    /// The log these events belong to (a UUID), read with them (and in the
+    /// `X-Keyspread-Log` header). Event ids mean something only within one log: a reader whose position
+    /// came from another log (the snapshot's `log_id`) takes a new `GET /snapshot`.
+    pub log_id: String,
 }
 
 /// The event log, oldest first, paged by id. With `wait_s`, a long-poll: when no event after
 /// `after` exists yet, the answer waits until one does (on a replica: until its follower
 /// applies it) or `wait_s` passes, then answers empty with `next` = `after`. A reader whose
-/// `after` is below the log's horizon (the events after it were compacted away) gets 410.
+/// `after` is below the log's horizon (the events after it were compacted away), or past the
+/// log's end (a position in another history), gets 410.
 #[utoipa::path(
     get, path = "/events", tag = "observability",
     params(EventParams),
     responses(
-        (status = 200, description = "Events after `after`, at most `limit` (waiting up to `wait_s` for the first)", body = EventPage),
+        (status = 200, description = "Events after `after`, at most `limit` (waiting up to `wait_s` for the first)", body = EventPage,
+            headers(("x-keyspread-log" = String, description = "The log the page belongs to (its `log_id`)"))),
         (status = 400, description = "Invalid paging parameters", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "Events after `after` were compacted away (`--event-retention`): take a new `GET /snapshot` and follow the log from its `event_id`", body = CompactedProblem, content_type = "application/problem+json"),
+        (status = 410, description = "Events after `after` were compacted away (`--event-retention`; `CompactedProblem`), or `after` is past the log's newest event (`PastEndProblem`: the position belongs to another log, such as the database's before a restore): take a new `GET /snapshot` and follow the log from its `event_id`", content_type = "application/problem+json",
+            body = inline(GoneProblem),
+            headers(("x-keyspread-log" = String, description = "The log `after` was read against"))),
     )
 )]
 async fn events(
     State(state): State<AppState>,
     Query(params): Query<EventParams>,
-) -> Result<Json<EventPage>, EventsError> {
+) -> Result<Response, ApiError> {
     let after = params.after.unwrap_or(0);
     if after < 0 {
-        return Err(ApiError::bad_request(format!("after must be 0 or more, got {after}")).into());
+        return Err(ApiError::bad_request(format!(
+            "after must be 0 or more, got {after}"
+        )));
     }
     let limit = super::page_limit(params.limit, MAX_EVENTS)?;
     let wait_s = params.wait_s.unwrap_or(0);
     if wait_s > MAX_WAIT_S {
         return Err(ApiError::bad_request(format!(
             "wait_s must be 0..={MAX_WAIT_S}, got {wait_s}"
-        ))
-        .into());
+        )));
     }
     let wait = std::time::Duration::from_secs(u64::from(wait_s));
-    let logged = state.registry.wait_for_events(after, limit, wait).await?;
-    let next = logged.last().map_or(after, |l| l.event.id);
-    Ok(Json(EventPage {
-        events: logged.into_iter().map(EventBody::from).collect(),
+    let page = match state.registry.wait_for_events(after, limit, wait).await {
+        Ok(page) => page,
+        Err(
+            err @ (crate::registry::Error::Compacted { log_id, .. }
+            | crate::registry::Error::PastEnd { log_id, .. }),
+        ) => return Ok(named(ApiError::from(err).into_response(), log_id)),
+        Err(err) => return Err(err.into()),
+    };
+    let next = page.events.last().map_or(after, |l| l.event.id);
+    let body = EventPage {
+        events: page.events.into_iter().map(EventBody::from).collect(),
         next,
-    }))
+        log_id: page.log_id.to_string(),
+    };
+    Ok(named(Json(body).into_response(), page.log_id))
+}
+
+/// The 410s of `GET /events`, told apart by their members.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum GoneProblem {
+    Compacted(CompactedProblem),
+    PastEnd(PastEndProblem),
 }
 
 /// The 410 problem: the events after `after` were compacted away.
@@ -250,51 +289,21 @@ pub struct CompactedProblem {
     pub horizon: i64,
 }
 
-/// What `GET /events` answers instead of a page.
-#[derive(Debug)]
-enum EventsError {
-    Compacted { horizon: i64, detail: String },
-    Api(ApiError),
-}
-
-impl From<ApiError> for EventsError {
-    fn from(err: ApiError) -> Self {
-        EventsError::Api(err)
-    }
-}
-
-impl From<crate::registry::Error> for EventsError {
-    fn from(err: crate::registry::Error) -> Self {
-        match err {
-            crate::registry::Error::Compacted { horizon, .. } => EventsError::Compacted {
-                horizon,
-                detail: err.to_string(),
-            },
-            other => EventsError::Api(other.into()),
-        }
-    }
-}
-
-impl axum::response::IntoResponse for EventsError {
-    fn into_response(self) -> axum::response::Response {
-        use axum::http::{HeaderValue, StatusCode, header};
-        match self {
-            EventsError::Api(err) => err.into_response(),
-            EventsError::Compacted { horizon, detail } => {
-                let status = StatusCode::GONE;
-                let body = CompactedProblem {
-                    kind: "urn:keyspread:problem:compacted".to_owned(),
-                    title: status.canonical_reason().unwrap_or("Gone").to_owned(),
-                    status: status.as_u16(),
-                    detail,
-                    horizon,
-                };
-                let mut response = (status, Json(body)).into_response();
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-                response
-            }
-        }
-    }
+/// The 410 problem: `after` is past the log's newest event, so the reader's position
+/// belongs to another history (a database restored, imported afresh or rewound).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PastEndProblem {
+    /// `urn:keyspread:problem:past-end`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `Gone`.
+    pub title: String,
+    /// 410.
+    pub status: u16,
+    /// Where the log ends, and what the reader does next.
+    pub detail: String,
+    /// The log the database holds (a UUID).
+    pub log_id: String,
+    /// Its newest event id: every position in it is at most this.
+    pub end: i64,
 }

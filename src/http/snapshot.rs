@@ -32,6 +32,12 @@ pub struct SnapshotHead {
     /// come at least this long after they are logged (unless an admin asked for sooner),
     /// so a mirror that synced within it cannot have missed one whose time has come.
     pub max_age_s: u64,
+    /// The log `event_id` belongs to, a UUID (also in the `X-Keyspread-Log` header): a page of
+    /// `GET /events` naming another log, or a 410, means this table's history ended there.
+    /// (Backups written before logs had names lack it, and still import.)
+    #[serde(default)]
+    #[schema(required = true)]
+    pub log_id: String,
 }
 
 /// The whole table as of one event: a first line [`SnapshotHead`], then one
@@ -43,7 +49,8 @@ pub struct SnapshotHead {
 #[utoipa::path(
     get, path = "/snapshot", tag = "keys",
     responses(
-        (status = 200, description = "NDJSON: a `SnapshotHead` line, then `accounts` `Assignment` lines", content_type = "application/x-ndjson", body = SnapshotHead),
+        (status = 200, description = "NDJSON: a `SnapshotHead` line, then `accounts` `Assignment` lines", content_type = "application/x-ndjson", body = SnapshotHead,
+            headers(("x-keyspread-log" = String, description = "The log the table comes from (its `log_id`)"))),
         (status = 503, description = "The database cannot be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -60,7 +67,9 @@ async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
         event_id: snapshot.event_id,
         accounts: snapshot.accounts,
         max_age_s: state.lookup_cache.lifetime(),
+        log_id: snapshot.log_id.to_string(),
     };
+    let log_id = snapshot.log_id;
     let first = line(&head).map_err(|e| ApiError::internal(&e))?;
     tokio::spawn(async move {
         let mut page = Ok(first);
@@ -88,7 +97,8 @@ async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
     });
     let ndjson = HeaderValue::from_static(NDJSON);
     let body = progress.into_body(state.request_timeout);
-    Ok(([(header::CONTENT_TYPE, ndjson)], body).into_response())
+    let response = ([(header::CONTENT_TYPE, ndjson)], body).into_response();
+    Ok(super::events::named(response, log_id))
 }
 
 /// One NDJSON line: `value` and a newline (the head of a snapshot).

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::log::{Found, found};
 use super::streams::Stream;
 use super::{Accounts, Error, Registry, Writer, retention};
 use crate::keyspace::{self, Allocator};
@@ -29,20 +30,30 @@ const SCHEMA_EVERY: u64 = 20;
 /// Events a follower reads from the log in one query.
 const FOLLOW_PAGE: i64 = 10_000;
 
+/// Why a replica behind the log's horizon reads the table again.
+const COMPACTED: &str = "this replica was behind the event log's horizon (events it had not applied were compacted away)";
+
 impl Registry {
     /// Starts a write transaction, applies everything committed before it, and reads the
     /// database's clock: the time (Unix milliseconds) the transaction decides and logs by.
-    /// Switches due by then are ended, so their old keys may be picked.
+    /// Switches due by then are ended, so their old keys may be picked. A database that
+    /// holds another log than memory follows is read again whole first.
     pub(super) async fn begin(&self, w: &mut Writer) -> Result<(Tx, i64), Error> {
         let started = std::time::Instant::now();
         w.tx_started = Some(started);
-        let mut tx = self.store.begin().await?;
+        let mut tx = loop {
+            let mut tx = self.store.begin().await?;
+            match found(w, tx.log_end().await?) {
+                Found::Same => break tx,
+                other => self.follow_anew(w, tx, other).await?,
+            }
+        };
         let mut events = tx.events_after(w.last_event).await?;
         if retention::gapped(w.last_event, events.iter().map(|e| e.id))
             && tx.event_horizon().await? > w.last_event
         {
             // Under the write lock: the table read now is the one this change decides on.
-            self.reload(w).await?;
+            self.reload(w, COMPACTED).await?;
             events = tx.events_after(w.last_event).await?;
         }
         let streams = if changes_streams(&events) {
@@ -87,6 +98,15 @@ impl Registry {
                 break;
             }
         }
+        // Read after the events: a log renamed before they were read is found here.
+        if found(&w, self.store.log_end().await?) != Found::Same {
+            // Judged again under the write lock, where a rewound log is renamed.
+            let mut tx = self.store.begin().await?;
+            let found = found(&w, tx.log_end().await?);
+            self.follow_anew(&mut w, tx, found).await?;
+            self.synced.note(started);
+            return Ok(events.len());
+        }
         if events.is_empty() {
             self.synced.note(started);
             return Ok(0);
@@ -95,7 +115,7 @@ impl Registry {
             && self.store.event_horizon().await? > w.last_event
         {
             let applied = events.len();
-            self.reload(&mut w).await?;
+            self.reload(&mut w, COMPACTED).await?;
             self.synced.note(started);
             return Ok(applied);
         }

@@ -11,7 +11,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::config::{ControllerConfig, DEFAULT_JOIN_BATCH_MS, LoadConfig};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
 use crate::store::{
-    Actor, Actors, Assignment, Change, Event, HashKeys, KeyRow, LoggedEvent, MoveReason, Store,
+    Actor, Actors, Assignment, Change, Event, HashKeys, KeyRow, LogEnd, LogId, MoveReason, Store,
     StoreError, Switch,
 };
 
@@ -21,7 +21,9 @@ mod follow;
 mod group;
 mod keep;
 mod leases;
+mod lineage;
 mod load;
+mod log;
 mod md5_loads;
 mod metrics;
 mod rebalance;
@@ -46,6 +48,7 @@ pub use load::{
     AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS,
     MAX_WINDOW_MS, ShardLoad, StreamLoad,
 };
+pub use log::LogPage;
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
 pub use restore::{RestoreChunk, Restored};
@@ -118,7 +121,15 @@ pub enum Error {
     #[error(
         "events after {after} were compacted away (the log keeps those after {horizon}): take a new GET /snapshot and follow the log from its event_id"
     )]
-    Compacted { after: i64, horizon: i64 },
+    Compacted {
+        after: i64,
+        horizon: i64,
+        log_id: LogId,
+    },
+    #[error(
+        "event {after} is past the end of log {log_id} (its newest event is {end}): the position belongs to another history; take a new GET /snapshot and follow the log from its event_id"
+    )]
+    PastEnd { after: i64, end: i64, log_id: LogId },
     /// Another request with the same Idempotency-Key committed first.
     #[error(
         "another request with this Idempotency-Key was being made at the same time: send it \
@@ -180,6 +191,8 @@ pub enum Allocated {
 #[derive(Debug)]
 struct Writer {
     alloc: Allocator,
+    /// The log memory follows, and the newest of its events applied.
+    log: LogId,
     last_event: i64,
     /// The configured primary stream, until it is registered.
     pending_primary: Option<String>,
@@ -221,6 +234,7 @@ pub struct Registry {
 /// What a long-poll of the log waits on (see [`Registry::wait_for_events`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct LogHead {
+    log: LogId,
     event: i64,
     draining: bool,
 }
@@ -291,6 +305,7 @@ fn file(count: usize, batches: std::sync::mpsc::Receiver<Vec<KeyRow>>) -> Result
 struct Table {
     alloc: Allocator,
     accounts: Accounts,
+    log: LogId,
     last_event: i64,
     streams: Vec<crate::store::StreamRow>,
     schema: i64,
@@ -323,7 +338,10 @@ impl Table {
             })
             .await?;
         drop(batches);
-        let last_event = snapshot.last_event_id().await?;
+        let LogEnd {
+            log_id: log,
+            end: last_event,
+        } = snapshot.log_end().await?;
         let streams = snapshot.load_streams().await?;
         // Pending by the database's clock: only it ends a switch (see `follow::fold`).
         let now = snapshot.clock_ms().await?;
@@ -353,6 +371,7 @@ impl Table {
         Ok(Table {
             alloc,
             accounts,
+            log,
             last_event,
             streams,
             schema,
@@ -372,9 +391,11 @@ impl Registry {
         let synced = vouch::Synced::new();
         synced.note(started);
         store.bind_keyspace(keyspace.bits()).await?;
+        lineage::check(&store).await?;
         let Table {
             alloc,
             accounts,
+            log,
             last_event,
             streams,
             schema,
@@ -383,6 +404,7 @@ impl Registry {
             accounts = accounts.len(),
             switching = accounts.switching(),
             streams = streams.len(),
+            %log,
             last_event,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "rebuilt allocation tree from the database"
@@ -394,6 +416,7 @@ impl Registry {
             streams: RwLock::new(BTreeMap::new()),
             writer: tokio::sync::Mutex::new(Writer {
                 alloc,
+                log,
                 last_event,
                 pending_primary: None,
                 tx_started: None,
@@ -406,10 +429,14 @@ impl Registry {
             schema: 0.into(),
             follow_failing: Default::default(),
             load_config: Default::default(),
-            applied: Default::default(),
+            applied: tokio::sync::watch::Sender::new(LogHead {
+                log,
+                ..Default::default()
+            }),
             synced,
         });
         registry.note_schema(schema);
+        registry.keep_lineage();
         let w = registry.writer.lock().await;
         registry.count_applied(&w, last_event);
         drop(w);
@@ -526,14 +553,14 @@ impl Registry {
             let written = if keyed {
                 None
             } else if new.is_empty() {
-                Some(this.unmoved_since(w.last_event).await.map(|()| Vec::new()))
+                Some(this.unmoved_since(&w).await.map(|()| Vec::new()))
             } else if ticket::commit_all(&tickets).is_err() {
                 return Err(Error::NotMade);
             } else {
                 // The statement commits by itself: this was the commit point.
                 let by = Actors::Each(&actors);
                 let written = (this.store)
-                    .insert_if_current(w.last_event, &new, by, now)
+                    .insert_if_current(position(&w), &new, by, now)
                     .await;
                 if !matches!(written, Ok(_) | Err(StoreError::OutcomeUnknown(_))) {
                     tickets.iter().for_each(|t| t.rolled_back());
@@ -625,10 +652,11 @@ impl Registry {
         Ok(())
     }
 
-    /// Whether the log still ends at event `seen`: then memory, which applied it that far,
-    /// is the database's current state. [`StoreError::LogMoved`] otherwise.
-    async fn unmoved_since(&self, seen: i64) -> Result<(), StoreError> {
-        if self.store.last_event_id().await? == seen {
+    /// Whether the database's log is still the one memory follows, ending where memory has
+    /// applied it: then memory is the database's current state. [`StoreError::LogMoved`]
+    /// otherwise.
+    async fn unmoved_since(&self, w: &Writer) -> Result<(), StoreError> {
+        if self.store.log_end().await? == position(w) {
             Ok(())
         } else {
             Err(StoreError::LogMoved)
@@ -1052,53 +1080,6 @@ impl Registry {
         Ok(self.store.list(after, limit, max_keys).await?)
     }
 
-    /// Up to `limit` events of the log after id `after`, from the database.
-    pub async fn log(&self, after: i64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
-        Ok(self.store.log(after, i64::from(limit)).await?)
-    }
-
-    /// [`Registry::log`], waiting up to `wait` for an event after `after` when there is
-    /// none yet: it answers as soon as this server has applied one (its own change, or one
-    /// its follower read), or empty when `wait` passes or the server starts draining.
-    pub async fn wait_for_events(
-        &self,
-        after: i64,
-        limit: u32,
-        wait: std::time::Duration,
-    ) -> Result<Vec<LoggedEvent>, Error> {
-        // Watching before the read: an event applied in between is not missed.
-        let mut applied = self.applied.subscribe();
-        let logged = self.log_kept(after, limit).await?;
-        if !logged.is_empty() || wait.is_zero() {
-            return Ok(logged);
-        }
-        let woken = async {
-            let head = applied.wait_for(|a| a.event > after || a.draining).await;
-            head.is_ok_and(|a| !a.draining)
-        };
-        if tokio::time::timeout(wait, woken).await == Ok(true) {
-            self.log_kept(after, limit).await
-        } else {
-            Ok(Vec::new())
-        }
-    }
-
-    /// [`Registry::log`], refused with [`Error::Compacted`] when events after `after`
-    /// may have been dropped: the horizon is read after the events, and it is raised
-    /// before any is dropped, so a page that passed some by is never answered. (An empty
-    /// page passed none by: the newest event is never dropped.)
-    async fn log_kept(&self, after: i64, limit: u32) -> Result<Vec<LoggedEvent>, Error> {
-        let logged = self.log(after, limit).await?;
-        // Ids that follow on from `after` with no gap skipped nothing.
-        if retention::gapped(after, logged.iter().map(|l| l.event.id)) {
-            let horizon = self.store.event_horizon().await?;
-            if after < horizon {
-                return Err(Error::Compacted { after, horizon });
-            }
-        }
-        Ok(logged)
-    }
-
     /// Ends every long-poll of the log now and each later one at once: the server drains.
     pub fn end_long_polls(&self) {
         self.applied.send_modify(|a| a.draining = true);
@@ -1129,6 +1110,14 @@ pub(crate) async fn detached<T: Send + 'static>(
     tokio::spawn(change)
         .await
         .expect("registry change panicked")
+}
+
+/// Where memory at `w` stands in the log.
+fn position(w: &Writer) -> LogEnd {
+    LogEnd {
+        log_id: w.log,
+        end: w.last_event,
+    }
 }
 
 fn assignment(account: AccountId, held: Held) -> Assignment {

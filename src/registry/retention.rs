@@ -114,20 +114,28 @@ impl Registry {
     }
 
     /// Starts again from the table: a replica whose position in the log is below the
-    /// horizon cannot apply what was dropped, so it reads everything, as at start-up, and
-    /// follows the log from the newest event on.
-    pub(super) async fn reload(&self, w: &mut Writer) -> Result<(), Error> {
+    /// horizon cannot apply what was dropped (nor one whose log is not the database's any
+    /// more: `why` says which), so it reads everything, as at start-up, and follows the log
+    /// from the newest event on.
+    pub(super) async fn reload(&self, w: &mut Writer, why: &str) -> Result<(), Error> {
         let started = Instant::now();
         let from = w.last_event;
         let Table {
             alloc,
             accounts,
+            log,
             last_event,
             streams,
             schema,
         } = Table::load(&self.store, self.keyspace).await?;
         w.alloc = alloc;
+        w.log = log;
         w.last_event = last_event;
+        // Long-polls wait for ids of this log from now on, whether above the old ones or not.
+        self.applied.send_modify(|head| {
+            head.log = log;
+            head.event = last_event;
+        });
         *self.accounts.write().expect("accounts lock poisoned") = accounts;
         *self.md5_cache.lock().expect("md5 cache lock poisoned") = None;
         self.note_schema(schema);
@@ -137,8 +145,9 @@ impl Registry {
         tracing::warn!(
             from,
             to = last_event,
+            %log,
             elapsed_ms = started.elapsed().as_millis() as u64,
-            "this replica was behind the event log's horizon (events it had not applied were compacted away): reloaded the whole table"
+            "{why}: reloaded the whole table"
         );
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! producer's mirror starts from before it follows the log.
 
 use super::{Error, Registry};
-use crate::store::{Assignment, Store, Tx};
+use crate::store::{Assignment, LogEnd, LogId, Store, Tx};
 
 /// Accounts a page holds at most.
 const PAGE_ACCOUNTS: u32 = 1000;
@@ -13,7 +13,9 @@ const PAGE_KEYS: u32 = 16_384;
 /// [`Snapshot::next_page`] in account order. Holds a read transaction (and on SQLite a
 /// read connection) until dropped; writers do not wait on it.
 pub struct Snapshot {
-    /// The newest event the table holds: follow the log from after it.
+    /// The log the table comes from, and its newest event the table holds: follow that log
+    /// from after it.
+    pub log_id: LogId,
     pub event_id: i64,
     /// How many accounts the pages hold together.
     pub accounts: i64,
@@ -46,9 +48,13 @@ impl Snapshot {
     /// a registry of its own.
     pub async fn of(store: &Store) -> Result<Snapshot, Error> {
         let mut tx = store.snapshot().await?;
-        let event_id = tx.last_event_id().await?;
+        let LogEnd {
+            log_id,
+            end: event_id,
+        } = tx.log_end().await?;
         let accounts = tx.count_accounts().await?;
         Ok(Snapshot {
+            log_id,
             event_id,
             accounts,
             tx,

@@ -26,6 +26,7 @@ use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{AccountId, HashKey, Move};
 use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
+pub use log::{LogEnd, LogId, LogRead};
 pub use postgres::CHANNEL;
 pub use retention::Compaction;
 
@@ -630,7 +631,8 @@ macro_rules! in_tx {
     };
 }
 
-// After the macros, which it uses.
+// After the macros, which they use.
+mod log;
 mod retention;
 
 impl Store {
@@ -743,12 +745,13 @@ impl Store {
     }
 
     /// Inserts new keys and logs `allocate` for each, as [`Tx::insert_many`] does, in
-    /// a write transaction of its own, provided no event was logged after `seen`;
-    /// otherwise fails with [`StoreError::LogMoved`] and changes nothing. Answers the event
-    /// ids in the order of `new`. On Postgres this is one round trip.
+    /// a write transaction of its own, provided the log is still `seen` (the same log,
+    /// ending at the same event); otherwise fails with [`StoreError::LogMoved`] and changes
+    /// nothing. Answers the event ids in the order of `new`. On Postgres this is one round
+    /// trip.
     pub async fn insert_if_current(
         &self,
-        seen: i64,
+        seen: LogEnd,
         new: &[KeyRow],
         by: Actors<'_>,
         at: i64,
@@ -756,7 +759,7 @@ impl Store {
         match self {
             Store::Sqlite(_) => {
                 let mut tx = self.begin().await?;
-                if tx.last_event_id().await? > seen {
+                if tx.log_end().await? != seen {
                     return Err(StoreError::LogMoved);
                 }
                 let ids = tx.insert_many(new, by, at).await?;
@@ -849,11 +852,6 @@ impl Tx {
     /// How many key rows there are.
     pub async fn count_assignments(&mut self) -> Result<i64> {
         in_tx!(self, count_assignments())
-    }
-
-    /// Id of the newest event, 0 when there is none.
-    pub async fn last_event_id(&mut self) -> Result<i64> {
-        in_tx!(self, last_event_id())
     }
 
     /// How many accounts hold keys.

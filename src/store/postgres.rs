@@ -42,11 +42,12 @@ pub async fn insert_many(
 }
 
 /// Inserts new keys as [`insert_many`] does, in a transaction of its own that holds the
-/// write lock, provided no event was logged after `seen`; answers the event ids in the
-/// order of `new`. One round trip: migration 0017's `keyspread_allocate_keys_by` does it all.
+/// write lock, provided the log is still `seen` (the same log, ending at the same event);
+/// answers the event ids in the order of `new`. One round trip: migration 0018's
+/// `keyspread_allocate_keys_in` does it all.
 pub async fn insert_if_current(
     pool: &PgPool,
-    seen: i64,
+    seen: super::LogEnd,
     new: &[KeyRow],
     by: Actors<'_>,
     at: i64,
@@ -55,10 +56,11 @@ pub async fn insert_if_current(
     // A connection first: failing to get one sent nothing.
     let mut conn = pool.acquire().await?;
     let statement = sqlx::query_as::<_, (String, i64, i64)>(
-        "SELECT account, idx, id FROM keyspread_allocate_keys_by($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        "SELECT account, idx, id FROM keyspread_allocate_keys_in($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(WRITE_LOCK)
-    .bind(seen)
+    .bind(seen.log_id.to_string())
+    .bind(seen.end)
     .bind(&columns.accounts)
     .bind(&columns.indices)
     .bind(&columns.keys)
@@ -108,7 +110,7 @@ pub async fn delete_many(
     columns.ids_in_order(rows)
 }
 
-/// The SQLSTATE `keyspread_allocate_keys` fails with when the log moved on.
+/// The SQLSTATE `keyspread_allocate_keys_in` fails with when the log moved on.
 const SERIALIZATION_FAILURE: &str = "40001";
 
 /// Key rows as the column arrays the statements take.

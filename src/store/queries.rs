@@ -130,6 +130,45 @@ macro_rules! queries {
             Ok(sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(&mut *conn).await?)
         }
 
+        /// The log's name and its newest event id (0 while it has none), in one statement.
+        pub async fn log_end(conn: &mut Conn) -> Result<crate::store::LogEnd> {
+            let (log_id, end): (Option<String>, i64) = sqlx::query_as(
+                "SELECT (SELECT value FROM meta WHERE name = 'log_id'), (SELECT COALESCE(MAX(id), 0) FROM events)",
+            )
+            .fetch_one(&mut *conn)
+            .await?;
+            crate::store::LogEnd::decode(log_id, end)
+        }
+
+        /// Up to `limit` events after `after` with the log's name, end and horizon, in one
+        /// statement: one consistent state, and no transaction a reader that goes away could
+        /// leave open on the connection.
+        pub async fn log_page(conn: &mut Conn, after: i64, limit: i64) -> Result<crate::store::LogRead> {
+            use sqlx::FromRow as _;
+            let rows = sqlx::query(crate::store::log::LOG_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
+            // The head is on every row, and there is one row even when no event follows.
+            let head = rows.first().ok_or_else(|| StoreError::Corrupt("no log head".into()))?;
+            let end = crate::store::LogEnd::decode(head.try_get("log_id")?, head.try_get("log_end")?)?;
+            let horizon = crate::store::log::decode_horizon(head.try_get("horizon")?)?;
+            let mut events = Vec::with_capacity(rows.len());
+            for row in &rows {
+                if row.try_get::<Option<i64>, _>("id")?.is_some() {
+                    events.push(EventRow::from_row(row)?.decode()?);
+                }
+            }
+            Ok(crate::store::LogRead { end, horizon, events })
+        }
+
+        /// Renames the log `from` to `to` unless it is no longer `from`; answers its name now.
+        pub async fn rename_log(conn: &mut Conn, from: &str, to: &str) -> Result<String> {
+            sqlx::query("UPDATE meta SET value = $2 WHERE name = 'log_id' AND value = $1")
+                .bind(from)
+                .bind(to)
+                .execute(&mut *conn)
+                .await?;
+            Ok(sqlx::query_scalar("SELECT value FROM meta WHERE name = 'log_id'").fetch_one(&mut *conn).await?)
+        }
+
         pub async fn events_after(conn: &mut Conn, after: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
             let rows: Vec<EventRow> = sqlx::query_as(
                 "SELECT id, at, kind, account, key_before, key_after, weight, stream, shard_count, idx, switch_at, \
@@ -147,7 +186,7 @@ macro_rules! queries {
             let stored: Option<String> = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'event_horizon'")
                 .fetch_optional(&mut *conn)
                 .await?;
-            stored.map_or(Ok(0), |v| v.parse().map_err(|_| StoreError::Corrupt(format!("event_horizon {v:?}"))))
+            crate::store::log::decode_horizon(stored)
         }
 
         /// Raises the event log's horizon to `through`; a higher one stays.

@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use crate::helpers::{PgDatabase, TestApp, spawn_app, spawn_app_with};
 
 /// Runs the keyspread binary with `args`, waiting without blocking the test's runtime.
-async fn keyspread(args: &[&str]) -> std::process::Output {
+pub(crate) async fn keyspread(args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
         .args(args)
         .env_remove("DATABASE_URL")
@@ -48,7 +48,7 @@ async fn export_both_ways(app: &TestApp, dir: &Path, name: &str) -> Vec<u8> {
     served
 }
 
-fn path(p: &Path) -> &str {
+pub(crate) fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
@@ -57,7 +57,7 @@ fn stderr(out: &std::process::Output) -> String {
 }
 
 /// `keyspread import` of `file` into the database at `url`; answers its report.
-async fn import(file: &Path, url: &str) -> String {
+pub(crate) async fn import(file: &Path, url: &str) -> String {
     let out = keyspread(&["import", path(file), "--database-url", url]).await;
     let report = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out);
     assert!(out.status.success(), "{report}");

@@ -148,3 +148,21 @@ async fn stopping_the_server_ends_its_long_polls() {
         "the drain took {stopped:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_percent_encoded_wait_s_is_bounded_as_wait_s_is() {
+    // Requests time out after a second; a long-poll may take its wait on top.
+    let app = spawn_app_with(|c| c.request_timeout_secs = 1).await;
+    let end = app.db().await.last_event_id().await;
+    let started = Instant::now();
+    let page = app.get(&format!("/events?after={end}&wait%5Fs=2")).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(page.body["events"], Value::Array(vec![]), "{}", page.body);
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let refused = app.get(&format!("/events?after={end}&wait%5Fs=61")).await;
+    assert_problem(&refused, 400, "wait_s");
+}

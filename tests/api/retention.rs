@@ -83,6 +83,14 @@ async fn a_small_retention_keeps_the_newest_events_and_answers_410_below_its_hor
         assert_problem(&polled, 410, "compacted");
         assert_eq!(polled.body["horizon"], horizon, "{}", polled.body);
     }
+    // Which log the horizon is in: the 410 names it as pages do.
+    let response = (app.client.get(app.url("/events?after=0")).send().await).unwrap();
+    let named = response.headers().get("x-keyspread-log").cloned();
+    let page = app.get(&format!("/events?after={horizon}")).await;
+    assert_eq!(
+        named.as_ref().map(|v| v.to_str().unwrap()),
+        page.body["log_id"].as_str()
+    );
     let kept = app
         .get(&format!("/events?after={horizon}&limit=1000"))
         .await;

@@ -36,6 +36,8 @@ each brought about here by the function named, with why the document cannot say 
 - PUT /streams/{name}/workers/{worker}: a load entry names a shard of the stream's map and
   the lease the worker holds on it (`heartbeat`): the stream's state, not the document's.
 - GET /load: `after` is a cursor an earlier page answered (`load_page`), opaque by design.
+- GET /events: `after` is a position in the server's log, at most its newest event
+  (`log_position`; past it is 410): the log's state, not the document's.
 
 A request that the schema allows but that breaks one of them is rightly refused (400 or 422),
 which the positive_data_acceptance check would report. So positive cases are brought within
@@ -143,6 +145,11 @@ def load_page(case):
     case.query.pop("after", None)
 
 
+def log_position(case):
+    # The log's start is a position in every log.
+    case.query.pop("after", None)
+
+
 def map_params(case):
     exactly_one(case.query, ["shards", "stream"], ("shards", 4))
 
@@ -214,6 +221,7 @@ RULES = {
     ("GET", "/distribution"): map_params,
     ("GET", "/rebalance/preview"): preview,
     ("GET", "/load"): load_page,
+    ("GET", "/events"): log_position,
     ("PUT", "/streams/{name}/workers/{worker}"): heartbeat,
     ("GET", "/keys"): list_keys,
     ("POST", "/keys/batch"): batch,

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import uuid
 from collections import namedtuple
 
 from .selector import sub_key_index
@@ -40,7 +41,9 @@ class KeyspreadError(Exception):
 
 
 class _Gone(Exception):
-    """``GET /events`` answered 410: the log no longer holds the mirror's position."""
+    """The log the table followed has ended for the mirror: ``GET /events`` answered 410
+    (compacted past its position, or the position is past the end of the server's log), or
+    a page of another log."""
 
 
 class Mirror:
@@ -52,7 +55,9 @@ class Mirror:
     lookup raises :class:`Stale` once the last successful sync is older than the snapshot's
     ``max_age_s``. The server going away changes nothing until then: the thread retries
     with backoff and resumes from its event id; it takes a new snapshot only when the
-    server no longer has that position (410) or an event does not fit the table.
+    server no longer has that position (410), answers from another log (``log_id``: a
+    database restored or imported afresh on its address) or an event does not fit the
+    table. Until the new snapshot is in, lookups answer the old table while it is fresh.
 
     ``clock`` (Unix seconds, ``time.time`` by default) decides when staged switches take
     over; ``monotonic`` measures how old the last sync is.
@@ -71,6 +76,7 @@ class Mirror:
         self._clock, self._monotonic = clock, monotonic
         self._table = {}
         self._event_id = 0
+        self._log_id = None
         self._max_age_s = 0
         self._synced_at = None
         self._fresh_until = float("-inf")
@@ -157,12 +163,14 @@ class Mirror:
     # Changes.
 
     def allocate(self, account, weight=None, fanout=None, timeout=5.0):
-        """Allocates keys for ``account`` (``POST /keys/{account}``, idempotent) and answers
-        its keys from the mirror once the mirror holds the account, or from the server's
-        answer if the mirror has not heard of it within ``timeout`` seconds."""
+        """Allocates keys for ``account`` (``POST /keys/{account}``, idempotent, with an
+        ``Idempotency-Key`` of its own) and answers its keys from the mirror once the mirror
+        holds the account, or from the server's answer if the mirror has not heard of it
+        within ``timeout`` seconds."""
         body = {k: v for k, v in (("weight", weight), ("fanout", fanout)) if v is not None}
         path = "/keys/" + urllib.parse.quote(account, safe="")
-        answer = json.loads(self._request("POST", path, body, self._timeout))
+        once = {"Idempotency-Key": str(uuid.uuid4())}
+        answer = json.loads(self._request("POST", path, body, self._timeout, once))
         with self._applied:
             self._applied.wait_for(lambda: self._table.get(account) is not None, timeout)
         keys = self.keys(account)
@@ -242,7 +250,10 @@ class Mirror:
         events, after = [], self._event_id
         while True:
             path = f"/events?after={after}&limit={_PAGE}&wait_s={0 if events else wait_s}"
-            page = json.loads(self._get(conn, path))
+            body, named = self._get(conn, path)
+            page = json.loads(body)
+            if not _same_log(self._log_id, named, page.get("log_id")):
+                raise _Gone(f"the server follows another log ({named or page.get('log_id')})")
             events.extend(page["events"])
             after = page["next"]
             if len(page["events"]) < _PAGE:
@@ -280,6 +291,7 @@ class Mirror:
         with self._applied:
             self._table = table
             self._event_id = head["event_id"]
+            self._log_id = head.get("log_id")
             self._max_age_s = head["max_age_s"]
             self._snapshots += 1
             self._synced(started)
@@ -310,6 +322,7 @@ class Mirror:
         return kind(self._netloc, timeout=timeout)
 
     def _get(self, conn, path):
+        """The body of a 200 to ``GET path``, and the log its ``X-Keyspread-Log`` names."""
         conn.request("GET", self._prefix + path, headers=self._headers)
         response = conn.getresponse()
         body = response.read()
@@ -317,12 +330,12 @@ class Mirror:
             raise _Gone(_detail(body))
         if response.status != 200:
             raise KeyspreadError(response.status, _detail(body))
-        return body
+        return body, response.getheader("X-Keyspread-Log")
 
-    def _request(self, method, path, body, timeout):
+    def _request(self, method, path, body, timeout, headers=None):
         conn = self._connect(timeout)
         try:
-            headers = dict(self._headers, **{"Content-Type": "application/json"})
+            headers = dict(self._headers, **{"Content-Type": "application/json"}, **(headers or {}))
             conn.request(method, self._prefix + path, json.dumps(body), headers=headers)
             response = conn.getresponse()
             answer = response.read()
@@ -331,6 +344,16 @@ class Mirror:
             return answer
         finally:
             conn.close()
+
+
+def _same_log(ours, header, body):
+    """Whether an answer naming ``header`` and ``body`` (either may be ``None``) belongs to
+    the log ``ours``. A server older than log names names none, and neither does a table it
+    made."""
+    named = [name for name in (header, body) if name is not None]
+    if not named:
+        return ours is None
+    return all(name == ours for name in named)
 
 
 def _detail(body):

@@ -5,8 +5,9 @@ import json
 import threading
 import time
 import unittest
+import uuid
 
-from keyspread_client import Mirror
+from keyspread_client import KeyspreadError, Mirror
 from keyspread_client.table import Batch, Entry, Unapplicable, apply, entry_of, unix_ms
 
 AT = "2026-01-01T00:00:00.000Z"
@@ -79,19 +80,32 @@ class Fold(unittest.TestCase):
 
 class Scripted(http.server.BaseHTTPRequestHandler):
     """Answers the snapshot it is given, then each /events answer in turn (the last one
-    over and over)."""
+    over and over): ``(status, body)`` or ``(status, body, headers)``. Refuses every POST
+    (409), noting its headers."""
 
-    snapshot, answers, calls = "", [], []
+    snapshot, answers, calls, posted = "", [], [], []
 
     def do_GET(self):
         self.calls.append(self.path)
+        headers = {}
         if self.path == "/snapshot":
             status, body = 200, self.snapshot
         else:
-            status, body = self.answers[0] if len(self.answers) == 1 else self.answers.pop(0)
+            answer = self.answers[0] if len(self.answers) == 1 else self.answers.pop(0)
+            status, body, headers = (answer + ({},))[:3]
             time.sleep(0.02)
+        self.answer(status, body, headers)
+
+    def do_POST(self):
+        self.posted.append(dict(self.headers))
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.answer(409, {"title": "Conflict", "detail": "refused here"})
+
+    def answer(self, status, body, headers=None):
         data = (body if isinstance(body, str) else json.dumps(body)).encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -106,7 +120,8 @@ class Quiet(http.server.ThreadingHTTPServer):
 
 
 def serve(snapshot, answers):
-    handler = type("Handler", (Scripted,), {"snapshot": snapshot, "answers": answers, "calls": []})
+    handler = type("Handler", (Scripted,),
+                   {"snapshot": snapshot, "answers": answers, "calls": [], "posted": []})
     server = Quiet(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, handler
@@ -117,9 +132,14 @@ LINE = json.dumps({"account": "a", "hash_keys": ["10"], "weight": 1, "created_at
 EMPTY = (200, {"events": [], "next": 5})
 
 
+LOG, OTHER = str(uuid.uuid4()), str(uuid.uuid4())
+NAMED_HEAD = json.dumps({"event_id": 5, "accounts": 1, "max_age_s": 60, "log_id": LOG})
+NAMED_EMPTY = (200, {"events": [], "next": 5, "log_id": LOG})
+
+
 class StartsOver(unittest.TestCase):
-    def started(self, answers):
-        server, handler = serve(HEAD + "\n" + LINE + "\n", answers)
+    def started(self, answers, head=HEAD):
+        server, handler = serve(head + "\n" + LINE + "\n", answers)
         self.addCleanup(server.server_close)
         self.addCleanup(server.shutdown)
         mirror = Mirror(f"http://127.0.0.1:{server.server_address[1]}")
@@ -142,6 +162,35 @@ class StartsOver(unittest.TestCase):
         odd = {"id": 6, "kind": "teleport", "at": AT, "account": "a"}
         mirror, _ = self.started([(200, {"events": [odd], "next": 6}), EMPTY])
         self.assertEqual(self.wait_snapshots(mirror, 2), 2)
+
+    def test_a_page_of_another_log_takes_a_new_snapshot(self):
+        other = (200, {"events": [event("release", key_before="10")], "next": 6,
+                       "log_id": OTHER})
+        mirror, _ = self.started([NAMED_EMPTY, other, NAMED_EMPTY], head=NAMED_HEAD)
+        self.assertEqual(self.wait_snapshots(mirror, 2), 2)
+        self.assertEqual(mirror.keys("a"), ("10",), "the other log's events are not applied")
+
+    def test_a_header_naming_another_log_takes_a_new_snapshot(self):
+        other = (200, {"events": [], "next": 5}, {"X-Keyspread-Log": OTHER})
+        mirror, _ = self.started([other, NAMED_EMPTY], head=NAMED_HEAD)
+        self.assertEqual(self.wait_snapshots(mirror, 2), 2)
+
+    def test_a_position_past_the_logs_end_takes_a_new_snapshot(self):
+        gone = (410, {"type": "urn:keyspread:problem:past-end", "detail": "past the end",
+                      "log_id": OTHER, "end": 2})
+        mirror, _ = self.started([gone, NAMED_EMPTY], head=NAMED_HEAD)
+        self.assertEqual(self.wait_snapshots(mirror, 2), 2)
+
+    def test_each_allocation_sends_an_idempotency_key_of_its_own(self):
+        mirror, handler = self.started([NAMED_EMPTY], head=NAMED_HEAD)
+        for _ in range(2):
+            with self.assertRaises(KeyspreadError):
+                mirror.allocate("acme")
+        keys = [h.get("Idempotency-Key") for h in handler.posted]
+        self.assertEqual(len(keys), 2)
+        for key in keys:
+            self.assertEqual(str(uuid.UUID(key)), key)
+        self.assertNotEqual(keys[0], keys[1])
 
     def test_a_snapshot_cut_short_is_not_taken(self):
         server, _ = serve(HEAD + "\n", [EMPTY])

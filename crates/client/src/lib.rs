@@ -15,13 +15,13 @@
 //! # Ok(()) }
 //! ```
 
+mod follow;
 mod table;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Deserialize;
 use tokio::sync::watch;
 
 pub use keyspace::sub_key_index;
@@ -54,7 +54,8 @@ pub struct Options {
     /// Longest one long-poll waits (`wait_s`, at most 60); capped at a third of the
     /// server's `max_age_s` so that a quiet log still counts as synced in time.
     pub wait: Duration,
-    /// Longest a request may take beyond its long-poll wait.
+    /// Longest a request may take beyond its long-poll wait; for a snapshot, the longest
+    /// wait for its answer and between any two chunks of it.
     pub timeout: Duration,
 }
 
@@ -79,31 +80,44 @@ impl Default for Options {
     }
 }
 
-/// The first line of `GET /snapshot`.
-#[derive(Debug, Deserialize)]
-struct Head {
-    event_id: i64,
-    accounts: u64,
-    max_age_s: u64,
-}
-
-/// A page of `GET /events`.
-#[derive(Debug, Deserialize)]
-struct Page {
-    events: Vec<Event>,
-    next: i64,
-}
-
 /// The table and when it was last known to be current.
 struct Shared {
     table: RwLock<Table>,
-    /// When a request last confirmed the table current (a snapshot or an answered poll),
-    /// Unix milliseconds: one clock read per lookup serves both the switch and the age.
-    synced_ms: AtomicI64,
-    max_age: Duration,
+    /// The instant `synced_ns` counts from.
+    epoch: Instant,
+    /// When the request of the last successful sync (a snapshot or an answered poll) was
+    /// sent, in nanoseconds after `epoch`: on the monotonic clock, so that no change of the
+    /// machine's clock makes an old table look fresh.
+    synced_ns: AtomicU64,
+    /// The `max_age_s` of the snapshot the table comes from, in milliseconds.
+    max_age_ms: AtomicU64,
     snapshots: AtomicU64,
     /// The table's event id after each change, for `allocate` to wait on.
     applied: watch::Sender<i64>,
+}
+
+impl Shared {
+    /// Notes a successful sync whose request was sent at `sent`.
+    fn synced(&self, sent: Instant) {
+        let after = sent.saturating_duration_since(self.epoch).as_nanos();
+        self.synced_ns
+            .store(u64::try_from(after).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// How long since the request of the last successful sync was sent.
+    fn lag(&self) -> Duration {
+        let synced = Duration::from_nanos(self.synced_ns.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(synced)
+    }
+
+    fn max_age(&self) -> Duration {
+        Duration::from_millis(self.max_age_ms.load(Ordering::Relaxed))
+    }
+
+    fn set_max_age(&self, max_age: Duration) {
+        let ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
+        self.max_age_ms.store(ms, Ordering::Relaxed);
+    }
 }
 
 /// The account → keys table, kept current by a task that follows the log.
@@ -148,21 +162,24 @@ impl Mirror {
             .default_headers(headers)
             .build()
             .map_err(|e| server(&base, e))?;
-        let (table, max_age) = snapshot(&client, &base, options.timeout).await?;
-        let (applied, _) = watch::channel(table.event_id());
+        let epoch = Instant::now();
+        let first = follow::snapshot(&client, &base, options.timeout).await?;
+        let (applied, _) = watch::channel(first.table.event_id());
         let shared = Arc::new(Shared {
-            table: RwLock::new(table),
-            synced_ms: AtomicI64::new(now_ms()),
-            max_age,
+            table: RwLock::new(first.table),
+            epoch,
+            synced_ns: 0.into(),
+            max_age_ms: 0.into(),
             snapshots: 1.into(),
             applied,
         });
-        let follower = tokio::spawn(follow(
+        shared.set_max_age(first.max_age);
+        let follower = tokio::spawn(follow::follow(
             shared.clone(),
             client.clone(),
             base.clone(),
-            Pace::for_max_age(options.wait, max_age),
-            options.timeout,
+            first.log_id,
+            (options.wait, options.timeout),
         ));
         Ok(Mirror {
             shared,
@@ -176,12 +193,11 @@ impl Mirror {
     /// The table and the instant to answer for (Unix milliseconds), or [`Error::Stale`]
     /// when the table may be past a switch it missed.
     fn fresh(&self) -> Result<(std::sync::RwLockReadGuard<'_, Table>, i64), Error> {
-        let now = now_ms();
-        let lag = lag_ms(now, self.shared.synced_ms.load(Ordering::Relaxed));
-        if lag > self.shared.max_age {
+        let lag = self.shared.lag();
+        if lag > self.shared.max_age() {
             return Err(Error::Stale(lag));
         }
-        Ok((self.shared.table.read().expect("the table lock"), now))
+        Ok((self.shared.table.read().expect("the table lock"), now_ms()))
     }
 
     /// The keys of `account` in force now (by this machine's clock: a staged move's next
@@ -207,9 +223,12 @@ impl Mirror {
 
     /// Allocates `account` (`POST /keys/{account}`; an account already held keeps its
     /// keys), then answers its keys from the mirror once the mirror has followed the change.
+    /// The request carries an `Idempotency-Key` of its own.
     pub async fn allocate(&self, account: &str) -> Result<Keys, Error> {
         let url = format!("{}/keys/{}", self.base, encode(account));
-        let request = self.client.post(&url).timeout(self.options.timeout);
+        let request = (self.client.post(&url))
+            .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+            .timeout(self.options.timeout);
         let response = request.send().await.map_err(|e| server(&self.base, e))?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(|e| server(&self.base, e))?;
@@ -237,9 +256,9 @@ impl Mirror {
         }
     }
 
-    /// How long since the table was last confirmed current.
+    /// How long since the request that last confirmed the table current was sent.
     pub fn lag(&self) -> Duration {
-        lag_ms(now_ms(), self.shared.synced_ms.load(Ordering::Relaxed))
+        self.shared.lag()
     }
 
     /// The id of the last event the table reflects.
@@ -261,15 +280,11 @@ impl Mirror {
         self.len() == 0
     }
 
-    /// The server's `max_age_s`: how long without a sync lookups are still answered.
+    /// The server's `max_age_s` (as of the last snapshot): how long without a sync lookups
+    /// are still answered.
     pub fn max_age(&self) -> Duration {
-        self.shared.max_age
+        self.shared.max_age()
     }
-}
-
-/// Time since `synced_ms`, none when the clock went back.
-fn lag_ms(now_ms: i64, synced_ms: i64) -> Duration {
-    Duration::from_millis(now_ms.saturating_sub(synced_ms).max(0) as u64)
 }
 
 fn server(base: &str, e: impl std::fmt::Display) -> Error {
@@ -303,206 +318,4 @@ fn encode(account: &str) -> String {
         }
     }
     out
-}
-
-/// Reads `GET /snapshot` line by line into a table, never holding the whole body.
-async fn snapshot(
-    client: &reqwest::Client,
-    base: &str,
-    timeout: Duration,
-) -> Result<(Table, Duration), Error> {
-    let mut response =
-        (client.get(format!("{base}/snapshot")).send().await).map_err(|e| server(base, e))?;
-    let status = response.status().as_u16();
-    if status != 200 {
-        let text = response.text().await.unwrap_or_default();
-        return Err(refused("GET /snapshot".into(), status, &text));
-    }
-    let mut pending: Vec<u8> = Vec::new();
-    let mut head: Option<Head> = None;
-    let mut table = Table::new(0);
-    let mut lines = 0u64;
-    loop {
-        let chunk = tokio::time::timeout(timeout, response.chunk())
-            .await
-            .map_err(|_| server(base, format!("the snapshot stalled for {timeout:?}")))?
-            .map_err(|e| server(base, e))?;
-        let Some(chunk) = chunk else { break };
-        pending.extend_from_slice(&chunk);
-        let mut start = 0;
-        while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
-            let line = &pending[start..start + end];
-            start += end + 1;
-            lines += 1;
-            let bad =
-                |e: &dyn std::fmt::Display| server(base, format!("snapshot line {lines}: {e}"));
-            match &head {
-                None => {
-                    let read: Head = serde_json::from_slice(line).map_err(|e| bad(&e))?;
-                    table = Table::new(read.event_id);
-                    head = Some(read);
-                }
-                Some(_) => {
-                    let account: SnapshotLine =
-                        serde_json::from_slice(line).map_err(|e| bad(&e))?;
-                    table.insert(account).map_err(|e| bad(&e))?;
-                }
-            }
-        }
-        pending.drain(..start);
-    }
-    let head = head.ok_or_else(|| server(base, "the snapshot was empty"))?;
-    if !pending.is_empty() || table.len() as u64 != head.accounts {
-        return Err(server(
-            base,
-            format!(
-                "the snapshot ended after {} of {} accounts",
-                table.len(),
-                head.accounts
-            ),
-        ));
-    }
-    Ok((table, Duration::from_secs(head.max_age_s)))
-}
-
-/// What one poll of the log found.
-enum Polled {
-    Page(Page),
-    /// 410: the log no longer holds events after the table's position.
-    Compacted,
-}
-
-async fn poll(
-    client: &reqwest::Client,
-    base: &str,
-    after: i64,
-    wait: Duration,
-    timeout: Duration,
-) -> Result<Polled, Error> {
-    let url = format!(
-        "{base}/events?after={after}&limit=1000&wait_s={}",
-        wait.as_secs()
-    );
-    let response =
-        (client.get(url).timeout(wait + timeout).send().await).map_err(|e| server(base, e))?;
-    match response.status().as_u16() {
-        200 => Ok(Polled::Page(
-            response.json().await.map_err(|e| server(base, e))?,
-        )),
-        410 => Ok(Polled::Compacted),
-        status => {
-            let text = response.text().await.unwrap_or_default();
-            Err(refused("GET /events".into(), status, &text))
-        }
-    }
-}
-
-/// How the log is polled: long-polls of whole seconds, at most a third of `max_age_s` so
-/// that a quiet log is still confirmed well within it; under 3 s of `max_age_s`, polls
-/// that answer at once, a quarter of it apart.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Pace {
-    wait: Duration,
-    pause: Duration,
-}
-
-impl Pace {
-    fn for_max_age(longest: Duration, max_age: Duration) -> Pace {
-        let third = longest.min(max_age / 3).min(Duration::from_secs(60));
-        if third >= Duration::from_secs(1) {
-            Pace {
-                wait: Duration::from_secs(third.as_secs()),
-                pause: Duration::ZERO,
-            }
-        } else {
-            Pace {
-                wait: Duration::ZERO,
-                pause: (max_age / 4).max(Duration::from_millis(50)),
-            }
-        }
-    }
-}
-
-/// Follows the log for as long as the mirror lives: applies each page, takes a new
-/// snapshot when the log was compacted past its position or an event cannot be applied,
-/// and retries with backoff (from the same event id) while the server is away.
-async fn follow(
-    shared: Arc<Shared>,
-    client: reqwest::Client,
-    base: String,
-    pace: Pace,
-    timeout: Duration,
-) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let after = shared.table.read().expect("the table lock").event_id();
-        let outcome = match poll(&client, &base, after, pace.wait, timeout).await {
-            Ok(Polled::Page(page)) => {
-                if page.events.is_empty() && !pace.pause.is_zero() {
-                    tokio::time::sleep(pace.pause).await;
-                }
-                let mut table = shared.table.write().expect("the table lock");
-                let applied = (page.events.iter()).try_for_each(|event| table.apply(event));
-                if applied.is_ok() {
-                    table.advance(page.next);
-                }
-                applied.map(|()| table.event_id())
-            }
-            Ok(Polled::Compacted) => Err(Unapplied("the log was compacted".into())),
-            Err(_) => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        match outcome {
-            Ok(event_id) => {
-                shared.synced_ms.store(now_ms(), Ordering::Relaxed);
-                shared.applied.send_replace(event_id);
-                backoff = Duration::from_millis(100);
-            }
-            Err(_) => match snapshot(&client, &base, timeout).await {
-                Ok((table, _)) => {
-                    let event_id = table.event_id();
-                    *shared.table.write().expect("the table lock") = table;
-                    shared.synced_ms.store(now_ms(), Ordering::Relaxed);
-                    shared.snapshots.fetch_add(1, Ordering::Relaxed);
-                    shared.applied.send_replace(event_id);
-                }
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            },
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn polls_confirm_the_table_well_within_max_age() {
-        let s = Duration::from_secs;
-        let pace = |longest, max_age| Pace::for_max_age(longest, max_age);
-        // The default lookup lifetime (60 s): long-polls of 20 s.
-        assert_eq!(
-            pace(s(20), s(60)),
-            Pace {
-                wait: s(20),
-                pause: Duration::ZERO
-            }
-        );
-        // Whole seconds, at most a third.
-        assert_eq!(pace(s(20), s(10)).wait, s(3));
-        assert_eq!(pace(s(20), s(3)).wait, s(1));
-        // Under 3 s a long-poll of a whole second would reach max_age: short polls.
-        let short = pace(s(20), s(1));
-        assert_eq!(
-            (short.wait, short.pause),
-            (Duration::ZERO, Duration::from_millis(250))
-        );
-        assert_eq!(pace(s(20), Duration::ZERO).pause, Duration::from_millis(50));
-    }
 }
