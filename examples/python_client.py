@@ -8,6 +8,9 @@ Needs the generated package keyspread_api (see python_client.md).
 import argparse
 import os
 import sys
+import uuid
+
+import httpx
 
 from keyspread_api import AuthenticatedClient, Client
 from keyspread_api.api.keys import allocate, lookup
@@ -31,9 +34,20 @@ def main():
     else:
         client = Client(base_url=args.base_url)
 
-    # 201 when the account is new, 200 with the same key when it had one.
+    # 201 when the account is new, 200 with the same key when it had one. The
+    # Idempotency-Key names this allocation: if its answer is lost (a dropped connection, a
+    # 504), sending it again with the same key is told the first answer, never applied twice.
     body = UNSET if args.weight is None else AllocateRequest(weight=args.weight)
-    response = allocate.sync_detailed(args.account, client=client, body=body)
+    key = str(uuid.uuid4())
+    for attempt in range(3):
+        try:
+            response = allocate.sync_detailed(args.account, client=client, body=body, idempotency_key=key)
+        except httpx.TransportError as error:
+            if attempt == 2:
+                sys.exit(f"allocate: {error}")
+            continue
+        if response.status_code != 504:
+            break
     if not isinstance(response.parsed, Assignment):
         sys.exit(f"allocate: HTTP {response.status_code}: {response.content.decode()}")
     status = "allocated" if response.status_code == 201 else "already had"

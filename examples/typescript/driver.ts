@@ -58,20 +58,36 @@ async function lookup(account: string, etag?: string) {
   return client.GET("/keys/{account}", { params: { path: { account }, header } });
 }
 
-/** A hot account: three keys on distinct shards, one allocate call. */
+/**
+ * A hot account: three keys on distinct shards, one allocate call, sent with an
+ * Idempotency-Key so a retry after a lost answer is answered, not applied, again.
+ */
 async function allocateHot(account: string): Promise<Assignment> {
+  const header = { "Idempotency-Key": crypto.randomUUID() };
   const made = await client.POST("/keys/{account}", {
-    params: { path: { account } },
+    params: { path: { account }, header },
     body: { fanout: 3 },
   });
   expect(made.response.status === 201 && made.data !== undefined, answered(`allocate ${account}`, made.response, made.error));
   const hot = made.data;
   expect(hot.fanout === 3 && hot.hash_keys.length === 3, `allocate: ${JSON.stringify(hot)}`);
   expect(hot.hash_key === hot.hash_keys[0], `allocate: hash_key is not hash_keys[0]`);
+  const retried = await client.POST("/keys/{account}", {
+    params: { path: { account }, header },
+    body: { fanout: 3 },
+  });
+  expect(
+    retried.response.status === 201 && retried.response.headers.get("idempotent-replayed") === "true",
+    `allocate with the same key: ${retried.response.status} without Idempotent-Replayed`,
+  );
+  expect(retried.data?.hash_keys.join() === hot.hash_keys.join(), "allocate with the same key: other keys");
   const again = await client.POST("/keys/{account}", { params: { path: { account } } });
   expect(again.response.status === 200, `allocate again: ${again.response.status}`);
   expect(again.data?.hash_keys.join() === hot.hash_keys.join(), "allocate again: other keys");
-  step(`allocate ${account} fanout 3 -> 201, keys ${hot.hash_keys.join(", ")}; again -> 200`);
+  step(
+    `allocate ${account} fanout 3 -> 201, keys ${hot.hash_keys.join(", ")}; ` +
+      `sent again with its Idempotency-Key -> 201 replayed; again -> 200`,
+  );
   return hot;
 }
 

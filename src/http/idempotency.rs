@@ -31,6 +31,10 @@ pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 255;
 
+/// What a key is: printable ASCII, not starting or ending with a space (which HTTP would
+/// not keep).
+pub const KEY_PATTERN: &str = "^[!-~]([ -~]*[!-~])?$";
+
 /// Largest answer kept (a batch of 10,000 accounts answers a few MB).
 const MAX_KEPT_BODY: usize = 16 * 1024 * 1024;
 
@@ -235,8 +239,8 @@ fn is_change(method: &Method) -> bool {
     )
 }
 
-/// The key in `value`: 1 to 255 visible ASCII characters (spaces allowed inside), as a
-/// bare token or a structured-field string (`"..."`, as the draft writes it).
+/// The key in `value`: 1 to 255 printable ASCII characters (spaces inside only), bare, or a
+/// structured-field string (`"..."`, as the draft writes it) whose inside is the key.
 fn parse_key(value: &HeaderValue) -> Result<String, ApiError> {
     let refuse = || {
         ApiError::bad_request(format!(
@@ -244,13 +248,10 @@ fn parse_key(value: &HeaderValue) -> Result<String, ApiError> {
         ))
     };
     let text = value.to_str().map_err(|_| refuse())?;
-    let text = match text.strip_prefix('"') {
-        Some(quoted) => match quoted.strip_suffix('"') {
-            Some(inside) if !inside.contains(['"', '\\']) => inside,
-            _ => return Err(refuse()),
-        },
-        None => text,
-    };
+    let quoted = (text.len() > 2 && text.starts_with('"') && text.ends_with('"'))
+        .then(|| &text[1..text.len() - 1])
+        .filter(|inside| !inside.contains(['"', '\\']));
+    let text = quoted.unwrap_or(text);
     let visible = text.bytes().all(|b| (0x20..0x7f).contains(&b));
     if text.is_empty() || text.len() > MAX_KEY_LEN || !visible || text.trim() != text {
         return Err(refuse());

@@ -183,14 +183,31 @@ pub fn idempotent_mutations(doc: &mut OpenApi) {
         .description(Some(
             "Names this request (a UUID, say; 1 to 255 visible ASCII characters), per token:              its first committed answer is kept 24 h, and a repeat with the same key, method,              path and body is answered that again (with `Idempotent-Replayed: true`) without              being applied again. Refusals for the moment (408, 429, 503, 504) are not kept: a              retry after one is applied as new",
         ))
-        .schema(Some(
+        .schema(Some(Ref::from_schema_name("IdempotencyKey")))
+        .build();
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.schemas.insert(
+        "IdempotencyKey".to_owned(),
+        RefOr::T(Schema::Object(
             ObjectBuilder::new()
                 .schema_type(Type::String)
                 .min_length(Some(1))
-                .max_length(Some(super::idempotency::MAX_KEY_LEN)),
-        ))
-        .build();
+                .max_length(Some(super::idempotency::MAX_KEY_LEN))
+                .pattern(Some(super::idempotency::KEY_PATTERN))
+                .description(Some(
+                    "Names one request, per token: 1 to 255 printable ASCII characters, \
+                     not starting or ending with a space (a UUID, say); the draft's quoted \
+                     form `\"...\"` names the key inside the quotes",
+                ))
+                .build(),
+        )),
+    );
     let cases = [
+        (
+            "400",
+            "An Idempotency-Key that is not 1 to 255 printable ASCII characters (problem \
+             `bad-request`)",
+        ),
         (
             "409",
             "A request with the same Idempotency-Key is being made now (problem \

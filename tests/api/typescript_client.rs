@@ -155,6 +155,7 @@ pub fn prefix_of(stdout: &str) -> String {
 pub fn assert_drove_the_story(stdout: &str, prefix: &str) {
     for told in [
         format!("allocate {prefix}hot fanout 3 -> 201"),
+        "sent again with its Idempotency-Key -> 201 replayed".to_owned(),
         "with If-None-Match -> 304".to_owned(),
         "sub_key=order-1 shards=4 -> key 2 on shardId-".to_owned(),
         "rebalance apply switch_after_s=30 -> 200".to_owned(),

@@ -38,6 +38,9 @@ each brought about here by the function named, with why the document cannot say 
 - GET /load: `after` is a cursor an earlier page answered (`load_page`), opaque by design.
 - GET /events: `after` is a position in the server's log, at most its newest event
   (`log_position`; past it is 410): the log's state, not the document's.
+- Every change: an `Idempotency-Key` names one request, so sent with another request it is
+  422, and while its first request is in flight, 409 (`fresh_key`): uniqueness across
+  requests, which no schema of one request states.
 
 A request that the schema allows but that breaks one of them is rightly refused (400 or 422),
 which the positive_data_acceptance check would report. So positive cases are brought within
@@ -46,6 +49,8 @@ shard counts, fanouts and long-polls' waits small in every case, for run time on
 `sizes`). Loaded by
 tests/api/schemathesis.rs through SCHEMATHESIS_HOOKS.
 """
+
+import uuid
 
 import schemathesis
 from schemathesis import GenerationMode
@@ -249,13 +254,25 @@ def sizes(case):
                 cap(item, "fanout", MOST_KEYS, MAX_FANOUT)
 
 
+def fresh_key(case):
+    """A key of its own for each request that sends one."""
+    headers = case.headers or {}
+    for name in list(headers):
+        if name.lower() == "idempotency-key":
+            headers[name] = uuid.uuid4().hex
+
+
 @schemathesis.hook
 def map_case(ctx, case):
     if case.query is None:
         case.query = {}
     sizes(case)
     meta = case._meta
+    if meta is None or meta.generation.mode != GenerationMode.POSITIVE:
+        return case
     rule = RULES.get((case.method.upper(), case.path))
-    if rule is not None and meta is not None and meta.generation.mode == GenerationMode.POSITIVE:
+    if rule is not None:
         rule(case)
+    if case.method.upper() in ("POST", "PUT", "PATCH", "DELETE"):
+        fresh_key(case)
     return case

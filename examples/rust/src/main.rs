@@ -15,11 +15,14 @@ use std::num::NonZeroU64;
 
 use futures::TryStreamExt;
 use keyspread::types::{
-    AllocateRequest, ApplyRequest, Assignment, HeartbeatRequest, OwnLeaseState, Problem, PutStream,
+    AllocateRequest, ApplyRequest, Assignment, HeartbeatRequest, IdempotencyKey, OwnLeaseState,
+    Problem, PutStream,
 };
 use keyspread::{ByteStream, Client, ClientInfo, Error, ResponseValue};
 
-/// The generated client: `Client`, one method per operation, and `types`.
+/// The generated client: `Client`, one method per operation, and `types` (some, such as
+/// the problem types only the document's readers need, this driver never builds).
+#[allow(dead_code)]
 mod keyspread {
     include!(concat!(env!("OUT_DIR"), "/keyspread.rs"));
 }
@@ -77,17 +80,26 @@ async fn run(base_url: &str, prefix: &str) -> Outcome {
     Ok(())
 }
 
-/// A hot account: three keys on distinct shards, one allocate call.
+/// A fresh Idempotency-Key: 128 random bits from the standard library's hasher keys, in hex.
+fn idempotency_key() -> Outcome<IdempotencyKey> {
+    let (high, low) = (RandomState::new(), RandomState::new());
+    let key = format!("{:016x}{:016x}", high.hash_one(1u8), low.hash_one(2u8));
+    Ok(key.parse()?)
+}
+
+/// A hot account: three keys on distinct shards, one allocate call, sent with an
+/// Idempotency-Key so a retry after a lost answer is answered, not applied, again.
 async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
     let id = account.parse()?;
     let three = AllocateRequest {
         fanout: NonZeroU64::new(3),
         weight: None,
     };
+    let key = idempotency_key()?;
     let made = answered(
         client,
         &format!("allocate {account}"),
-        client.allocate(&id, &three),
+        client.allocate(&id, Some(&key), &three),
     )
     .await?;
     ensure!(
@@ -104,10 +116,26 @@ async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
         hot.hash_key == hot.hash_keys[0],
         "allocate: hash_key is not hash_keys[0]"
     );
+    let retried = answered(
+        client,
+        "allocate with the same key",
+        client.allocate(&id, Some(&key), &three),
+    )
+    .await?;
+    let replayed = retried.headers().get("idempotent-replayed");
+    ensure!(
+        retried.status() == 201 && replayed.is_some_and(|v| v == "true"),
+        "allocate with the same key: {} without Idempotent-Replayed",
+        retried.status()
+    );
+    ensure!(
+        retried.hash_keys == hot.hash_keys,
+        "allocate with the same key: other keys"
+    );
     let again = answered(
         client,
         "allocate again",
-        client.allocate(&id, &AllocateRequest::default()),
+        client.allocate(&id, None, &AllocateRequest::default()),
     )
     .await?;
     ensure!(again.status() == 200, "allocate again: {}", again.status());
@@ -117,7 +145,7 @@ async fn allocate_hot(client: &Client, account: &str) -> Outcome<Assignment> {
     );
     let keys: Vec<&str> = hot.hash_keys.iter().map(|k| k.as_str()).collect();
     step(&format!(
-        "allocate {account} fanout 3 -> 201, keys {}; again -> 200",
+        "allocate {account} fanout 3 -> 201, keys {}; sent again with its Idempotency-Key -> 201 replayed; again -> 200",
         keys.join(", ")
     ));
     Ok(hot)
@@ -171,7 +199,7 @@ async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
         let account = format!("{prefix}{i}");
         let id = account.parse()?;
         let one = AllocateRequest::default();
-        let call = client.allocate(&id, &one);
+        let call = client.allocate(&id, None, &one);
         let made = answered(client, &format!("allocate {account}"), call).await?;
         ensure!(
             made.status() == 201,
@@ -212,7 +240,7 @@ async fn staged_rebalance(client: &Client, prefix: &str) -> Outcome {
         switch_after_s: Some(30),
         replan: None,
     };
-    let applied = answered(client, "apply", client.apply(&staged))
+    let applied = answered(client, "apply", client.apply(None, &staged))
         .await?
         .into_inner();
     let Some(switch_at) = applied.switch_at else {
@@ -261,7 +289,7 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
     let put = answered(
         client,
         &format!("put stream {name}"),
-        client.put_stream(&name.parse()?, &four),
+        client.put_stream(&name.parse()?, None, &four),
     )
     .await?;
     ensure!(put.status() == 201, "put stream: {}", put.status());
@@ -271,7 +299,7 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
         ..Default::default()
     };
     let (stream, member) = (name.parse()?, worker.parse()?);
-    let call = client.heartbeat(&stream, &member, &ttl);
+    let call = client.heartbeat(&stream, &member, None, &ttl);
     let beat = answered(client, "heartbeat", call).await?.into_inner();
     let leases = &beat.leases;
     ensure!(leases.len() == 4, "heartbeat: {beat:?}");
@@ -290,7 +318,7 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
     let left = answered(
         client,
         "leave",
-        client.leave(&name.parse()?, &worker.parse()?),
+        client.leave(&name.parse()?, &worker.parse()?, None),
     )
     .await?;
     ensure!(left.status() == 204, "leave: {}", left.status());
@@ -300,7 +328,7 @@ async fn heartbeat(client: &Client, prefix: &str) -> Outcome {
 
 async fn release(client: &Client, account: &str) -> Outcome {
     let id = account.parse()?;
-    let gone = answered(client, &format!("release {account}"), client.release(&id)).await?;
+    let gone = answered(client, &format!("release {account}"), client.release(&id, None)).await?;
     ensure!(gone.status() == 204, "release: {}", gone.status());
     let after = client.lookup(&id, None).await;
     let (status, detail) = match after {
