@@ -44,6 +44,7 @@ mod names;
 mod observability;
 mod order_kinesis;
 mod outage;
+mod paging;
 mod pipes;
 mod python_client;
 mod python_mirror;
