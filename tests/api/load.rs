@@ -936,3 +936,63 @@ async fn walking_the_accounts_under_heartbeats_lists_each_exactly_once() {
     );
     assert_eq!(walked, names, "every account once, in account order");
 }
+
+/// The accounts a shard keeps: its heaviest 2,000 by smoothed load (twice the 1,000 one
+/// report may name, so that one report of new names never pushes out the last one's).
+const SHARD_ACCOUNTS: usize = 2000;
+
+/// Every account `GET /load` lists, walked page by page by account.
+async fn every_account(app: &TestApp) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut query = "&limit=1000".to_owned();
+    for _ in 0..100 {
+        let page = load(app, &query).await;
+        all.extend(page["accounts"].as_array().unwrap().iter().cloned());
+        match page["next"].as_str() {
+            Some(next) => query = format!("&limit=1000&after={next}"),
+            None => return all,
+        }
+    }
+    panic!("more than 100 pages");
+}
+
+/// Heartbeats whose reports name ever new accounts leave a shard with its heaviest
+/// [`SHARD_ACCOUNTS`], not with every name ever reported.
+#[tokio::test]
+async fn a_shard_keeps_its_heaviest_accounts_however_many_names_reports_bring() {
+    let (app, mut held) = joined(3600, 1).await;
+    let (id, _, epoch) = held.remove(0);
+    // Six reports of 1,000 new names each; records grow with the report, and within one
+    // report with the name, so the heaviest are the latest. One heavy account, named
+    // once in the first report, stays heaviest of all.
+    let mut heaviest: Vec<(u64, String)> = Vec::new();
+    for round in 0..6u64 {
+        let mut accounts: Vec<Value> = (0..1000u64)
+            .map(|i| {
+                let (name, records) = (format!("r{round}-{i:04}"), 100 + round * 1000 + i);
+                heaviest.push((records, name.clone()));
+                json!({"account": name, "records": records, "bytes": 1})
+            })
+            .collect();
+        if round == 0 {
+            accounts[0] = json!({"account": "whale", "records": 1_000_000, "bytes": 1});
+            heaviest[0] = (1_000_000, "whale".to_owned());
+        }
+        let report = json!([entry(&id, epoch, 1000, 2_000_000, 1000, json!(accounts))]);
+        let (answer, _) = beat_ok(&app, "w1", report).await;
+        assert_eq!(answer["ignored_load"], json!([]), "{answer}");
+    }
+    let kept: Vec<String> = every_account(&app)
+        .await
+        .iter()
+        .map(|a| a["account"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kept.len(), SHARD_ACCOUNTS, "accounts kept of 6,000 named");
+    // Reports seconds apart with an hour's half-life: the order of the records holds.
+    heaviest.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut want: Vec<String> = (heaviest.into_iter().take(SHARD_ACCOUNTS))
+        .map(|(_, name)| name)
+        .collect();
+    want.sort();
+    assert_eq!(kept, want, "the heaviest by smoothed load");
+}
