@@ -24,6 +24,7 @@ mod forwarded;
 mod heavy;
 mod history;
 mod import;
+mod import_resume;
 mod keys;
 mod kinesalite;
 mod kinesis;
