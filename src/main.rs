@@ -391,9 +391,17 @@ fn exported(done: &cli::Exported, to: &str) -> String {
 async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result<String, String> {
     use std::io::IsTerminal;
     let started = std::time::Instant::now();
-    let total = std::fs::read(file)
-        .map(|bytes| bytecount_lines(&bytes))
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    // Refused before the database is opened: a mistyped SQLite path is not created.
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(format!(
+            "{} is empty: nothing to import (a CSV of account,weight[,hash_key[,fanout]] rows, \
+             or a snapshot keyspread export wrote)",
+            file.display()
+        ));
+    }
+    let total = bytecount_lines(&bytes);
+    drop(bytes);
     let keyspace = Keyspace::new(bits).map_err(|e| e.to_string())?;
     let store = Store::connect(database_url)
         .await

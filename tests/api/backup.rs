@@ -241,6 +241,17 @@ pub(crate) fn line(
     line.to_string() + "\n"
 }
 
+/// The instant `secs` from now, as a snapshot writes a `switch_at` (RFC 3339, UTC, three
+/// digits of fraction).
+pub(crate) fn from_now(secs: i64) -> String {
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    (time::OffsetDateTime::now_utc() + time::Duration::seconds(secs))
+        .format(&format)
+        .unwrap()
+}
+
 pub(crate) fn snapshot_file(dir: &Path, lines: &[String]) -> PathBuf {
     let head = json!({"event_id": 42, "accounts": lines.len(), "max_age_s": 60});
     let file = dir.join("hand.ndjson");
@@ -254,11 +265,11 @@ pub(crate) fn snapshot_file(dir: &Path, lines: &[String]) -> PathBuf {
 async fn new_keys_wait_for_their_switch_and_past_switches_are_the_new_keys() {
     let dir = tempfile::tempdir().unwrap();
     let half = 1u128 << 127;
-    let ahead = "2999-01-01T00:00:00.250Z";
+    let ahead = from_now(3600);
     let file = snapshot_file(
         dir.path(),
         &[
-            line("growing", 4, &[half], Some((&[half, half + 1], ahead))),
+            line("growing", 4, &[half], Some((&[half, half + 1], &ahead))),
             line(
                 "switched",
                 1,
@@ -370,7 +381,7 @@ async fn import_refuses_bad_lines_by_number_and_writes_nothing() {
     // Without conflicts it goes in beside what is there, and the running server, which
     // follows the log, answers it.
     let good = [
-        line("a", 1, &[10], Some((&[20], "2999-01-01T00:00:00.000Z"))),
+        line("a", 1, &[10], Some((&[20], &from_now(86_000)))),
         line("b", 1, &[11], None),
     ];
     import(&snapshot_file(dir.path(), &good), &app.config.database_url).await;
@@ -401,6 +412,38 @@ async fn import_refuses_bad_lines_by_number_and_writes_nothing() {
     assert!(
         report.contains("1 written with 2 keys (0 pending switches kept), 2 already present"),
         "{report}"
+    );
+}
+
+/// A pending switch further ahead than any the server stages (`switch_after_s` at most a
+/// day from the import's time) is refused with the line it is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_further_ahead_than_the_server_allows_is_refused_by_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_app().await;
+    let lines = [
+        line("near", 1, &[10], Some((&[20], &from_now(86_000)))),
+        line("far", 1, &[11], Some((&[21], &from_now(86_400 + 600)))),
+    ];
+    let out = keyspread(&[
+        "import",
+        path(&snapshot_file(dir.path(), &lines)),
+        "--database-url",
+        &app.config.database_url,
+    ])
+    .await;
+    let report = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out);
+    assert!(!out.status.success(), "{report}");
+    assert!(
+        report.contains("line 3: switch_at is 87000 s after the import's time; a switch is at most 86400 s ahead")
+            || report.contains("line 3: switch_at is 86999 s after"),
+        "{report}"
+    );
+    assert!(!report.contains("line 2"), "{report}");
+    assert_eq!(
+        app.get("/keys/near").await.status,
+        404,
+        "nothing was written"
     );
 }
 
