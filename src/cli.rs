@@ -15,7 +15,7 @@ mod load;
 mod restore;
 mod rows;
 
-pub use export::{Exported, export_database, export_server};
+pub use export::{Exported, export_database, export_server, export_to};
 pub use fanout::{FanoutFigures, fanout_figures, simulate_fanout};
 pub use import::{ImportSummary, import};
 pub use leases::{SchemeFigures, lease_figures, simulate_leases};

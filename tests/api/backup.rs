@@ -557,3 +557,140 @@ async fn an_export_streams_and_one_cut_short_fails() {
     assert!(stderr(&out).contains("no database at"), "{}", stderr(&out));
     assert!(!dir.path().join("missing.db").exists());
 }
+
+/// Runs `keyspread export` of the database at `url` in `dir` with `--output` `to`.
+async fn export_to(dir: &Path, url: &str, to: &str) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args(["export", "--database-url", url, "--output", to])
+        .env_remove("DATABASE_URL")
+        .env_remove("KEYSPREAD_EXPORT_FROM")
+        .current_dir(dir)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// The names in `dir`.
+fn names_in(dir: &Path) -> std::collections::BTreeSet<String> {
+    (std::fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+/// `-` is standard output; a regular file is replaced whole, through a link that stays a
+/// link, keeping its permissions; files beside it that another program named are left as
+/// they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_replaces_only_the_regular_file_it_names() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let app = spawn_app().await;
+    app.allocate("a").await;
+    let url = &app.config.database_url;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = keyspread(&["export", "--database-url", url]).await.stdout;
+    assert!(snapshot.starts_with(b"{\"event_id\""), "{snapshot:?}");
+
+    let out = export_to(dir.path(), url, "-").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout, snapshot);
+    assert!(
+        names_in(dir.path()).is_empty(),
+        "{:?}",
+        names_in(dir.path())
+    );
+
+    let real = dir.path().join("real.ndjson");
+    std::fs::write(&real, "old").unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+    for theirs in ["link.partial", "real.ndjson.partial"] {
+        std::fs::write(dir.path().join(theirs), "theirs").unwrap();
+    }
+    let before = names_in(dir.path());
+    let out = export_to(dir.path(), url, "link").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let link = std::fs::symlink_metadata(dir.path().join("link")).unwrap();
+    assert!(link.file_type().is_symlink(), "the link stays a link");
+    assert_eq!(std::fs::read(&real).unwrap(), snapshot);
+    let mode = std::fs::metadata(&real).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o640, "{mode:o}");
+    assert_eq!(
+        names_in(dir.path()),
+        before,
+        "nothing left beside, nothing taken"
+    );
+    for theirs in ["link.partial", "real.ndjson.partial"] {
+        assert_eq!(std::fs::read(dir.path().join(theirs)).unwrap(), b"theirs");
+    }
+    // A failed export leaves the file as it was.
+    let out = export_to(dir.path(), &sqlite_in(dir.path(), "none.db"), "real.ndjson").await;
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read(&real).unwrap(), snapshot);
+    assert_eq!(names_in(dir.path()), before);
+}
+
+/// A FIFO is written where it is (a reader drains it), and, as root, so is a character
+/// device made for the test (1, 3: what /dev/null is): a rename over it would replace the
+/// device with a regular file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_writes_a_fifo_and_a_device_in_place() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let app = spawn_app().await;
+    app.allocate("a").await;
+    let url = &app.config.database_url;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = keyspread(&["export", "--database-url", url]).await.stdout;
+
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // The reader opens it by a second name, by which it is released should the export
+    // not write it (or replace the name it was given).
+    let kept = dir.path().join("fifo-kept");
+    std::fs::hard_link(&fifo, &kept).unwrap();
+    let reader = std::thread::spawn({
+        let kept = kept.clone();
+        move || std::fs::read(kept).unwrap()
+    });
+    let out = export_to(dir.path(), url, "fifo").await;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let _ = (std::fs::OpenOptions::new().write(true))
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&kept);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(reader.join().unwrap(), snapshot);
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+
+    let uid = std::process::Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        crate::skip::skipped(
+            "export_writes_a_fifo_and_a_device_in_place",
+            "making a character device (mknod) needs root",
+        );
+        return;
+    }
+    let device = dir.path().join("null");
+    let made = std::process::Command::new("mknod")
+        .args([device.to_str().unwrap(), "c", "1", "3"])
+        .status()
+        .unwrap();
+    assert!(made.success(), "mknod");
+    let out = export_to(dir.path(), url, "null").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kind = std::fs::symlink_metadata(&device).unwrap().file_type();
+    assert!(kind.is_char_device(), "still a character device: {kind:?}");
+    let names: Vec<String> = names_in(dir.path()).into_iter().collect();
+    assert_eq!(
+        names,
+        ["fifo", "fifo-kept", "null"],
+        "nothing written beside"
+    );
+}
