@@ -155,7 +155,7 @@ pub struct LoadParams {
     /// `account` (the default): every account once, in byte order of their names, paged
     /// with `after`, whatever reports come between the pages. `load`: the `limit`
     /// heaviest accounts, heaviest first, in one page (`next` is null; `after` is refused).
-    #[param(value_type = Option<LoadOrder>)]
+    #[param(value_type = Option<LoadOrder>, inline)]
     pub order: Option<String>,
     /// Start after this cursor (the `next` of the previous page).
     pub after: Option<String>,
