@@ -232,7 +232,7 @@ fn encode_cursor(account: &str) -> String {
 
 /// The account a cursor [`encode_cursor`] wrote ends at.
 fn decode_cursor(text: &str) -> Option<String> {
-    if text.is_empty() || text.len() % 2 != 0 {
+    if text.is_empty() || !text.len().is_multiple_of(2) {
         return None;
     }
     let bytes = (0..text.len())

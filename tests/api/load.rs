@@ -989,7 +989,7 @@ async fn a_shard_keeps_its_heaviest_accounts_however_many_names_reports_bring() 
         .collect();
     assert_eq!(kept.len(), SHARD_ACCOUNTS, "accounts kept of 6,000 named");
     // Reports seconds apart with an hour's half-life: the order of the records holds.
-    heaviest.sort_by(|a, b| b.0.cmp(&a.0));
+    heaviest.sort_by_key(|h| std::cmp::Reverse(h.0));
     let mut want: Vec<String> = (heaviest.into_iter().take(SHARD_ACCOUNTS))
         .map(|(_, name)| name)
         .collect();
