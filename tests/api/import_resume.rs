@@ -106,10 +106,11 @@ async fn exported(url: &str, dir: &Path) -> Vec<Value> {
 /// Per account, the created_at of each of its key rows, by index (Unix milliseconds).
 async fn created_at(url: &str) -> BTreeMap<String, Vec<i64>> {
     const SQL: &str = "SELECT account, created_at FROM assignments ORDER BY account, idx";
-    let rows: Vec<(String, i64)> = match Db::connect(url).await {
-        Db::Sqlite(mut c) => sqlx::query_as(SQL).fetch_all(&mut c).await.unwrap(),
-        Db::Postgres(mut c) => sqlx::query_as(SQL).fetch_all(&mut c).await.unwrap(),
-    };
+    let rows: Vec<(String, i64)> = match connect(url).await {
+        Db::Sqlite(mut c) => sqlx::query_as(SQL).fetch_all(&mut c).await,
+        Db::Postgres(mut c) => sqlx::query_as(SQL).fetch_all(&mut c).await,
+    }
+    .unwrap_or_else(not_yet_migrated);
     let mut by_account: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for (account, at) in rows {
         by_account.entry(account).or_default().push(at);
@@ -120,10 +121,30 @@ async fn created_at(url: &str) -> BTreeMap<String, Vec<i64>> {
 /// Accounts holding their fourth key: the fanned rows an import has grown so far.
 async fn grown(url: &str) -> i64 {
     const SQL: &str = "SELECT COUNT(*) FROM assignments WHERE idx = 3";
-    match Db::connect(url).await {
-        Db::Sqlite(mut c) => sqlx::query_scalar(SQL).fetch_one(&mut c).await.unwrap(),
-        Db::Postgres(mut c) => sqlx::query_scalar(SQL).fetch_one(&mut c).await.unwrap(),
+    match connect(url).await {
+        Db::Sqlite(mut c) => sqlx::query_scalar(SQL).fetch_one(&mut c).await,
+        Db::Postgres(mut c) => sqlx::query_scalar(SQL).fetch_one(&mut c).await,
     }
+    .unwrap_or_else(not_yet_migrated)
+}
+
+/// The database at `url`, an empty SQLite file made if an import killed early left none.
+async fn connect(url: &str) -> Db {
+    if url.starts_with("sqlite:") {
+        Db::connect(&format!("{url}?mode=rwc")).await
+    } else {
+        Db::connect(url).await
+    }
+}
+
+/// What a table not made yet holds (an import killed before its migrations): nothing.
+fn not_yet_migrated<T: Default>(err: sqlx::Error) -> T {
+    let missing = err.to_string();
+    assert!(
+        missing.contains("no such table") || missing.contains("does not exist"),
+        "{missing}"
+    );
+    T::default()
 }
 
 fn now_ms() -> i64 {
