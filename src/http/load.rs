@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::error::{ApiError, Problem};
 use super::extract::whole_number;
 use crate::AppState;
-use crate::keyspace::{AccountId, Rate, is_kinesis_name, suggested_fanout};
+use crate::keyspace::{AccountId, Limits, Rate, is_kinesis_name, suggested_fanout};
 use crate::registry::{
     AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS,
 };
@@ -258,6 +258,40 @@ fn load_order(order: Option<&str>, after: Option<&str>) -> Result<LoadOrder, Api
     }
 }
 
+/// An account's load, name and rate, as a page lists it.
+type Rated = (f64, String, Rate);
+
+/// The page of `sums` (every account's rate, by account) `order` asks for, after the
+/// account `after`, and the cursor of the next page when another follows.
+fn page_of(
+    sums: BTreeMap<String, Rate>,
+    order: LoadOrder,
+    after: Option<String>,
+    limit: usize,
+    limits: Limits,
+) -> (Vec<Rated>, Option<String>) {
+    let rated = |(account, rate): (String, Rate)| (rate.utilisation(limits), account, rate);
+    match order {
+        LoadOrder::Account => {
+            let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let mut page: Vec<Rated> = (sums.range((from, Bound::Unbounded)))
+                .take(limit + 1)
+                .map(|(account, rate)| rated((account.clone(), *rate)))
+                .collect();
+            let more = page.len() > limit;
+            page.truncate(limit);
+            let next = more.then(|| page.last().map(|(_, a, _)| encode_cursor(a)));
+            (page, next.flatten())
+        }
+        LoadOrder::Load => {
+            let mut ranked: Vec<Rated> = sums.into_iter().map(rated).collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            ranked.truncate(limit);
+            (ranked, None)
+        }
+    }
+}
+
 /// A stream's observed load: per shard rates and utilisation, and its accounts, paged by
 /// account (or the heaviest, with `order=load`).
 ///
@@ -310,29 +344,7 @@ pub(crate) async fn load(
         });
         *sum = sum.plus(a.rate, now, hl);
     }
-    let rated = |(account, rate): (String, Rate)| (rate.utilisation(config.limits), account, rate);
-    let (page, next) = match order {
-        LoadOrder::Account => {
-            let from = match after {
-                Some(after) => Bound::Excluded(after),
-                None => Bound::Unbounded,
-            };
-            let mut page: Vec<(f64, String, Rate)> = (sums.range((from, Bound::Unbounded)))
-                .take(limit + 1)
-                .map(|(account, rate)| rated((account.clone(), *rate)))
-                .collect();
-            let more = page.len() > limit;
-            page.truncate(limit);
-            let next = more.then(|| page.last().map(|(_, a, _)| encode_cursor(a)));
-            (page, next.flatten())
-        }
-        LoadOrder::Load => {
-            let mut ranked: Vec<(f64, String, Rate)> = sums.into_iter().map(rated).collect();
-            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-            ranked.truncate(limit);
-            (ranked, None)
-        }
-    };
+    let (page, next) = page_of(sums, order, after, limit, config.limits);
     let share = config.hot_account_share;
     let accounts = page
         .into_iter()

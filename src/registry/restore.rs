@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{Error, Registry, detached, metrics::Committed};
-use crate::keyspace::{self, AccountId, HashKey};
+use crate::keyspace::{self, AccountId, Allocator, HashKey};
 use crate::store::{Actor, Actors, Assignment, Change, Event, KeyRow, MoveReason};
 
 /// An account as a snapshot line gives it.
@@ -280,39 +280,7 @@ impl Registry {
             let mut w = this.writer.lock().await;
             this.writable()?;
             let (mut tx, at) = this.begin(&mut w).await?;
-            let mut rows: Vec<KeyRow> = Vec::new();
-            let mut grown = 0;
-            let mut failed = None;
-            for g in &grow {
-                let Some(held) = this.lookup(g.account.as_str()) else {
-                    continue;
-                };
-                if !g.waits_for_its_keys(&held) {
-                    continue;
-                }
-                let share = |i: u32| keyspace::key_weight(g.weight, g.fanout, i);
-                let weights: Vec<u64> = (1..g.fanout).map(share).collect();
-                let mut keys = vec![g.key];
-                if let Err(err) = w.alloc.extend_keys(&mut keys, &weights) {
-                    failed = Some(err);
-                    break;
-                }
-                grown += 1;
-                rows.extend((1..g.fanout).zip(&keys[1..]).map(|(i, &key)| KeyRow {
-                    account: g.account.clone(),
-                    index: i,
-                    hash_key: key,
-                    weight: share(i),
-                    created_at: held.created_at,
-                }));
-            }
-            // The committed events hold the keys (as every allocation's do).
-            for row in &rows {
-                w.alloc.remove(row.hash_key).expect("held a moment ago");
-            }
-            if let Some(err) = failed {
-                return Err(err.into());
-            }
+            let (rows, grown) = this.pick_grown(&mut w.alloc, &grow)?;
             if rows.is_empty() {
                 return Ok(0);
             }
@@ -333,5 +301,48 @@ impl Registry {
             Ok(grown)
         })
         .await
+    }
+
+    /// The key rows that grow each account of `grow` still waiting for its keys, picked
+    /// one account after another, and how many accounts they grow. `alloc` is left as it
+    /// was: the committed events hold the keys (as every allocation's do).
+    fn pick_grown(
+        &self,
+        alloc: &mut Allocator,
+        grow: &[Grow],
+    ) -> Result<(Vec<KeyRow>, u64), Error> {
+        let mut rows: Vec<KeyRow> = Vec::new();
+        let mut grown = 0;
+        let mut failed = None;
+        for g in grow {
+            let Some(held) = self.lookup(g.account.as_str()) else {
+                continue;
+            };
+            if !g.waits_for_its_keys(&held) {
+                continue;
+            }
+            let share = |i: u32| keyspace::key_weight(g.weight, g.fanout, i);
+            let weights: Vec<u64> = (1..g.fanout).map(share).collect();
+            let mut keys = vec![g.key];
+            if let Err(err) = alloc.extend_keys(&mut keys, &weights) {
+                failed = Some(err);
+                break;
+            }
+            grown += 1;
+            rows.extend((1..g.fanout).zip(&keys[1..]).map(|(i, &key)| KeyRow {
+                account: g.account.clone(),
+                index: i,
+                hash_key: key,
+                weight: share(i),
+                created_at: held.created_at,
+            }));
+        }
+        for row in &rows {
+            alloc.remove(row.hash_key).expect("held a moment ago");
+        }
+        match failed {
+            Some(err) => Err(err.into()),
+            None => Ok((rows, grown)),
+        }
     }
 }
