@@ -82,8 +82,9 @@ enum Command {
             default_value = "max-age=60"
         )]
         lookup_cache_control: String,
-        /// Where to write it; standard output if not given. The file appears only once the
-        /// whole snapshot is in it.
+        /// Where to write it; standard output if not given or `-`. A regular file (or a new
+        /// one) appears only once the whole snapshot is in it, written beside and renamed
+        /// over; a device or a FIFO is written where it is, never replaced.
         #[arg(long, short, env = "KEYSPREAD_EXPORT_OUTPUT")]
         output: Option<PathBuf>,
     },
@@ -338,8 +339,7 @@ enum Source {
     Database(String, String),
 }
 
-/// Runs `keyspread export`: to `output` (written beside it, then renamed, so the file is
-/// whole or absent), or to standard output.
+/// Runs `keyspread export` to `output` (see `cli::export_to`).
 async fn export(source: Source, output: Option<&std::path::Path>) -> Result<String, String> {
     let run = async |out: &mut dyn Write| match &source {
         Source::Server(url, token) => cli::export_server(url, token.as_ref(), out).await,
@@ -351,31 +351,8 @@ async fn export(source: Source, output: Option<&std::path::Path>) -> Result<Stri
             cli::export_database(url, cache.lifetime(), out).await
         }
     };
-    let Some(path) = output else {
-        let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
-        let done = run(&mut stdout).await?;
-        return Ok(exported(&done, "standard output"));
-    };
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    let file = std::fs::File::create(&partial)
-        .map_err(|e| format!("cannot create {}: {e}", partial.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    let done = match run(&mut out).await {
-        Ok(done) => out
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .and_then(|file| file.sync_all())
-            .and_then(|()| std::fs::rename(&partial, path))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))
-            .map(|()| done),
-        Err(err) => Err(err),
-    };
-    if done.is_err() {
-        let _ = std::fs::remove_file(&partial);
-    }
-    done.map(|done| exported(&done, &path.display().to_string()))
+    let (done, to) = cli::export_to(output, run).await?;
+    Ok(exported(&done, &to))
 }
 
 /// What `keyspread export` says it did (on stderr: its output may be the snapshot).
@@ -391,9 +368,17 @@ fn exported(done: &cli::Exported, to: &str) -> String {
 async fn import(file: &std::path::Path, database_url: &str, bits: u32) -> Result<String, String> {
     use std::io::IsTerminal;
     let started = std::time::Instant::now();
-    let total = std::fs::read(file)
-        .map(|bytes| bytecount_lines(&bytes))
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    // Refused before the database is opened: a mistyped SQLite path is not created.
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(format!(
+            "{} is empty: nothing to import (a CSV of account,weight[,hash_key[,fanout]] rows, \
+             or a snapshot keyspread export wrote)",
+            file.display()
+        ));
+    }
+    let total = bytecount_lines(&bytes);
+    drop(bytes);
     let keyspace = Keyspace::new(bits).map_err(|e| e.to_string())?;
     let store = Store::connect(database_url)
         .await

@@ -1,8 +1,11 @@
 //! `keyspread export`: the table as a snapshot (NDJSON, exactly as `GET /snapshot` answers
 //! it), from a running server or straight from its database: a backup that
-//! `keyspread import` takes back with every key.
+//! `keyspread import` takes back with every key. Written to standard output, a device or
+//! FIFO in place, or a regular file replaced whole.
 
 use std::io::Write;
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::{Path, PathBuf};
 
 use crate::config::Token;
 use crate::http::{SnapshotHead, ndjson_line, page_lines};
@@ -140,4 +143,142 @@ pub async fn export_server(
         accounts: head.accounts,
         bytes,
     })
+}
+
+/// Where `keyspread export` writes, as `--output` names it.
+enum Output {
+    /// Standard output (no `--output`, or `-`).
+    Stdout,
+    /// A device or a FIFO, written where it is: it is not this command's to replace.
+    InPlace(std::fs::File),
+    /// A regular file, or a path where nothing is yet: written beside it, then renamed
+    /// over it, so the file is whole or as it was.
+    Beside { target: PathBuf, partial: PathBuf },
+}
+
+impl Output {
+    /// What `path` names, refusing what no snapshot should replace.
+    fn of(path: Option<&Path>) -> Result<Output, String> {
+        let Some(path) = path.filter(|p| p.as_os_str() != "-") else {
+            return Ok(Output::Stdout);
+        };
+        let shown = path.display();
+        let kind = match std::fs::metadata(path) {
+            Ok(meta) => meta.file_type(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if std::fs::symlink_metadata(path).is_ok() {
+                    return Err(format!(
+                        "{shown} is a symbolic link to nothing: name the file it should be"
+                    ));
+                }
+                return Ok(Output::Beside {
+                    target: path.to_owned(),
+                    partial: partial_beside(path)?,
+                });
+            }
+            Err(e) => return Err(format!("cannot write {shown}: {e}")),
+        };
+        if kind.is_file() {
+            // Through a link, the file it names is replaced, and the link stays.
+            let target =
+                std::fs::canonicalize(path).map_err(|e| format!("cannot write {shown}: {e}"))?;
+            let partial = partial_beside(&target)?;
+            return Ok(Output::Beside { target, partial });
+        }
+        if kind.is_char_device() || kind.is_block_device() || kind.is_fifo() {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| format!("cannot write {shown}: {e}"))?;
+            return Ok(Output::InPlace(file));
+        }
+        Err(format!(
+            "{shown} is neither a regular file, a device nor a FIFO: nothing is written there"
+        ))
+    }
+}
+
+/// A new file beside `target` that no other process named: created here, so this command
+/// may remove it.
+fn partial_beside(target: &Path) -> Result<PathBuf, String> {
+    let mut tries = 0;
+    loop {
+        let mut name = target.as_os_str().to_owned();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        name.push(format!(".{}-{nanos:09}.partial", std::process::id()));
+        let partial = PathBuf::from(name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&partial)
+        {
+            Ok(_) => return Ok(partial),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => tries += 1,
+            Err(e) => return Err(format!("cannot create {}: {e}", partial.display())),
+        }
+    }
+}
+
+/// Runs `export` (which writes the snapshot) into `output` (see [`Output`]), answering what
+/// it wrote and where. Only a file this command created is ever removed or renamed.
+pub async fn export_to(
+    output: Option<&Path>,
+    export: impl AsyncFnOnce(&mut dyn Write) -> Result<Exported, String>,
+) -> Result<(Exported, String), String> {
+    match Output::of(output)? {
+        Output::Stdout => {
+            let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
+            Ok((export(&mut stdout).await?, "standard output".to_owned()))
+        }
+        Output::InPlace(file) => {
+            let mut out = std::io::BufWriter::new(file);
+            let done = export(&mut out).await?;
+            out.into_inner()
+                .map_err(|e| format!("cannot write the output: {}", e.error()))?;
+            let shown = output.map_or(String::new(), |p| p.display().to_string());
+            Ok((done, shown))
+        }
+        Output::Beside { target, partial } => {
+            let done = write_beside(&target, &partial, export).await;
+            if done.is_err() {
+                let _ = std::fs::remove_file(&partial);
+            }
+            Ok((done?, target.display().to_string()))
+        }
+    }
+}
+
+/// Writes the snapshot into `partial`, then renames it over `target`, which must still be
+/// a regular file (its permissions kept) or absent.
+async fn write_beside(
+    target: &Path,
+    partial: &Path,
+    export: impl AsyncFnOnce(&mut dyn Write) -> Result<Exported, String>,
+) -> Result<Exported, String> {
+    let cannot = |e: std::io::Error| format!("cannot write {}: {e}", target.display());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(partial)
+        .map_err(cannot)?;
+    let mut out = std::io::BufWriter::new(file);
+    let done = export(&mut out).await?;
+    let file = out.into_inner().map_err(|e| cannot(e.into_error()))?;
+    file.sync_all().map_err(cannot)?;
+    match std::fs::symlink_metadata(target) {
+        Ok(meta) if meta.file_type().is_file() => {
+            std::fs::set_permissions(partial, meta.permissions()).map_err(cannot)?;
+        }
+        Ok(_) => {
+            return Err(format!(
+                "{} is no longer a regular file: nothing replaced",
+                target.display()
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(cannot(e)),
+    }
+    std::fs::rename(partial, target).map_err(cannot)?;
+    Ok(done)
 }

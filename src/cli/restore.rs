@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::Arc;
 
-use crate::http::{Assignment, SnapshotHead};
+use crate::http::{Assignment, MAX_SWITCH_AFTER_S, SnapshotHead};
 use crate::keyspace::{self, AccountId, HashKey, Keyspace};
 use crate::registry::{Registry, Restored};
 
@@ -90,7 +90,7 @@ async fn check(registry: &Arc<Registry>, file: impl BufRead) -> Result<RestoreSu
     let mut keys: HashMap<HashKey, u64> = HashMap::new();
     while let Some((n, text)) = lines.next_line()? {
         summary.accounts += 1;
-        let r = match parse_line(&text, registry.keyspace()) {
+        let r = match parse_line(&text, registry.keyspace()).and_then(|r| switch_in_reach(r, now)) {
             Ok(r) => r,
             Err(why) => {
                 summary.refused.push((n, why));
@@ -138,6 +138,19 @@ async fn check(registry: &Arc<Registry>, file: impl BufRead) -> Result<RestoreSu
     }
     summary.refused.sort_by_key(|(n, _)| *n);
     Ok(summary)
+}
+
+/// `r`, unless its switch is further from `now` (the import's time, Unix milliseconds) than
+/// any switch the server stages (`switch_after_s`): a pending move no rebalance could make.
+fn switch_in_reach(r: Restored, now: i64) -> Result<Restored, String> {
+    let most = MAX_SWITCH_AFTER_S as i64 * 1000;
+    match &r.next {
+        Some((_, switch_at)) if switch_at.saturating_sub(now) > most => Err(format!(
+            "switch_at is {} s after the import's time; a switch is at most {MAX_SWITCH_AFTER_S} s ahead",
+            switch_at.saturating_sub(now) / 1000
+        )),
+        _ => Ok(r),
+    }
 }
 
 /// Every key a line names: its keys now and after its switch.

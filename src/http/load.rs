@@ -2,6 +2,7 @@
 //! the database holds it now.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -13,8 +14,7 @@ use utoipa_axum::routes;
 use super::error::{ApiError, Problem};
 use super::extract::whole_number;
 use crate::AppState;
-use crate::keyspace::load::decay;
-use crate::keyspace::{AccountId, Rate, is_kinesis_name, suggested_fanout};
+use crate::keyspace::{AccountId, Limits, Rate, is_kinesis_name, suggested_fanout};
 use crate::registry::{
     AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS,
 };
@@ -145,18 +145,34 @@ impl From<IgnoredLoad> for IgnoredLoadBody {
     }
 }
 
-/// A stream, and paging through its accounts by load.
+/// A stream, and paging through its accounts.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct LoadParams {
     /// The stream.
     #[param(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
     pub stream: String,
+    /// `account` (the default): every account once, in byte order of their names, paged
+    /// with `after`, whatever reports come between the pages. `load`: the `limit`
+    /// heaviest accounts, heaviest first, in one page (`next` is null; `after` is refused).
+    #[param(value_type = Option<LoadOrder>, inline)]
+    pub order: Option<String>,
     /// Start after this cursor (the `next` of the previous page).
     pub after: Option<String>,
     /// Accounts per page, 1..=1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+}
+
+/// How `GET /load` lists a stream's accounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadOrder {
+    /// Every account once, by account, paged: an order no report changes.
+    Account,
+    /// The heaviest accounts, heaviest first, in one page: loads move with every report,
+    /// so this order is never paged.
+    Load,
 }
 
 /// A shard's observed load.
@@ -198,59 +214,97 @@ pub struct LoadPage {
     pub shards: Vec<ShardLoadBody>,
     /// The busiest shard's utilisation over the mean; 0 when no shard has load.
     pub max_over_mean: f64,
-    /// Heaviest first.
+    /// By account (byte order of their names), or heaviest first with `order=load`.
     pub accounts: Vec<AccountLoadBody>,
-    /// Pass as `after` for the next page of accounts; null on the last page.
+    /// Pass as `after` for the next page of accounts; null on the last page (and always
+    /// with `order=load`).
     pub next: Option<String>,
 }
 
 /// Most accounts one page holds.
 const MAX_PAGE: u32 = 1000;
 
-/// Where a page of accounts ended: the last account's load as of `at_ms`.
-#[derive(Debug, Clone, PartialEq)]
-struct Cursor {
-    at_ms: i64,
-    load: f64,
-    account: String,
+/// Where a page of accounts ended, as `next` gives it: the last account's name in hex, so
+/// that the cursor stays opaque and any text that is not one is told apart.
+fn encode_cursor(account: &str) -> String {
+    account.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-impl Cursor {
-    fn encode(&self) -> String {
-        let hex: String = self.account.bytes().map(|b| format!("{b:02x}")).collect();
-        format!("{}.{:016x}.{hex}", self.at_ms, self.load.to_bits())
+/// The account a cursor [`encode_cursor`] wrote ends at.
+fn decode_cursor(text: &str) -> Option<String> {
+    if text.is_empty() || !text.len().is_multiple_of(2) {
+        return None;
     }
+    let bytes = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
 
-    fn decode(text: &str) -> Option<Cursor> {
-        let mut parts = text.splitn(3, '.');
-        let at_ms = parts.next()?.parse().ok()?;
-        let load = f64::from_bits(u64::from_str_radix(parts.next()?, 16).ok()?);
-        let hex = parts.next()?;
-        if hex.len() % 2 != 0 || !load.is_finite() {
-            return None;
+/// `order` as `GET /load` takes it.
+fn load_order(order: Option<&str>, after: Option<&str>) -> Result<LoadOrder, ApiError> {
+    match (order.unwrap_or("account"), after) {
+        ("account", _) => Ok(LoadOrder::Account),
+        ("load", None) => Ok(LoadOrder::Load),
+        ("load", Some(_)) => Err(ApiError::bad_request(
+            "order=load answers one page, the heaviest accounts: page through every account \
+             with order=account",
+        )),
+        (other, _) => Err(ApiError::bad_request(format!(
+            "order must be account or load, got {:?}",
+            super::clip(other)
+        ))),
+    }
+}
+
+/// An account's load, name and rate, as a page lists it.
+type Rated = (f64, String, Rate);
+
+/// The page of `sums` (every account's rate, by account) `order` asks for, after the
+/// account `after`, and the cursor of the next page when another follows.
+fn page_of(
+    sums: BTreeMap<String, Rate>,
+    order: LoadOrder,
+    after: Option<String>,
+    limit: usize,
+    limits: Limits,
+) -> (Vec<Rated>, Option<String>) {
+    let rated = |(account, rate): (String, Rate)| (rate.utilisation(limits), account, rate);
+    match order {
+        LoadOrder::Account => {
+            let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let mut page: Vec<Rated> = (sums.range((from, Bound::Unbounded)))
+                .take(limit + 1)
+                .map(|(account, rate)| rated((account.clone(), *rate)))
+                .collect();
+            let more = page.len() > limit;
+            page.truncate(limit);
+            let next = more.then(|| page.last().map(|(_, a, _)| encode_cursor(a)));
+            (page, next.flatten())
         }
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-            .collect::<Option<Vec<u8>>>()?;
-        Some(Cursor {
-            at_ms,
-            load,
-            account: String::from_utf8(bytes).ok()?,
-        })
+        LoadOrder::Load => {
+            let mut ranked: Vec<Rated> = sums.into_iter().map(rated).collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            ranked.truncate(limit);
+            (ranked, None)
+        }
     }
 }
 
-/// A stream's observed load: per shard rates and utilisation, and accounts by load, paged.
+/// A stream's observed load: per shard rates and utilisation, and its accounts, paged by
+/// account (or the heaviest, with `order=load`).
 ///
 /// Every replica answers the same: rates are read from the database and decayed to its
-/// clock. Rates come from the `load` entries of consumer workers' heartbeats.
+/// clock. Rates come from the `load` entries of consumer workers' heartbeats; each shard
+/// keeps its 2,000 heaviest accounts. A walk of the pages lists every account exactly
+/// once, whatever reports come between them.
 #[utoipa::path(
     get, path = "/load", tag = "load",
     params(LoadParams),
     responses(
         (status = 200, description = "The stream's load now", body = LoadPage),
-        (status = 400, description = "Invalid stream name, cursor or paging parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid stream name, order, cursor or paging parameters", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -265,9 +319,10 @@ pub(crate) async fn load(
         )));
     }
     let limit = super::page_limit(params.limit, MAX_PAGE)? as usize;
+    let order = load_order(params.order.as_deref(), params.after.as_deref())?;
     let after = match params.after.as_deref() {
         None => None,
-        Some(text) => Some(Cursor::decode(text).ok_or_else(|| {
+        Some(text) => Some(decode_cursor(text).ok_or_else(|| {
             ApiError::bad_request("after is not a cursor GET /load answered: pass its `next`")
         })?),
     };
@@ -289,42 +344,9 @@ pub(crate) async fn load(
         });
         *sum = sum.plus(a.rate, now, hl);
     }
-    let mut ranked: Vec<(f64, String, Rate)> = sums
-        .into_iter()
-        .map(|(account, rate)| (rate.utilisation(config.limits), account, rate))
-        .collect();
-    let heaviest_first = |a: &(f64, String, Rate), b: &(f64, String, Rate)| {
-        b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1))
-    };
-    ranked.sort_by(heaviest_first);
-    if let Some(cursor) = &after {
-        // Between reports every rate decays by the same factor (see `held_ms`), so the order
-        // a cursor was taken in holds.
-        let then = cursor.load * decay(now - cursor.at_ms, hl);
-        let tie = |load: f64| (load - then).abs() <= 1e-9 * load.abs().max(then.abs());
-        ranked.retain(|(load, account, _)| {
-            if tie(*load) {
-                account.as_str() > cursor.account.as_str()
-            } else {
-                *load < then
-            }
-        });
-    }
-    let more = ranked.len() > limit;
-    ranked.truncate(limit);
-    let next = more
-        .then(|| ranked.last())
-        .flatten()
-        .map(|(load, account, _)| {
-            Cursor {
-                at_ms: now,
-                load: *load,
-                account: account.clone(),
-            }
-            .encode()
-        });
+    let (page, next) = page_of(sums, order, after, limit, config.limits);
     let share = config.hot_account_share;
-    let accounts = ranked
+    let accounts = page
         .into_iter()
         .map(|(load, account, rate)| {
             let suggested = suggested_fanout(load, share);
@@ -366,11 +388,21 @@ mod tests {
 
     proptest! {
         #[test]
-        fn a_cursor_reads_back_as_it_was_written(
-            at_ms: i64, load in 0.0..1e6f64, account in "\\PC{1,40}",
-        ) {
-            let cursor = Cursor { at_ms, load, account };
-            prop_assert_eq!(Cursor::decode(&cursor.encode()), Some(cursor));
+        fn a_cursor_reads_back_as_it_was_written(account in "\\PC{1,40}") {
+            prop_assert_eq!(decode_cursor(&encode_cursor(&account)), Some(account));
+        }
+    }
+
+    #[test]
+    fn text_that_is_not_a_cursor_is_told_apart() {
+        for text in [
+            "",
+            "nonsense",
+            "6",
+            "ff",
+            "1732000000000.3ff0000000000000.6162",
+        ] {
+            assert_eq!(decode_cursor(text), None, "{text:?}");
         }
     }
 }

@@ -20,6 +20,13 @@ pub const MAX_WINDOW_MS: u64 = 3_600_000;
 /// Records/s and bytes/s below which an account's rate is forgotten.
 const FADED: f64 = 1e-3;
 
+/// Most accounts a shard keeps rates for: its heaviest by smoothed load. Twice what one
+/// report may name, so that a report of new names never pushes out the accounts of the
+/// one before; and an account left out carries less of its shard's load than each of the
+/// 2,000 kept (under 1/2,001 of it), far from hot. Without a bound, reports naming ever
+/// new accounts would grow the row each heartbeat rewrites without end.
+pub const MAX_SHARD_ACCOUNTS: usize = 2 * MAX_REPORT_ACCOUNTS;
+
 /// What a worker read from one shard since its last report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadReport {
@@ -231,7 +238,11 @@ impl Registry {
                 None => (now, Vec::new()),
             };
             let at = now.max(as_of);
-            let packed = fold_accounts(&old, decay(now - as_of, hl), &report, at, hl);
+            let mut folded = fold_accounts(&old, decay(now - as_of, hl), &report, hl);
+            keep_heaviest(&mut folded, MAX_SHARD_ACCOUNTS, self.load_config().limits);
+            let mut packed = Packer::new(at, folded.len());
+            folded.into_iter().for_each(|e| packed.push(e));
+            let packed = packed.finish();
             let window = report.window_ms as i64;
             tx.put_shard_row(name, shard, (rate, window), at, &packed)
                 .await?;
@@ -242,10 +253,15 @@ impl Registry {
 }
 
 /// `old` (a shard's account rates, in byte order of their names) decayed by `left`, with
-/// `report`'s accounts' shares added, packed as of `at`; rates that faded below [`FADED`]
+/// `report`'s accounts' shares added, in the same order; rates that faded below [`FADED`]
 /// are left out. One pass over both, no read or write per account. An account named twice
 /// counts once, with both parts.
-fn fold_accounts(old: &[Entry<'_>], left: f64, report: &LoadReport, at: i64, hl: i64) -> Vec<u8> {
+fn fold_accounts<'a>(
+    old: &[Entry<'a>],
+    left: f64,
+    report: &'a LoadReport,
+    hl: i64,
+) -> Vec<Entry<'a>> {
     let mut parts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for a in &report.accounts {
         let (r, b) = parts.entry(a.account.as_str()).or_default();
@@ -255,10 +271,10 @@ fn fold_accounts(old: &[Entry<'_>], left: f64, report: &LoadReport, at: i64, hl:
     let window = report.window_ms as i64;
     // The share a window adds now (see `Rate::observe`).
     let share = |(r, b): (u64, u64)| Rate::default().observe(r, b, window, 0, hl);
-    let mut packed = Packer::new(at, old.len() + parts.len());
-    let mut push = |account: &str, records_per_s: f64, bytes_per_s: f64| {
+    let mut folded = Vec::with_capacity(old.len() + parts.len());
+    let mut push = |account: &'a str, records_per_s: f64, bytes_per_s: f64| {
         if records_per_s >= FADED || bytes_per_s >= FADED {
-            packed.push(Entry {
+            folded.push(Entry {
                 account,
                 records_per_s,
                 bytes_per_s,
@@ -294,7 +310,31 @@ fn fold_accounts(old: &[Entry<'_>], left: f64, report: &LoadReport, at: i64, hl:
             (Some(_), None) => unreachable!("an old entry alone takes the first arm"),
         }
     }
-    packed.finish()
+    folded
+}
+
+/// Leaves the `most` heaviest of `entries` by load under `limits` (of equals, the first
+/// by name), still in byte order of their names. O(entries).
+fn keep_heaviest(entries: &mut Vec<Entry<'_>>, most: usize, limits: Limits) {
+    if entries.len() <= most {
+        return;
+    }
+    let load = |e: &Entry<'_>| {
+        let rate = Rate {
+            records_per_s: e.records_per_s,
+            bytes_per_s: e.bytes_per_s,
+            at_ms: 0,
+        };
+        rate.utilisation(limits)
+    };
+    let heavier = |a: &Entry<'_>, b: &Entry<'_>| {
+        load(b)
+            .total_cmp(&load(a))
+            .then_with(|| a.account.cmp(b.account))
+    };
+    entries.select_nth_unstable_by(most - 1, heavier);
+    entries.truncate(most);
+    entries.sort_unstable_by(|a, b| a.account.cmp(b.account));
 }
 
 impl Tx {
@@ -440,5 +480,33 @@ impl StreamLoad {
             accounts,
             reported: false,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The entries kept are those a full sort by load would keep, in name order.
+        #[test]
+        fn the_heaviest_are_kept_in_name_order(
+            rates in prop::collection::btree_map("[a-z]{1,6}", (0.0..50.0f64, 0.0..5e4f64), 0..60),
+            most in 1usize..40,
+        ) {
+            let limits = Limits { records_per_s: 10.0, bytes_per_s: 1e4 };
+            let entries: Vec<Entry<'_>> = (rates.iter())
+                .map(|(a, &(r, b))| Entry { account: a, records_per_s: r, bytes_per_s: b })
+                .collect();
+            let load = |e: &Entry<'_>| (e.records_per_s / 10.0).max(e.bytes_per_s / 1e4);
+            let mut sorted = entries.clone();
+            sorted.sort_by(|a, b| load(b).total_cmp(&load(a)).then_with(|| a.account.cmp(b.account)));
+            sorted.truncate(most);
+            sorted.sort_by(|a, b| a.account.cmp(b.account));
+            let mut kept = entries;
+            keep_heaviest(&mut kept, most, limits);
+            prop_assert_eq!(kept, sorted);
+        }
     }
 }

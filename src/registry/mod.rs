@@ -51,7 +51,7 @@ pub use load::{
 pub use log::LogPage;
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
-pub use restore::{RestoreChunk, Restored};
+pub use restore::{Grow, RestoreChunk, Restored};
 pub use retention::Compacted;
 pub use snapshot::Snapshot;
 pub use streams::{Stream, StreamChange, StreamMap};

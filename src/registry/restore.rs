@@ -1,12 +1,13 @@
 //! Accounts written back with every key they held, and every switch they were waiting
-//! for: `keyspread import` of a snapshot. Logged like any other change (allocations, then
-//! the staged moves), so replicas and mirrors following the log see them.
+//! for: `keyspread import` of a snapshot; and the other keys of CSV rows that brought key
+//! 0 of several. Logged like any other change (allocations, then the staged moves), so
+//! replicas and mirrors following the log see them.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{Error, Registry, detached, metrics::Committed};
-use crate::keyspace::{self, AccountId, HashKey};
+use crate::keyspace::{self, AccountId, Allocator, HashKey};
 use crate::store::{Actor, Actors, Assignment, Change, Event, KeyRow, MoveReason};
 
 /// An account as a snapshot line gives it.
@@ -38,6 +39,28 @@ pub struct RestoreChunk {
     /// Accounts the database already held just so.
     pub present: u64,
     pub refused: Vec<(AccountId, String)>,
+}
+
+/// A CSV row that brought key 0 of several keys: `keyspread import` places that key alone,
+/// at its share of the weight, then grows the account to its fanout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grow {
+    pub account: AccountId,
+    /// The key 0 the row brought.
+    pub key: HashKey,
+    /// The account's weight once it holds every key.
+    pub weight: u64,
+    pub fanout: u32,
+}
+
+impl Grow {
+    /// Whether `held` is the account as the row's import left it before growing it: key
+    /// 0 alone, at its share of the weight, nothing switching.
+    fn waits_for_its_keys(&self, held: &Assignment) -> bool {
+        held.hash_keys.as_slice() == [self.key]
+            && held.weight == keyspace::key_weight(self.weight, self.fanout, 0)
+            && held.switching.is_empty()
+    }
 }
 
 /// How the table holds a restored account at some moment.
@@ -239,5 +262,87 @@ impl Registry {
             Ok(done)
         })
         .await
+    }
+}
+
+impl Registry {
+    /// Gives each account of `grow` that still holds key 0 alone (see [`Grow`]) its keys
+    /// `1..fanout`, in one transaction, as if one after another: each new key steers the
+    /// next pick, so the keys do not depend on how the accounts are split into calls.
+    /// Every other account is left as it is. The new keys share the account's created_at.
+    pub async fn grow_imported(
+        self: &Arc<Self>,
+        grow: Vec<Grow>,
+        actor: &Actor,
+    ) -> Result<u64, Error> {
+        let (this, actor) = (Arc::clone(self), actor.clone());
+        detached(async move {
+            let mut w = this.writer.lock().await;
+            this.writable()?;
+            let (mut tx, at) = this.begin(&mut w).await?;
+            let (rows, grown) = this.pick_grown(&mut w.alloc, &grow)?;
+            if rows.is_empty() {
+                return Ok(0);
+            }
+            let ids = tx.insert_many(&rows, Actors::One(&actor), at).await?;
+            this.commit(&mut w, tx, Committed::Reweight, &[]).await?;
+            let events = ids.into_iter().zip(rows).map(|(id, row)| Event {
+                id,
+                at,
+                change: Change::Allocate {
+                    account: row.account,
+                    index: row.index,
+                    key: row.hash_key,
+                    weight: row.weight,
+                    switch_at: None,
+                },
+            });
+            this.apply_events(&mut w, events.collect())?;
+            Ok(grown)
+        })
+        .await
+    }
+
+    /// The key rows that grow each account of `grow` still waiting for its keys, picked
+    /// one account after another, and how many accounts they grow. `alloc` is left as it
+    /// was: the committed events hold the keys (as every allocation's do).
+    fn pick_grown(
+        &self,
+        alloc: &mut Allocator,
+        grow: &[Grow],
+    ) -> Result<(Vec<KeyRow>, u64), Error> {
+        let mut rows: Vec<KeyRow> = Vec::new();
+        let mut grown = 0;
+        let mut failed = None;
+        for g in grow {
+            let Some(held) = self.lookup(g.account.as_str()) else {
+                continue;
+            };
+            if !g.waits_for_its_keys(&held) {
+                continue;
+            }
+            let share = |i: u32| keyspace::key_weight(g.weight, g.fanout, i);
+            let weights: Vec<u64> = (1..g.fanout).map(share).collect();
+            let mut keys = vec![g.key];
+            if let Err(err) = alloc.extend_keys(&mut keys, &weights) {
+                failed = Some(err);
+                break;
+            }
+            grown += 1;
+            rows.extend((1..g.fanout).zip(&keys[1..]).map(|(i, &key)| KeyRow {
+                account: g.account.clone(),
+                index: i,
+                hash_key: key,
+                weight: share(i),
+                created_at: held.created_at,
+            }));
+        }
+        for row in &rows {
+            alloc.remove(row.hash_key).expect("held a moment ago");
+        }
+        match failed {
+            Some(err) => Err(err.into()),
+            None => Ok((rows, grown)),
+        }
     }
 }

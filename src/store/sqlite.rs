@@ -244,7 +244,12 @@ pub async fn connect(url: &str) -> Result<Pools> {
     // SQLite migrator takes no lock). A file lock beside the database makes them take turns.
     let lock_path = options.get_filename().with_extension("migrate-lock");
     let lock = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
-        let file = std::fs::File::create(lock_path)?;
+        // Opened, never truncated: a file of that name is the lock or left as it is.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(lock_path)?;
         file.lock()?;
         Ok(file)
     })

@@ -241,6 +241,17 @@ pub(crate) fn line(
     line.to_string() + "\n"
 }
 
+/// The instant `secs` from now, as a snapshot writes a `switch_at` (RFC 3339, UTC, three
+/// digits of fraction).
+pub(crate) fn from_now(secs: i64) -> String {
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    (time::OffsetDateTime::now_utc() + time::Duration::seconds(secs))
+        .format(&format)
+        .unwrap()
+}
+
 pub(crate) fn snapshot_file(dir: &Path, lines: &[String]) -> PathBuf {
     let head = json!({"event_id": 42, "accounts": lines.len(), "max_age_s": 60});
     let file = dir.join("hand.ndjson");
@@ -254,11 +265,11 @@ pub(crate) fn snapshot_file(dir: &Path, lines: &[String]) -> PathBuf {
 async fn new_keys_wait_for_their_switch_and_past_switches_are_the_new_keys() {
     let dir = tempfile::tempdir().unwrap();
     let half = 1u128 << 127;
-    let ahead = "2999-01-01T00:00:00.250Z";
+    let ahead = from_now(3600);
     let file = snapshot_file(
         dir.path(),
         &[
-            line("growing", 4, &[half], Some((&[half, half + 1], ahead))),
+            line("growing", 4, &[half], Some((&[half, half + 1], &ahead))),
             line(
                 "switched",
                 1,
@@ -370,7 +381,7 @@ async fn import_refuses_bad_lines_by_number_and_writes_nothing() {
     // Without conflicts it goes in beside what is there, and the running server, which
     // follows the log, answers it.
     let good = [
-        line("a", 1, &[10], Some((&[20], "2999-01-01T00:00:00.000Z"))),
+        line("a", 1, &[10], Some((&[20], &from_now(86_000)))),
         line("b", 1, &[11], None),
     ];
     import(&snapshot_file(dir.path(), &good), &app.config.database_url).await;
@@ -401,6 +412,38 @@ async fn import_refuses_bad_lines_by_number_and_writes_nothing() {
     assert!(
         report.contains("1 written with 2 keys (0 pending switches kept), 2 already present"),
         "{report}"
+    );
+}
+
+/// A pending switch further ahead than any the server stages (`switch_after_s` at most a
+/// day from the import's time) is refused with the line it is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_further_ahead_than_the_server_allows_is_refused_by_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = spawn_app().await;
+    let lines = [
+        line("near", 1, &[10], Some((&[20], &from_now(86_000)))),
+        line("far", 1, &[11], Some((&[21], &from_now(86_400 + 600)))),
+    ];
+    let out = keyspread(&[
+        "import",
+        path(&snapshot_file(dir.path(), &lines)),
+        "--database-url",
+        &app.config.database_url,
+    ])
+    .await;
+    let report = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out);
+    assert!(!out.status.success(), "{report}");
+    assert!(
+        report.contains("line 3: switch_at is 87000 s after the import's time; a switch is at most 86400 s ahead")
+            || report.contains("line 3: switch_at is 86999 s after"),
+        "{report}"
+    );
+    assert!(!report.contains("line 2"), "{report}");
+    assert_eq!(
+        app.get("/keys/near").await.status,
+        404,
+        "nothing was written"
     );
 }
 
@@ -513,4 +556,141 @@ async fn an_export_streams_and_one_cut_short_fails() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("no database at"), "{}", stderr(&out));
     assert!(!dir.path().join("missing.db").exists());
+}
+
+/// Runs `keyspread export` of the database at `url` in `dir` with `--output` `to`.
+async fn export_to(dir: &Path, url: &str, to: &str) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args(["export", "--database-url", url, "--output", to])
+        .env_remove("DATABASE_URL")
+        .env_remove("KEYSPREAD_EXPORT_FROM")
+        .current_dir(dir)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// The names in `dir`.
+fn names_in(dir: &Path) -> std::collections::BTreeSet<String> {
+    (std::fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+/// `-` is standard output; a regular file is replaced whole, through a link that stays a
+/// link, keeping its permissions; files beside it that another program named are left as
+/// they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_replaces_only_the_regular_file_it_names() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let app = spawn_app().await;
+    app.allocate("a").await;
+    let url = &app.config.database_url;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = keyspread(&["export", "--database-url", url]).await.stdout;
+    assert!(snapshot.starts_with(b"{\"event_id\""), "{snapshot:?}");
+
+    let out = export_to(dir.path(), url, "-").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout, snapshot);
+    assert!(
+        names_in(dir.path()).is_empty(),
+        "{:?}",
+        names_in(dir.path())
+    );
+
+    let real = dir.path().join("real.ndjson");
+    std::fs::write(&real, "old").unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+    for theirs in ["link.partial", "real.ndjson.partial"] {
+        std::fs::write(dir.path().join(theirs), "theirs").unwrap();
+    }
+    let before = names_in(dir.path());
+    let out = export_to(dir.path(), url, "link").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let link = std::fs::symlink_metadata(dir.path().join("link")).unwrap();
+    assert!(link.file_type().is_symlink(), "the link stays a link");
+    assert_eq!(std::fs::read(&real).unwrap(), snapshot);
+    let mode = std::fs::metadata(&real).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o640, "{mode:o}");
+    assert_eq!(
+        names_in(dir.path()),
+        before,
+        "nothing left beside, nothing taken"
+    );
+    for theirs in ["link.partial", "real.ndjson.partial"] {
+        assert_eq!(std::fs::read(dir.path().join(theirs)).unwrap(), b"theirs");
+    }
+    // A failed export leaves the file as it was.
+    let out = export_to(dir.path(), &sqlite_in(dir.path(), "none.db"), "real.ndjson").await;
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read(&real).unwrap(), snapshot);
+    assert_eq!(names_in(dir.path()), before);
+}
+
+/// A FIFO is written where it is (a reader drains it), and, as root, so is a character
+/// device made for the test (1, 3: what /dev/null is): a rename over it would replace the
+/// device with a regular file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_writes_a_fifo_and_a_device_in_place() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let app = spawn_app().await;
+    app.allocate("a").await;
+    let url = &app.config.database_url;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = keyspread(&["export", "--database-url", url]).await.stdout;
+
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // The reader opens it by a second name, by which it is released should the export
+    // not write it (or replace the name it was given).
+    let kept = dir.path().join("fifo-kept");
+    std::fs::hard_link(&fifo, &kept).unwrap();
+    let reader = std::thread::spawn({
+        let kept = kept.clone();
+        move || std::fs::read(kept).unwrap()
+    });
+    let out = export_to(dir.path(), url, "fifo").await;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let _ = (std::fs::OpenOptions::new().write(true))
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&kept);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(reader.join().unwrap(), snapshot);
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+
+    let uid = std::process::Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        crate::skip::skipped(
+            "export_writes_a_fifo_and_a_device_in_place",
+            "making a character device (mknod) needs root",
+        );
+        return;
+    }
+    let device = dir.path().join("null");
+    let made = std::process::Command::new("mknod")
+        .args([device.to_str().unwrap(), "c", "1", "3"])
+        .status()
+        .unwrap();
+    assert!(made.success(), "mknod");
+    let out = export_to(dir.path(), url, "null").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kind = std::fs::symlink_metadata(&device).unwrap().file_type();
+    assert!(kind.is_char_device(), "still a character device: {kind:?}");
+    let names: Vec<String> = names_in(dir.path()).into_iter().collect();
+    assert_eq!(
+        names,
+        ["fifo", "fifo-kept", "null"],
+        "nothing written beside"
+    );
 }

@@ -181,3 +181,31 @@ async fn import_takes_a_fanout_column() {
     assert!(!quarters[..2].contains(&quarters[2]), "{quarters:?}");
     assert_eq!(imported(&app, "plain").await["fanout"], 1);
 }
+
+/// An empty file, or one of blank lines or a header alone, is an error that says so, and
+/// an empty one is refused before a SQLite database is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_of_no_rows_is_an_error() {
+    let app = spawn_app().await;
+    for (csv, says) in [
+        ("", "is empty: nothing to import"),
+        ("\n \n\r\n", "is empty: nothing to import"),
+        ("account,weight,hash_key\n", "the file holds no rows"),
+    ] {
+        let out = import(&app, csv).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{csv:?}: {stderr}");
+        assert!(stderr.contains(says), "{csv:?}: {stderr}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (file, db) = (dir.path().join("empty.csv"), dir.path().join("new.db"));
+    std::fs::write(&file, "").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args(["import", file.to_str().unwrap(), "--database-url"])
+        .arg(format!("sqlite://{}", db.display()))
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!db.exists(), "no database made for an empty file");
+}

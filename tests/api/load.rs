@@ -163,7 +163,7 @@ async fn two_reports_smooth_as_the_formula_says_and_touch_only_their_shard() {
     .await;
 
     assert!(t2 - t_b < 10_000, "B's window covers A's reports");
-    let page = load(&app, "").await;
+    let page = load(&app, "&order=load").await;
     let at = ms(&page["at"]);
     let first_rate = 500.0 * (1.0 - decay(10_000, hl));
     let second = first_rate * decay(t2 - t1, hl) + 500.0 * (1.0 - decay(5_000, hl));
@@ -407,7 +407,7 @@ async fn invalid_entries_are_refused_naming_the_field_and_nothing_is_written() {
 }
 
 #[tokio::test]
-async fn accounts_come_heaviest_first_in_pages_with_their_suggested_fanout() {
+async fn accounts_come_by_account_in_pages_or_heaviest_first_with_their_suggested_fanout() {
     let app = spawn_app_with(|c| {
         c.shard_records_per_s = 100.0;
         c.lease_join_batch_ms = 0;
@@ -430,9 +430,10 @@ async fn accounts_come_heaviest_first_in_pages_with_their_suggested_fanout() {
         json!([entry(&id, epoch, 1000, 200_000, 200_000, json!(accounts))]),
     )
     .await;
-    let whole = load(&app, "&limit=1000").await;
+    let whole = load(&app, "&order=load&limit=1000").await;
     let all: Vec<Value> = whole["accounts"].as_array().unwrap().clone();
     assert_eq!(all.len(), 10);
+    assert_eq!(whole["next"], Value::Null, "{whole}");
     let names: Vec<&str> = all.iter().map(|a| a["account"].as_str().unwrap()).collect();
     assert_eq!(
         names,
@@ -470,7 +471,12 @@ async fn accounts_come_heaviest_first_in_pages_with_their_suggested_fanout() {
         )
         .await;
     assert_eq!(opted.status, 200, "{}", opted.body);
-    let whole = load(&app, "&limit=1").await;
+    let whole = load(&app, "&order=load&limit=1").await;
+    assert_eq!(
+        whole["next"],
+        Value::Null,
+        "the heaviest come in one page: {whole}"
+    );
     assert_eq!(whole["accounts"][0]["account"], "a9");
     assert_eq!(whole["accounts"][0]["max_fanout"], 8, "{whole}");
 
@@ -490,11 +496,31 @@ async fn accounts_come_heaviest_first_in_pages_with_their_suggested_fanout() {
             None => break,
         }
     }
-    assert_eq!(paged, names, "pages in order, none twice, none missed");
+    let mut by_account = names.clone();
+    by_account.sort();
+    assert_eq!(
+        paged, by_account,
+        "pages by account, none twice, none missed"
+    );
     assert_problem(
         &app.get("/load?stream=s&after=nonsense").await,
         400,
         "after",
+    );
+    let next = load(&app, "&limit=3").await["next"].clone();
+    assert_problem(
+        &app.get(&format!(
+            "/load?stream=s&order=load&after={}",
+            next.as_str().unwrap()
+        ))
+        .await,
+        400,
+        "order=account",
+    );
+    assert_problem(
+        &app.get("/load?stream=s&order=weight").await,
+        400,
+        "order must be",
     );
     assert_problem(&app.get("/load?stream=s&limit=0").await, 400, "limit");
     assert_problem(&app.get("/load?stream=nope").await, 404, "nope");
@@ -809,7 +835,7 @@ async fn account_rows_stored_one_per_account_are_read_and_carried_into_the_next_
             })
             .collect()
     };
-    let page = load(&app, "").await;
+    let page = load(&app, "&order=load").await;
     let got = rates(&page);
     let names: Vec<&str> = got.iter().map(|(a, _)| a.as_str()).collect();
     assert_eq!(names, ["old-b", "old-a"], "{page}");
@@ -832,7 +858,7 @@ async fn account_rows_stored_one_per_account_are_read_and_carried_into_the_next_
         json!([entry(&id, epoch, 1000, 0, 0, json!([]))]),
     )
     .await;
-    let page = load(&app, "").await;
+    let page = load(&app, "&order=load").await;
     let now = ms(&page["at"]);
     let share = 1.0 - decay(1000, hl);
     let want = [
@@ -849,4 +875,124 @@ async fn account_rows_stored_one_per_account_are_read_and_carried_into_the_next_
         assert_eq!(account, name, "{page}");
         assert_close(*rate, want, name);
     }
+}
+
+/// Names of the accounts of a `GET /load` page, in its order.
+fn account_names(page: &Value) -> Vec<String> {
+    let accounts = page["accounts"].as_array().unwrap();
+    accounts
+        .iter()
+        .map(|a| a["account"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// One entry per held shard, each naming its accounts (`names[i]` on shard `i % shards`)
+/// with records drawn from `rng`: every report reorders the accounts by load.
+fn shuffled_report(
+    held: &[(String, String, u64)],
+    names: &[String],
+    rng: &mut crate::process::Rng,
+) -> Value {
+    let entries: Vec<Value> = (held.iter().enumerate())
+        .map(|(s, (id, _, epoch))| {
+            let accounts: Vec<Value> = (names.iter().skip(s).step_by(held.len()))
+                .map(|a| {
+                    let r = 1 + rng.below(10_000);
+                    json!({"account": a, "records": r, "bytes": r})
+                })
+                .collect();
+            entry(id, *epoch, 1000, 10_000_000, 10_000_000, json!(accounts))
+        })
+        .collect();
+    json!(entries)
+}
+
+/// Walking `GET /load`'s accounts page by page while heartbeats report loads that reorder
+/// them lists every account exactly once, in account order.
+#[tokio::test]
+async fn walking_the_accounts_under_heartbeats_lists_each_exactly_once() {
+    let (app, held) = joined(3600, 4).await;
+    let names: Vec<String> = (0..3000).map(|i| format!("acct-{i:04}")).collect();
+    let mut rng = crate::process::Rng::new(7);
+    beat_ok(&app, "w1", shuffled_report(&held, &names, &mut rng)).await;
+    let mut walked: Vec<String> = Vec::new();
+    let mut query = "&limit=100".to_owned();
+    for _ in 0..100 {
+        let page = load(&app, &query).await;
+        walked.extend(account_names(&page));
+        // A heartbeat between every two pages: the loads the walk has seen no longer hold.
+        let (answer, _) = beat_ok(&app, "w1", shuffled_report(&held, &names, &mut rng)).await;
+        assert_eq!(answer["ignored_load"], json!([]), "{answer}");
+        match page["next"].as_str() {
+            Some(next) => query = format!("&limit=100&after={next}"),
+            None => break,
+        }
+    }
+    let distinct: std::collections::BTreeSet<&String> = walked.iter().collect();
+    assert_eq!(
+        (walked.len(), distinct.len()),
+        (names.len(), names.len()),
+        "accounts listed, and distinct ones"
+    );
+    assert_eq!(walked, names, "every account once, in account order");
+}
+
+/// The accounts a shard keeps: its heaviest 2,000 by smoothed load (twice the 1,000 one
+/// report may name, so that one report of new names never pushes out the last one's).
+const SHARD_ACCOUNTS: usize = 2000;
+
+/// Every account `GET /load` lists, walked page by page by account.
+async fn every_account(app: &TestApp) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut query = "&limit=1000".to_owned();
+    for _ in 0..100 {
+        let page = load(app, &query).await;
+        all.extend(page["accounts"].as_array().unwrap().iter().cloned());
+        match page["next"].as_str() {
+            Some(next) => query = format!("&limit=1000&after={next}"),
+            None => return all,
+        }
+    }
+    panic!("more than 100 pages");
+}
+
+/// Heartbeats whose reports name ever new accounts leave a shard with its heaviest
+/// [`SHARD_ACCOUNTS`], not with every name ever reported.
+#[tokio::test]
+async fn a_shard_keeps_its_heaviest_accounts_however_many_names_reports_bring() {
+    let (app, mut held) = joined(3600, 1).await;
+    let (id, _, epoch) = held.remove(0);
+    // Six reports of 1,000 new names each; records grow with the report, and within one
+    // report with the name, so the heaviest are the latest. One heavy account, named
+    // once in the first report, stays heaviest of all.
+    let mut heaviest: Vec<(u64, String)> = Vec::new();
+    for round in 0..6u64 {
+        let mut accounts: Vec<Value> = (0..1000u64)
+            .map(|i| {
+                let (name, records) = (format!("r{round}-{i:04}"), 100 + round * 1000 + i);
+                heaviest.push((records, name.clone()));
+                json!({"account": name, "records": records, "bytes": 1})
+            })
+            .collect();
+        if round == 0 {
+            accounts[0] = json!({"account": "whale", "records": 1_000_000, "bytes": 1});
+            heaviest[0] = (1_000_000, "whale".to_owned());
+        }
+        let report = json!([entry(&id, epoch, 1000, 2_000_000, 1000, json!(accounts))]);
+        let (answer, _) = beat_ok(&app, "w1", report).await;
+        assert_eq!(answer["ignored_load"], json!([]), "{answer}");
+    }
+    let kept: Vec<String> = every_account(&app)
+        .await
+        .iter()
+        .map(|a| a["account"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kept.len(), SHARD_ACCOUNTS, "accounts kept of 6,000 named");
+    // Reports seconds apart with an hour's half-life: the order of the records holds.
+    heaviest.sort_by_key(|h| std::cmp::Reverse(h.0));
+    let mut want: Vec<String> = (heaviest.into_iter().take(SHARD_ACCOUNTS))
+        .map(|(_, name)| name)
+        .collect();
+    want.sort();
+    assert_eq!(kept, want, "the heaviest by smoothed load");
 }

@@ -9,7 +9,7 @@ use super::html::{Esc, Ratio};
 use super::style::class;
 use crate::http::load::LoadPage;
 
-/// Accounts asked of `GET /load` for the page: its first page, the heaviest.
+/// Accounts asked of `GET /load` for the page: the heaviest (`order=load`).
 pub const HOT_ACCOUNTS: u32 = 10;
 
 /// The stream's shards' utilisation, its mean, and what a full bar stands for (a shard's
@@ -125,24 +125,25 @@ pub(super) fn hot_accounts(out: &mut String, view: &View) {
         );
     }
     out.push_str("</tbody></table>");
-    if load.next.is_some() && hot.len() == load.accounts.len() {
+    if hot.len() == HOT_ACCOUNTS as usize {
         let _ = write!(
             out,
-            "<p class=\"note\">More may follow: GET /load?stream={} lists every account by load.\
-             </p>",
+            "<p class=\"note\">More may follow: GET /load?stream={}&amp;order=load&amp;limit=1000 \
+             lists the heaviest accounts.</p>",
             Esc(&load.stream)
         );
     }
     out.push_str("</section>");
 }
 
-/// `GET /load` of `stream`: its shards and first page of accounts.
+/// `GET /load` of `stream`: its shards and its heaviest accounts.
 pub(super) async fn of_stream(
     state: &crate::AppState,
     stream: &str,
 ) -> Result<LoadPage, crate::http::error::ApiError> {
     let params = crate::http::load::LoadParams {
         stream: stream.to_owned(),
+        order: Some("load".to_owned()),
         after: None,
         limit: Some(HOT_ACCOUNTS),
     };

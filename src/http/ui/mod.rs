@@ -89,7 +89,7 @@ struct View {
     moves: MovesPage,
     /// `GET /streams/{name}/leases`, for a stream.
     leases: Option<LeasesBody>,
-    /// `GET /load?stream={name}`, its first page of accounts, for a stream.
+    /// `GET /load?stream={name}&order=load`, its heaviest accounts, for a stream.
     load: Option<crate::http::load::LoadPage>,
     /// `--hot-account-share`: an account above this load is hot.
     hot_share: f64,

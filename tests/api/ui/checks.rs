@@ -169,7 +169,13 @@ pub async fn load(app: &TestApp, page: &[Tag]) {
             "page {shown}, GET /load {answered}"
         );
     };
-    let load = ok(app, Method::GET, "/load?stream=orders&limit=10", None).await;
+    let load = ok(
+        app,
+        Method::GET,
+        "/load?stream=orders&order=load&limit=10",
+        None,
+    )
+    .await;
     let shards = load["shards"].as_array().unwrap();
     let rows: Vec<&Tag> = page.iter().filter(|t| t.has("data-utilisation")).collect();
     assert_eq!(rows.len(), shards.len(), "a utilisation per shard");
