@@ -37,6 +37,8 @@ pub struct ApiError {
     slug: &'static str,
     detail: String,
     extensions: serde_json::Map<String, serde_json::Value>,
+    /// A database that cannot be reached (see [`DatabaseAway`]).
+    away: bool,
 }
 
 impl ApiError {
@@ -46,7 +48,14 @@ impl ApiError {
             slug,
             detail: detail.into(),
             extensions: serde_json::Map::new(),
+            away: false,
         }
+    }
+
+    /// Marks the refusal as the database's being away (see [`DatabaseAway`]).
+    fn away(mut self) -> Self {
+        self.away = true;
+        self
     }
 
     /// The problem with the extension member `name` set to `value`.
@@ -99,7 +108,7 @@ impl ApiError {
     /// The same refusal, worded for a read: a database that cannot be read now.
     pub fn for_read(self) -> ApiError {
         if self.slug == "unavailable" {
-            ApiError::unavailable("the database cannot be read right now: try again later")
+            ApiError::unavailable(READ_AWAY)
         } else {
             self
         }
@@ -114,6 +123,11 @@ impl ApiError {
         )
     }
 }
+
+/// Marks a 503 of a database that cannot be reached, worded for a change: a read is
+/// answered in its own words (see `middleware::worded_for_reads`).
+#[derive(Debug, Clone, Copy)]
+pub struct DatabaseAway;
 
 /// Marks an answer that says nothing final about its request (a conflict with another
 /// writer, or with another request of the same Idempotency-Key): never kept for a key.
@@ -155,6 +169,10 @@ fn problem_body(
     }
 }
 
+/// What a read is told while the database cannot be reached.
+pub const READ_AWAY: &str = "the database cannot be read right now (unreachable, or held up by another writer): \
+     try again later";
+
 /// Seconds a 503 asks the client to wait before trying again: about one lock timeout, the
 /// time it takes to learn whether the database takes changes again.
 pub const RETRY_AFTER_SECS: u32 = 2;
@@ -169,6 +187,9 @@ impl IntoResponse for ApiError {
         }
         if matches!(self.slug, "conflict" | "idempotency-key-in-use") {
             response.extensions_mut().insert(Passing);
+        }
+        if self.away {
+            response.extensions_mut().insert(DatabaseAway);
         }
         response
     }
@@ -278,7 +299,8 @@ impl From<&registry::Error> for ApiError {
             E::Unavailable => ApiError::unavailable(
                 "the database cannot take changes right now (unreachable, or held up by \
                  another writer): send the change again later",
-            ),
+            )
+            .away(),
             E::NotMade => ApiError::unavailable(format!("{err}: send it again later")),
             E::Stale { .. } => {
                 ApiError::unavailable(format!("{err}: ask another replica, or again later"))

@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 use axum::body::{Body, to_bytes};
 use axum::extract::connect_info::MockConnectInfo;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
-use axum::http::{HeaderMap, Response, StatusCode, header};
+use axum::http::{HeaderMap, Method, Response, StatusCode, header};
 use axum::middleware::Next;
+use axum::response::IntoResponse as _;
 
 use super::auth::{Refused, permit};
 use super::client::Client;
@@ -346,6 +347,22 @@ fn same_secret(given: &str, expected: &str) -> bool {
         .zip(b)
         .fold(a.len() ^ b.len(), |acc, (x, y)| acc | usize::from(x ^ y));
     std::hint::black_box(diff) == 0
+}
+
+/// A read refused because the database cannot be reached is told so in a read's words (the
+/// registry says it as a change's).
+pub async fn worded_for_reads(request: Request, next: Next) -> Response<Body> {
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    let response = next.run(request).await;
+    if read
+        && response
+            .extensions()
+            .get::<super::error::DatabaseAway>()
+            .is_some()
+    {
+        return super::ApiError::unavailable(super::error::READ_AWAY).into_response();
+    }
+    response
 }
 
 /// Turns any error response that is not already problem+json into one. The operator

@@ -337,6 +337,7 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::map_response(
             middleware::problem_for_errors,
         ))
+        .layer(axum::middleware::from_fn(middleware::worded_for_reads))
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))

@@ -65,7 +65,7 @@ impl Registry {
         self.synced.note(started);
         self.note_schema(tx.schema_version().await?);
         self.writable()?;
-        let now = tx.clock_ms().await?;
+        let now = self.tx_clock(&mut tx).await?;
         self.end_switches(w, now)?;
         Ok((tx, now))
     }
@@ -169,6 +169,8 @@ impl Registry {
                     && let Ok(found) = this.store.schema_version().await
                 {
                     this.note_schema(found);
+                    // The clocks drift apart: measured again as often.
+                    let _ = this.db_clock().await;
                 }
             }
         })

@@ -16,6 +16,7 @@ use crate::store::{
 };
 
 mod accounts;
+mod clock;
 mod controller;
 mod follow;
 mod group;
@@ -229,6 +230,8 @@ pub struct Registry {
     applied: tokio::sync::watch::Sender<LogHead>,
     /// When the log was last read to its end: how far memory may be trusted.
     synced: vouch::Synced,
+    /// How far the database's clock is from this host's.
+    offset: clock::Offset,
 }
 
 /// What a long-poll of the log waits on (see [`Registry::wait_for_events`]).
@@ -434,8 +437,10 @@ impl Registry {
                 ..Default::default()
             }),
             synced,
+            offset: Default::default(),
         });
         registry.note_schema(schema);
+        registry.db_clock().await?;
         registry.keep_lineage();
         let w = registry.writer.lock().await;
         registry.count_applied(&w, last_event);
@@ -613,16 +618,15 @@ impl Registry {
         .await
     }
 
-    /// The time a decision made outside a write transaction picks and logs by: this host's
-    /// clock while no staged switch is due by it, else the database's, since only the
-    /// database's clock may free a key. (A slow host clock frees nothing early; a fast one
-    /// reads the database's.)
+    /// The time a decision made outside a write transaction picks and logs by: the
+    /// database's clock as last measured while no staged switch is due by it, else the
+    /// database's clock read now, since only it may free a key.
     async fn decision_time(&self) -> Result<i64, Error> {
-        let local = now_ms();
-        if self.switch_due(local) {
-            Ok(self.store.clock_ms().await?)
+        let measured = self.offset.now();
+        if self.switch_due(measured) {
+            self.db_clock().await
         } else {
-            Ok(local)
+            Ok(measured)
         }
     }
 

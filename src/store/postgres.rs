@@ -365,7 +365,7 @@ pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
 /// with `BEGIN` as one query, a refused lock left the connection in an aborted
 /// transaction that failed every later statement on it.
 pub async fn begin(pool: &PgPool) -> Result<PgTx> {
-    let mut tx = pool.begin().await?;
+    let mut tx = start(pool, None).await?;
     let row = sqlx::Executor::fetch_one(&mut *tx, LOCK_WRITES).await?;
     let pid: i32 = row.try_get(0)?;
     Ok(PgTx::new(tx, Some(pid), pool.connect_options()))
@@ -386,7 +386,7 @@ const LEASE_LOCK: i32 = 0x6c65_6173; // "leas"
 
 /// A transaction holding `stream`'s lease lock, for changing its leases and workers.
 pub async fn begin_leases(pool: &PgPool, stream: &str) -> Result<PgTx> {
-    let mut tx = pool.begin().await?;
+    let mut tx = start(pool, None).await?;
     lease_lock(&mut tx, stream).await?;
     Ok(PgTx::new(tx, None, pool.connect_options()))
 }
@@ -403,10 +403,34 @@ pub async fn lease_lock(conn: &mut Conn, stream: &str) -> Result<()> {
 
 /// A read-only transaction over one snapshot of the database, waiting for no lock.
 pub async fn snapshot(pool: &PgPool) -> Result<PgTx> {
-    let tx = pool
-        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await?;
+    let tx = start(
+        pool,
+        Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+    )
+    .await?;
     Ok(PgTx::new(tx, None, pool.connect_options()))
+}
+
+/// Begins a transaction (with `statement`, or a plain `BEGIN`) on a task of its own, so that
+/// it completes even if its caller goes away (a timeout, a client gone) while the `BEGIN`
+/// is under way: sqlx 0.8 queues no ROLLBACK for a `BEGIN` whose answer has not come, and
+/// the connection would go back to the pool inside a transaction. Completed, the
+/// transaction is dropped like any other, and rolled back.
+async fn start(
+    pool: &PgPool,
+    statement: Option<&'static str>,
+) -> Result<sqlx::Transaction<'static, Postgres>> {
+    let pool = pool.clone();
+    let begun = tokio::spawn(async move {
+        match statement {
+            Some(statement) => pool.begin_with(statement).await,
+            None => pool.begin().await,
+        }
+    });
+    begun
+        .await
+        .map_err(|_| sqlx::Error::WorkerCrashed)?
+        .map_err(Into::into)
 }
 
 /// Commits `tx`, waiting for the result while its session lives (see

@@ -302,3 +302,83 @@ async fn a_full_disk_refuses_writes_with_503_until_space_is_freed_without_a_rest
     assert_eq!(released.status, 204, "{}", released.body);
     drop(app);
 }
+
+/// A client that goes away while its read's `BEGIN` is on its way leaves no pooled
+/// connection inside that read-only transaction: every later allocation commits. The
+/// database is reached through a proxy that holds its answers back 300 ms, and readers
+/// give up after 50 ms, inside their `BEGIN`. Postgres only (SQLite's transactions begin
+/// on its own thread, which a caller going away does not stop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_given_up_inside_its_begin_leaves_no_connection_in_a_transaction() {
+    let Some(server) = crate::skip::postgres_only(
+        "a_read_given_up_inside_its_begin_leaves_no_connection_in_a_transaction",
+    ) else {
+        return;
+    };
+    let db = crate::helpers::PgDatabase::create(&server).await;
+    let upstream = db
+        .url
+        .split('@')
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxied = db
+        .url
+        .replace(&upstream, &listener.local_addr().unwrap().to_string());
+    let slow = tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let ((mut from_client, mut to_server), (mut from_server, mut to_client)) =
+                    (client.into_split(), server.into_split());
+                let up = tokio::io::copy(&mut from_client, &mut to_server);
+                let down = async {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0; 64 * 1024];
+                    while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                        if DELAYED.load(std::sync::atomic::Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
+                        if to_client.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                };
+                let _ = tokio::join!(up, down);
+            });
+        }
+    });
+    let app = crate::helpers::spawn_app_with(|c| c.database_url = proxied).await;
+    DELAYED.store(true, std::sync::atomic::Ordering::SeqCst);
+    let hasty = reqwest::Client::builder()
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    for _ in 0..24 {
+        let _ = hasty.get(app.url("/snapshot")).send().await;
+    }
+    // The abandoned reads finish their BEGINs meanwhile.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    DELAYED.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut statuses = Statuses::new();
+    for i in 0..24 {
+        let made = app.post(&format!("/keys/after-{i}"), None).await;
+        *statuses.entry(made.status).or_default() += 1;
+    }
+    assert_eq!(
+        statuses,
+        Statuses::from([(201, 24)]),
+        "allocations after abandoned reads"
+    );
+    slow.abort();
+}
+
+/// Whether the proxy of the test above holds the database's answers back.
+static DELAYED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
+use sqlx::Connection;
+
 use crate::helpers::{fresh_database, spawn_app};
 use crate::replicas::{Api, start_with};
 use crate::staged::{lopsided, now_ms, sleep_until, unix_ms};
@@ -294,4 +296,55 @@ async fn a_replica_that_cannot_apply_the_log_is_not_ready() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// What a change logs is by the database's clock: a replica whose clock runs 3 s ahead
+/// (libfaketime) logs its allocations, and their `created_at`, at the database's time, not
+/// 3 s in the future (both the one-statement allocation and the transaction). Postgres only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_clock_runs_ahead_logs_by_the_databases_clock() {
+    const TEST: &str = "a_replica_whose_clock_runs_ahead_logs_by_the_databases_clock";
+    let Some(ahead) = crate::skip::clock_ahead(TEST, 3) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _pg) = fresh_database(dir.path()).await;
+    let (_replicas, api) = start_with(&url, dir.path(), &[&ahead.env()]).await;
+    let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
+    for n in 0..4 {
+        let account = format!("now-{n}");
+        let before = db_now(&mut db).await;
+        let (status, body) = if n % 2 == 0 {
+            api.call(0, Method::POST, &format!("/keys/{account}"), None)
+                .await
+        } else {
+            let sent = (api.client().post(format!("{}/keys/{account}", api.url(0))))
+                .header("Idempotency-Key", format!("clock-{n}"))
+                .send()
+                .await
+                .unwrap();
+            (sent.status().as_u16(), sent.json::<Value>().await.unwrap())
+        };
+        let after = db_now(&mut db).await;
+        assert_eq!(status, 201, "{body}");
+        let (at,): (i64,) = sqlx::query_as("SELECT at FROM events WHERE account = $1")
+            .bind(&account)
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+        let created = crate::staged::unix_ms(body["created_at"].as_str().unwrap());
+        for (what, t) in [("the event's at", at), ("created_at", created)] {
+            assert!(
+                before - 500 <= t && t <= after + 500,
+                "{account}: {what} {t} is {} ms after the database's clock read after it",
+                t - after
+            );
+        }
+    }
+}
+
+/// The database's clock, Unix ms.
+async fn db_now(db: &mut sqlx::PgConnection) -> i64 {
+    let sql = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
 }

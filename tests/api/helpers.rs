@@ -318,6 +318,14 @@ impl Db {
             .collect()
     }
 
+    /// The Idempotency-Keys an answer is kept for, of every actor.
+    pub async fn kept_keys(&mut self) -> Vec<String> {
+        on_db!(self, c => sqlx::query_scalar("SELECT key FROM idempotency")
+            .fetch_all(c)
+            .await
+            .unwrap())
+    }
+
     /// Every event, oldest first.
     pub async fn events(&mut self) -> Vec<EventRow> {
         on_db!(self, c => sqlx::query_as("SELECT kind, account, stream, key_before, key_after, weight, detail FROM events ORDER BY id")

@@ -195,6 +195,11 @@ async fn lookups_survive_a_database_outage_and_readiness_recovers() {
         (looked_up.status, looked_up.body["hash_key"].as_str()),
         (200, Some(key.as_str()))
     );
+    // A read of the database is refused in a read's words.
+    let listed = app.get("/keys").await;
+    assert_problem(&listed, 503, "cannot be read");
+    let detail = listed.body["detail"].as_str().unwrap();
+    assert!(!detail.contains("change"), "{detail}");
     // Changes are refused quickly, not hung.
     let started = Instant::now();
     let refused = app.post("/keys/during", None).await;

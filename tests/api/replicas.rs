@@ -74,6 +74,16 @@ impl Api {
     pub async fn get(&self, i: usize, path: &str) -> (u16, Value) {
         self.call(i, Method::GET, path, None).await
     }
+
+    /// The HTTP client the calls go through.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// Replica `i`'s address, `http://127.0.0.1:PORT`.
+    pub fn url(&self, i: usize) -> &str {
+        &self.urls[i]
+    }
 }
 
 /// Starts the replicas on `database_url` and waits until each is ready.

@@ -9,8 +9,11 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 mod balance;
+mod pause;
 mod quiet;
 mod workers;
+
+pub use pause::PAUSED;
 
 use super::events::{Observed, Watcher};
 use super::faults::{Replicas, hold_write_lock, terminate_backends};
@@ -52,6 +55,8 @@ pub struct History {
     pub aborted: Vec<usize>,
     /// Per replica, the first log lines of requests that failed with a 5xx (their cause).
     pub failures: Vec<Vec<String>>,
+    /// The Idempotency-Keys the database kept an answer for at the end.
+    pub kept_keys: std::collections::HashSet<String>,
 }
 
 struct Worker {
@@ -103,6 +108,8 @@ struct Driver {
     quiet_checks: u32,
     balance_judged: u32,
     balance_unsettled: u32,
+    /// How many pause faults so far: each names its accounts by its number.
+    pauses: u32,
 }
 
 pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History {
@@ -128,8 +135,9 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         (true, None, _) => "no clock skew this seed".to_owned(),
         (true, Some((r, s)), _) => format!("r{r} runs {s} s ahead (libfaketime)"),
     };
+    // Longer than the longest pause, and the request timeout after it.
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(15))
+        .timeout(Duration::from_secs(25))
         .build()
         .unwrap();
     let fast_clock = (fast.zip(faketime)).map(|((r, secs), lib)| (r, ClockAhead::new(lib, secs)));
@@ -186,6 +194,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         quiet_checks: 0,
         balance_judged: 0,
         balance_unsettled: 0,
+        pauses: 0,
     };
     let body = json!({"shard_count": primary_shards, "primary": true});
     let (status, answer) = d
@@ -229,6 +238,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
     d.quiet().await;
     let end = d.clock.now();
     let events = d.watcher.stop().await;
+    let kept_keys = crate::helpers::Db::connect(url).await.kept_keys().await;
     let lines = |needle: &str| (0..n).map(|r| d.replicas.log_lines(r, needle)).collect();
     let follow_errors = lines("cannot follow");
     let already_held = lines("already held");
@@ -263,6 +273,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         already_held,
         aborted,
         failures,
+        kept_keys: kept_keys.into_iter().collect(),
     }
 }
 
@@ -411,6 +422,7 @@ impl Driver {
             retry_after: false,
             sent,
             received: self.clock.now(),
+            key: None,
         });
     }
 
@@ -516,9 +528,9 @@ impl Driver {
         let now = self.clock.now();
         self.next_fault = now + 4_000 + self.faults_rng.below(8_000) as i64;
         let kinds: &[&str] = if self.postgres {
-            &["lock", "terminate", "kill"]
+            &["lock", "terminate", "kill", "pause"]
         } else {
-            &["lock", "kill"]
+            &["lock", "kill", "pause"]
         };
         let kind = kinds[self.faults_rng.below(kinds.len() as u64) as usize];
         let (replica, until) = match kind {
@@ -545,6 +557,10 @@ impl Driver {
                     self.change_map(true).await;
                 }
                 (None, until)
+            }
+            "pause" => {
+                let (r, resumed) = self.pause().await;
+                (Some(r), resumed)
             }
             _ => {
                 let r = self.faults_rng.below(self.replicas.len() as u64) as usize;
@@ -587,6 +603,14 @@ async fn send(
     if let Some(body) = &body {
         request = request.json(body);
     }
+    // Every other change names itself: the others take the one-statement allocation.
+    let key = (method != Method::GET)
+        .then(|| SENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        .filter(|n| n % 2 == 0)
+        .map(|n| format!("h{}-{n}", clock.start()));
+    if let Some(key) = &key {
+        request = request.header("Idempotency-Key", key);
+    }
     let sent = clock.now();
     let (status, answer, retry_after) = match request.send().await {
         Ok(response) => {
@@ -609,8 +633,12 @@ async fn send(
         retry_after,
         sent,
         received: clock.now(),
+        key,
     }
 }
+
+/// Changes sent so far (a key's serial number).
+static SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Unix milliseconds as RFC 3339, as the server writes `switch_at`.
 fn rfc3339_ms(ms: i64) -> String {

@@ -123,6 +123,11 @@ impl Replicas {
         self.servers.len()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to replica `i`.
+    pub fn signal(&self, i: usize, signal: &str) {
+        self.servers[i].signal(signal);
+    }
+
     /// How many log lines of replica `i` contain `needle`.
     pub fn log_lines(&self, i: usize, needle: &str) -> usize {
         self.log_matching(i, needle, usize::MAX).len()
@@ -181,7 +186,18 @@ pub fn judge(history: &History) -> Vec<Violation> {
         // A mirror that could not sync for max_age_s refuses to answer (stale): honest
         // while its replica is disturbed, a broken promise otherwise.
         let stale_mirror = call.op == "mirror" && call.status == 0;
-        let excused = covered && (call.status == 503 && call.retry_after || stale_mirror);
+        // A change in flight on a paused replica may be answered 408 when it resumes past
+        // the request timeout: a refusal, as a 503 is.
+        let paused = history.faults.iter().any(|f| {
+            f.kind == "pause"
+                && f.replica == Some(call.replica)
+                && f.from <= call.received
+                && call.sent <= f.until
+        });
+        let excused = covered
+            && (call.status == 503 && call.retry_after
+                || stale_mirror
+                || paused && call.status == 408);
         if !excused {
             out.push(Violation {
                 check: "(e) no 5xx outside injected faults",

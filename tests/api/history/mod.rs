@@ -16,6 +16,7 @@ mod events;
 mod faults;
 mod leases;
 mod model;
+mod refusals;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -56,6 +57,11 @@ impl Clock {
     pub fn rel(&self, at: i64) -> i64 {
         at - self.unix0
     }
+
+    /// When the run started (Unix ms): names what this run sends.
+    pub fn start(&self) -> i64 {
+        self.unix0
+    }
 }
 
 /// One request and its answer, as a client saw them.
@@ -72,6 +78,8 @@ pub struct Call {
     pub retry_after: bool,
     pub sent: i64,
     pub received: i64,
+    /// The Idempotency-Key it was sent with, if any.
+    pub key: Option<String>,
 }
 
 /// An injected fault and when it may have disturbed answers.
@@ -135,6 +143,7 @@ async fn random_histories_keep_every_promise() {
     violations.extend(leases::judge(&history));
     violations.extend(faults::judge(&history));
     violations.extend(events::judge_actors(&history.events));
+    violations.extend(refusals::judge(&history));
 
     let mut ops: BTreeMap<&str, BTreeMap<u16, u64>> = BTreeMap::new();
     for call in &history.calls {

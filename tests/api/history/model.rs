@@ -322,9 +322,11 @@ pub fn judge(history: &History, model: &Model) -> Judged {
         }
         j.checked += 1;
         let skew = history.skew_ms[call.replica];
-        // A fault may hold a follower back (a killed connection, a restart) until it ends.
+        // A fault may hold a follower back (a killed connection, a restart) until it ends;
+        // not a pause: a resumed replica reads the log before it answers.
         let disturbed = history.faults.iter().any(|f| {
-            f.replica.is_none_or(|r| r == call.replica)
+            f.kind != "pause"
+                && f.replica.is_none_or(|r| r == call.replica)
                 && f.from <= call.received
                 && call.sent - LAG_MS <= f.until + FAULT_GRACE_MS
         });
