@@ -13,7 +13,7 @@ mod pause;
 mod quiet;
 mod workers;
 
-pub use pause::PAUSED;
+pub use pause::PAUSED_OP;
 
 use super::events::{Observed, Watcher};
 use super::faults::{Replicas, hold_write_lock, terminate_backends};
@@ -560,6 +560,14 @@ impl Driver {
             }
             "pause" => {
                 let (r, resumed) = self.pause().await;
+                // Stopped inside a write, it holds the database's write lock: every
+                // replica's changes may be refused until it resumes (or its session ends).
+                self.faults.push(Fault {
+                    kind: "paused writer",
+                    replica: None,
+                    from: now,
+                    until: resumed,
+                });
                 (Some(r), resumed)
             }
             _ => {
@@ -620,7 +628,7 @@ async fn send(
             let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
             (status, body, retry)
         }
-        Err(e) => (0, Value::String(e.to_string()), false),
+        Err(e) => (0, Value::String(causes(&e)), false),
     };
     Call {
         replica,
@@ -635,6 +643,17 @@ async fn send(
         received: clock.now(),
         key,
     }
+}
+
+/// An error and the errors that caused it, each after a colon.
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 /// Changes sent so far (a key's serial number).

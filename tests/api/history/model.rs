@@ -325,7 +325,7 @@ pub fn judge(history: &History, model: &Model) -> Judged {
         // A fault may hold a follower back (a killed connection, a restart) until it ends;
         // not a pause: a resumed replica reads the log before it answers.
         let disturbed = history.faults.iter().any(|f| {
-            f.kind != "pause"
+            !f.kind.starts_with("pause")
                 && f.replica.is_none_or(|r| r == call.replica)
                 && f.from <= call.received
                 && call.sent - LAG_MS <= f.until + FAULT_GRACE_MS

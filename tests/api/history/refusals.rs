@@ -1,13 +1,14 @@
 //! (f) A refusal is final: no change answered 503 or 408 was ever made. Judged two ways: a
 //! change sent with an Idempotency-Key and refused has no answer kept for its key (an answer
 //! is kept in the change's own transaction, so a change made after its refusal would have
-//! one); and each change of a pause (accounts no other operation names) is in the log if
-//! and only if it was acknowledged.
+//! one); and each change of a pause (on accounts of its own) is in the log if it was
+//! acknowledged, and not if it was refused, unless another change of that account that was
+//! not refused may have made it.
 
 use reqwest::Method;
 use serde_json::Value;
 
-use super::driver::{History, PAUSED};
+use super::driver::{History, PAUSED_OP};
 use super::events::Observed;
 use super::{Call, Violation};
 
@@ -36,7 +37,8 @@ pub fn judge(history: &History) -> Vec<Violation> {
             .map(|a| logged(&history.events, call, a))
             .collect();
         let acknowledged = (200..300).contains(&call.status);
-        if refused && made.iter().any(|&m| m) {
+        let explained = accounts.iter().any(|a| made_by_another(history, call, a));
+        if refused && made.iter().any(|&m| m) && !explained {
             out.push(violation(history, call, "the log holds its change"));
         } else if acknowledged && !made.iter().all(|&m| m) {
             out.push(violation(
@@ -49,10 +51,9 @@ pub fn judge(history: &History) -> Vec<Violation> {
     out
 }
 
-/// The accounts a pause's change names, if `call` is one (not the allocations that set
-/// its accounts up before the pause, nor lookups).
+/// The accounts a pause's change names, if `call` is one.
 fn paused_accounts(call: &Call) -> Option<Vec<String>> {
-    if call.method == Method::GET {
+    if call.op != PAUSED_OP {
         return None;
     }
     let names = |v: &Value| -> Vec<String> {
@@ -60,13 +61,22 @@ fn paused_accounts(call: &Call) -> Option<Vec<String>> {
             .filter_map(|i| i["account"].as_str().map(str::to_owned))
             .collect()
     };
-    let accounts = match call.path.strip_prefix("/keys/") {
-        Some("batch") => names(call.body.as_ref()?),
-        Some(account) => vec![account.to_owned()],
-        None => return None,
-    };
-    let setup = call.method == Method::POST && call.path.contains("-held-");
-    (!setup && accounts.iter().all(|a| a.starts_with(PAUSED))).then_some(accounts)
+    match call.path.strip_prefix("/keys/")? {
+        "batch" => Some(names(call.body.as_ref()?)),
+        account => Some(vec![account.to_owned()]),
+    }
+}
+
+/// Whether a change other than `call` of the same kind on `account`, not refused, may have
+/// made what the log holds (a rebalance weighs an account it moves).
+fn made_by_another(history: &History, call: &Call, account: &str) -> bool {
+    let path = format!("/keys/{account}");
+    (history.calls.iter()).any(|other| {
+        !std::ptr::eq(other, call)
+            && other.method == call.method
+            && other.path == path
+            && !matches!(other.status, 503 | 408)
+    })
 }
 
 /// Whether the log holds the change `call` asked for `account`.

@@ -12,8 +12,11 @@ use tokio::task::JoinSet;
 
 use super::{Driver, send};
 
-/// Marks the accounts a pause's changes touch: no other operation names them.
+/// Marks the accounts a pause's changes touch (a rebalance may move them, and weigh them).
 pub const PAUSED: &str = "paused-";
+
+/// The operation name of a pause's changes.
+pub const PAUSED_OP: &str = "paused";
 
 impl Driver {
     /// Pauses a replica for 2 to 7 s, or one time in three 10.5 to 12.5 s (past the 10 s

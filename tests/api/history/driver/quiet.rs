@@ -137,8 +137,12 @@ impl Driver {
     ) -> Vec<Violation> {
         const CHECK: &str = "(g) a producer's mirror equal to the log after 1 s of quiet";
         let last = events.iter().map(|e| e.id).max().unwrap_or(0);
+        // Caught up, and by a sync sent since (a long-poll sent before a pause of its
+        // replica and answered after counts from when it was sent).
         let mut waited = 0;
-        while self.mirror.event_id() < last && waited < 3_000 {
+        while (self.mirror.event_id() < last || self.mirror.lag() > self.mirror.max_age())
+            && waited < 3_000
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
             waited += 20;
         }
