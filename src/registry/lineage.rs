@@ -28,9 +28,18 @@ struct Lineage {
 /// The lineage file of `store`'s database, if it is a SQLite file.
 fn path(store: &Store) -> Option<PathBuf> {
     match store {
-        Store::Sqlite(pools) if pools.file.is_file() => Some(pools.file.with_extension("lineage")),
+        // Named as SQLite names the files beside a database (`-wal`, `-shm`), so two
+        // databases in one directory never share one.
+        Store::Sqlite(pools) if pools.file.is_file() => Some(beside(&pools.file, "-lineage")),
         _ => None,
     }
+}
+
+/// `file`'s name with `suffix` appended, in the same directory.
+fn beside(file: &Path, suffix: &str) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 /// The lineage the file at `path` holds, if it holds one.
@@ -44,7 +53,7 @@ fn write(path: &Path, lineage: &Lineage) -> std::io::Result<()> {
     if read(path).is_some_and(|held| held.log_id == lineage.log_id && held.end >= lineage.end) {
         return Ok(());
     }
-    let fresh = path.with_extension(format!("lineage.{}", std::process::id()));
+    let fresh = beside(path, &format!(".{}", std::process::id()));
     std::fs::write(&fresh, serde_json::to_vec(lineage)?)?;
     std::fs::rename(&fresh, path)
 }
@@ -111,5 +120,21 @@ impl Registry {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_databases_in_one_directory_keep_lineages_of_their_own() {
+        let db = beside(Path::new("/srv/keyspread/registry.db"), "-lineage");
+        let sqlite = beside(Path::new("/srv/keyspread/registry.sqlite"), "-lineage");
+        let bare = beside(Path::new("/srv/keyspread/registry"), "-lineage");
+        assert_eq!(db, Path::new("/srv/keyspread/registry.db-lineage"));
+        assert_ne!(db, sqlite);
+        assert_ne!(db, bare);
+        assert_ne!(sqlite, bare);
     }
 }

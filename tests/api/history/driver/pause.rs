@@ -78,7 +78,6 @@ impl Driver {
         } else {
             2_000 + self.faults_rng.below(5_000)
         };
-        self.idle_until[r] = stopped + pause as i64 + 200;
         // The others release accounts it knows; more than the follow bound later, lookups
         // of them reach it stopped, answered when it resumes: from its old table they would
         // be the keys it had, which the walk hands out again at once.
