@@ -135,12 +135,13 @@ impl Registry {
     pub fn follow(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
         tokio::spawn(async move {
+            let notices = notice_pool(&this.store);
             let mut listener = None;
             let mut poll_at = Instant::now() + POLL;
             let mut polls: u64 = 0;
             loop {
                 if listener.is_none() {
-                    listener = listen(&this.store).await;
+                    listener = listen(notices.as_ref()).await;
                 }
                 // A notice, or the next poll, whichever comes first. A notice names an event
                 // its transaction logged; the poll reads the log whatever notices said.
@@ -446,12 +447,27 @@ fn announced(notice: &sqlx::postgres::PgNotification) -> Option<i64> {
     notice.payload().parse().ok()
 }
 
-/// Subscribes to commit notices (Postgres only).
-async fn listen(store: &Store) -> Option<sqlx::postgres::PgListener> {
+/// A pool of one connection for commit notices (Postgres only), apart from the pool that
+/// writes: a connection that has LISTENed, handed back to that pool by a listener given up
+/// midway, would get its own transaction's notice inside a COMMIT and fail it, as if the
+/// commit's outcome were unknown.
+fn notice_pool(store: &Store) -> Option<sqlx::PgPool> {
     let Store::Postgres(pool) = store else {
         return None;
     };
-    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.ok()?;
+    let options = (*pool.connect_options()).clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(1))
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_lazy_with(options);
+    Some(pool)
+}
+
+/// Subscribes to commit notices on `pool`'s connection.
+async fn listen(pool: Option<&sqlx::PgPool>) -> Option<sqlx::postgres::PgListener> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool?).await.ok()?;
     listener.listen(CHANNEL).await.ok()?;
     Some(listener)
 }
