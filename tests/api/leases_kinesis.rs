@@ -87,6 +87,12 @@ async fn the_proofs_checker_excuses_only_the_killed_workers_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time() {
+    // On Postgres in `make proofs`, at full length.
+    if !crate::skip::proof_here(
+        "four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time",
+    ) {
+        return;
+    }
     let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     // Least privilege too: the workers hold a consume token, reads are closed.
     let figures = prove("churn", true).await;
@@ -108,6 +114,10 @@ async fn four_workers_one_killed_two_more_read_every_record_one_reader_at_a_time
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_of_a_real_split_and_merge_are_read_after_their_parents() {
+    // On Postgres in `make proofs`, at full length.
+    if !crate::skip::proof_here("children_of_a_real_split_and_merge_are_read_after_their_parents") {
+        return;
+    }
     let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     let figures = prove("reshard", false).await;
     assert_one_reader_at_a_time(&figures);

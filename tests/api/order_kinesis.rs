@@ -68,6 +68,12 @@ async fn prove(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_moves_keep_every_account_in_order_through_failures_on_kinesalite() {
+    // On Postgres in `make proofs`, at full length.
+    if !crate::skip::proof_here(
+        "staged_moves_keep_every_account_in_order_through_failures_on_kinesalite",
+    ) {
+        return;
+    }
     let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     let kinesalite = Kinesalite::start().await;
     let work = tempfile::tempdir().unwrap();
@@ -124,6 +130,12 @@ async fn staged_moves_keep_every_account_in_order_through_failures_on_kinesalite
 /// the staged move reaches the producers through the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producers_reading_keys_from_mirrors_keep_every_account_in_order_on_kinesalite() {
+    // On Postgres in `make proofs`, at full length.
+    if !crate::skip::proof_here(
+        "producers_reading_keys_from_mirrors_keep_every_account_in_order_on_kinesalite",
+    ) {
+        return;
+    }
     let _quiet = crate::kinesalite::one_proof_at_a_time().await;
     let kinesalite = Kinesalite::start().await;
     let work = tempfile::tempdir().unwrap();

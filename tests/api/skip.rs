@@ -144,3 +144,11 @@ fn full_name(test: &str) -> String {
         .unwrap_or(test)
         .to_owned()
 }
+
+/// Whether proof `test` runs here: in the SQLite pass of `make test`, and on both backends
+/// in `make proofs` (`KEYSPREAD_PROOF_FULL`), which runs it at full length. A proof on
+/// kinesalite judges producers and consumers through the HTTP API, which either backend
+/// serves alike; `make test`'s Postgres pass records it as the SQLite pass's.
+pub fn proof_here(test: &str) -> bool {
+    std::env::var_os("KEYSPREAD_PROOF_FULL").is_some() || sqlite_only(test)
+}
