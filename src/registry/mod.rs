@@ -601,18 +601,7 @@ impl Registry {
                 }
                 Some(Err(err)) => return Err(err.into()),
             };
-            let events = ids.into_iter().zip(new).map(|(id, row)| Event {
-                id,
-                at: now,
-                change: Change::Allocate {
-                    account: row.account,
-                    index: row.index,
-                    key: row.hash_key,
-                    weight: row.weight,
-                    switch_at: None,
-                },
-            });
-            this.apply_events(&mut w, events.collect())?;
+            this.apply_events(&mut w, allocated(ids, new, now))?;
             Ok(answers)
         })
         .await
@@ -1167,4 +1156,20 @@ pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The events that logged `rows`, newly allocated at `at`, under `ids`.
+fn allocated(ids: Vec<i64>, rows: Vec<KeyRow>, at: i64) -> Vec<Event> {
+    let events = ids.into_iter().zip(rows).map(|(id, row)| Event {
+        id,
+        at,
+        change: Change::Allocate {
+            account: row.account,
+            index: row.index,
+            key: row.hash_key,
+            weight: row.weight,
+            switch_at: None,
+        },
+    });
+    events.collect()
 }

@@ -286,18 +286,7 @@ impl Registry {
             }
             let ids = tx.insert_many(&rows, Actors::One(&actor), at).await?;
             this.commit(&mut w, tx, Committed::Reweight, &[]).await?;
-            let events = ids.into_iter().zip(rows).map(|(id, row)| Event {
-                id,
-                at,
-                change: Change::Allocate {
-                    account: row.account,
-                    index: row.index,
-                    key: row.hash_key,
-                    weight: row.weight,
-                    switch_at: None,
-                },
-            });
-            this.apply_events(&mut w, events.collect())?;
+            this.apply_events(&mut w, super::allocated(ids, rows, at))?;
             Ok(grown)
         })
         .await
