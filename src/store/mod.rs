@@ -27,6 +27,7 @@ use crate::keyspace::{AccountId, HashKey, Move};
 use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
 pub use log::{LogEnd, LogId, LogRead};
+pub use reshard::{JobProgress, JobState, ReshardJob};
 pub use postgres::CHANNEL;
 pub use retention::Compaction;
 
@@ -295,6 +296,8 @@ pub struct PendingMove {
     pub applied_at: i64,
     /// Who applied it (the event's actor).
     pub applied_by: Actor,
+    /// Why (the event's reason); `None` for moves logged before reasons were.
+    pub reason: Option<MoveReason>,
 }
 
 /// Who made a change, as the log records it: a token's name from the tokens file, `admin`
@@ -441,11 +444,13 @@ pub enum Change {
     },
 }
 
-/// Why a move was made: an admin's apply (or fanout change), or the load controller.
+/// Why a move was made: an admin's apply (or fanout change), the load controller, or the
+/// rebalance that ends a reshard keyspread carried out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoveReason {
     Admin,
     Load,
+    Reshard,
 }
 
 impl MoveReason {
@@ -453,6 +458,7 @@ impl MoveReason {
         match self {
             MoveReason::Admin => "admin",
             MoveReason::Load => "load",
+            MoveReason::Reshard => "reshard",
         }
     }
 
@@ -460,6 +466,7 @@ impl MoveReason {
         match text {
             "admin" => Some(MoveReason::Admin),
             "load" => Some(MoveReason::Load),
+            "reshard" => Some(MoveReason::Reshard),
             _ => None,
         }
     }
@@ -633,6 +640,7 @@ macro_rules! in_tx {
 
 // After the macros, which they use.
 mod log;
+mod reshard;
 mod retention;
 
 impl Store {

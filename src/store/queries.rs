@@ -89,7 +89,7 @@ macro_rules! queries {
         /// above `after`, by event id.
         pub async fn moves(conn: &mut Conn, after: i64, now: i64, limit: i64) -> Result<Vec<PendingMove>> {
             let rows = sqlx::query(
-                "SELECT a.account, a.idx, a.prev_hash_key, a.hash_key, a.switch_at, a.moved_by, e.at, e.actor \
+                "SELECT a.account, a.idx, a.prev_hash_key, a.hash_key, a.switch_at, a.moved_by, e.at, e.actor, e.reason \
                  FROM assignments a JOIN events e ON e.id = a.moved_by \
                  WHERE a.switch_at > $1 AND a.moved_by > $2 ORDER BY a.moved_by LIMIT $3",
             )
@@ -105,6 +105,13 @@ macro_rules! queries {
                     let index = u32::try_from(idx)
                         .map_err(|_| StoreError::Corrupt(format!("account {account}: key index {idx}")))?;
                     let from: Option<Vec<u8>> = r.try_get(2)?;
+                    let reason: Option<String> = r.try_get(8)?;
+                    let reason = reason
+                        .map(|text| {
+                            crate::store::MoveReason::parse(&text)
+                                .ok_or_else(|| StoreError::Corrupt(format!("account {account}: move reason {text:?}")))
+                        })
+                        .transpose()?;
                     Ok(PendingMove {
                         account: decode_account(account)?,
                         index,
@@ -114,6 +121,7 @@ macro_rules! queries {
                         event_id: r.try_get(5)?,
                         applied_at: r.try_get(6)?,
                         applied_by: Actor::new(r.try_get(7)?),
+                        reason,
                     })
                 })
                 .collect()
