@@ -27,8 +27,8 @@ use crate::keyspace::{AccountId, HashKey, Move};
 use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
 pub use log::{LogEnd, LogId, LogRead};
-pub use reshard::{JobProgress, JobState, ReshardJob};
 pub use postgres::CHANNEL;
+pub use reshard::{JobProgress, JobState, ReshardJob};
 pub use retention::Compaction;
 
 /// `migrations` (a backend's `sqlx::migrate!`), ready to run on a database that a newer

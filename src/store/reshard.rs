@@ -79,8 +79,19 @@ type JobTuple = (
 );
 
 fn decode(row: JobTuple) -> Result<ReshardJob> {
-    let (id, stream, target, switch_after_ms, state, done, error, by, started_at, updated_at, first) =
-        row;
+    let (
+        id,
+        stream,
+        target,
+        switch_after_ms,
+        state,
+        done,
+        error,
+        by,
+        started_at,
+        updated_at,
+        first,
+    ) = row;
     let corrupt = |what: String| StoreError::Corrupt(format!("reshard job {id}: {what}"));
     Ok(ReshardJob {
         id,

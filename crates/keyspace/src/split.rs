@@ -1,6 +1,8 @@
 //! Split plans (seed 002): cut the keyspace into ranges of equal load between the actual
 //! keys, and list the SplitShard / MergeShards calls that take a stream's open shards there.
 
+use super::lease_state::LeaseShard;
+use super::list_shards::shard_number;
 use super::shards::{Shard, ShardMap, shard_id};
 use super::tree::Load;
 use super::{Error, HashKey, Keyspace};
@@ -336,6 +338,83 @@ fn boundaries(
     Ok(starts)
 }
 
+/// The one call that takes a stream's open shards (`open`; its next shard number `next`)
+/// closer to shards starting at 0 and at each of `wanted` (sorted), or `None` once they are
+/// there: first a merge of the lowest shard whose start is not wanted into the shard below
+/// it, else a split at the lowest wanted start the stream lacks. Made one by one from a
+/// fresh look at the stream each time, these are the calls [`split_plan`] lists, in its
+/// order, when `wanted` is its shards' starts.
+pub fn next_call(open: &ShardMap, next: u64, wanted: &[HashKey]) -> Result<Option<Reshard>, Error> {
+    let shards: Vec<Shard> = open.iter().collect();
+    let unwanted = (shards.windows(2)).find(|pair| wanted.binary_search(&pair[1].start).is_err());
+    if let Some([low, high]) = unwanted {
+        return Ok(Some(Reshard::Merge {
+            shard: low.id.clone(),
+            adjacent: high.id.clone(),
+            merged: shard_id(next as usize),
+        }));
+    }
+    let Some(at) = (wanted.iter()).find(|w| shards.binary_search_by_key(*w, |s| s.start).is_err())
+    else {
+        return Ok(None);
+    };
+    let shard = &shards[open.index_of(*at)];
+    // Kinesis' rule: StartingHashKey + 1 < NewStartingHashKey < EndingHashKey.
+    if !(shard.start.0 + 1 < at.0 && *at < shard.end) {
+        return Err(Error::Tiling(format!(
+            "{} [{}, {}] cannot be split at {at}: too close to its edge for SplitShard",
+            shard.id, shard.start, shard.end
+        )));
+    }
+    Ok(Some(Reshard::Split {
+        shard: shard.id.clone(),
+        new_starting_hash_key: *at,
+        children: [shard_id(next as usize), shard_id(next as usize + 1)],
+    }))
+}
+
+/// The SplitShard and MergeShards calls a stream's lineage (`shards`: every shard
+/// list-shards names, closed ones and their parents included) shows were made since its
+/// next shard number was `first`, in the order Kinesis made them: each shard numbered from
+/// `first` on is a call's result, a merge's (it has two parents) or one of a split's two
+/// children (which share their parent).
+pub fn calls_since(shards: &[LeaseShard], first: u64) -> Vec<Reshard> {
+    let mut new: Vec<(u64, &LeaseShard)> = (shards.iter())
+        .filter_map(|s| Some((shard_number(&s.id)?, s)))
+        .filter(|(number, _)| *number >= first)
+        .collect();
+    new.sort_unstable_by_key(|(number, _)| *number);
+    let mut children: std::collections::HashMap<&str, Vec<&LeaseShard>> = Default::default();
+    for (_, s) in &new {
+        if let [parent] = s.parents.as_slice() {
+            children.entry(parent).or_default().push(s);
+        }
+    }
+    let mut calls = Vec::new();
+    for (_, s) in new {
+        match s.parents.as_slice() {
+            [shard, adjacent] => calls.push(Reshard::Merge {
+                shard: shard.clone(),
+                adjacent: adjacent.clone(),
+                merged: s.id.clone(),
+            }),
+            // A split shows once, at its first child.
+            [parent] => {
+                if let Some(&[a, b]) = children.remove(parent.as_str()).as_deref() {
+                    let (low, high) = if a.start < b.start { (a, b) } else { (b, a) };
+                    calls.push(Reshard::Split {
+                        shard: parent.clone(),
+                        new_starting_hash_key: high.start,
+                        children: [low.id.clone(), high.id.clone()],
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    calls
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -651,6 +730,89 @@ mod tests {
             }
             let planned: std::collections::HashSet<String> = plan.shards.iter().map(|(s, _)| s.id.clone()).collect();
             prop_assert_eq!(live, planned);
+        }
+    }
+
+    /// What Kinesis makes of `op` on a stream whose shards are `shards` (closed ones
+    /// included) and whose next shard number is `next`.
+    fn kinesis_applies(shards: &mut Vec<LeaseShard>, next: &mut u64, op: &Reshard) {
+        let mut close = |id: &str| {
+            let shard = shards.iter_mut().find(|s| s.id == id && !s.closed);
+            let shard = shard.unwrap_or_else(|| panic!("{id} is not an open shard"));
+            shard.closed = true;
+            (shard.start, shard.end)
+        };
+        let mut born = |start, end, parents: Vec<String>| LeaseShard {
+            id: {
+                *next += 1;
+                shard_id(*next as usize - 1)
+            },
+            start,
+            end,
+            parents,
+            closed: false,
+        };
+        let new: Vec<LeaseShard> = match op {
+            Reshard::Split {
+                shard,
+                new_starting_hash_key: at,
+                ..
+            } => {
+                let (start, end) = close(shard);
+                vec![
+                    born(start, HashKey(at.0 - 1), vec![shard.clone()]),
+                    born(*at, end, vec![shard.clone()]),
+                ]
+            }
+            Reshard::Merge {
+                shard, adjacent, ..
+            } => {
+                let (start, _) = close(shard);
+                let (_, end) = close(adjacent);
+                vec![born(start, end, vec![shard.clone(), adjacent.clone()])]
+            }
+        };
+        shards.extend(new);
+    }
+
+    fn open_map(shards: &[LeaseShard]) -> ShardMap {
+        let open = (shards.iter().filter(|s| !s.closed))
+            .map(|s| (s.id.clone(), s.start, s.end))
+            .collect();
+        ShardMap::explicit(Keyspace::KINESIS, open).unwrap()
+    }
+
+    proptest! {
+        /// A reshard carried out call by call: from the stream's real shards after any
+        /// number of a plan's calls, the next call towards the plan's shards is the plan's
+        /// next one, naming only open shards, and the lineage shows exactly the calls made;
+        /// so a job that stops and starts again from the stream's state makes no call twice.
+        #[test]
+        fn a_plan_carried_out_from_the_live_shards_makes_its_calls_once(
+            keys in prop::collection::btree_map(any::<u128>(), 1u64..=20, 0..200),
+            unit in any::<bool>(),
+            current in 1u64..=8,
+            target in 1usize..=16,
+        ) {
+            let keys: Vec<(HashKey, u64)> = keys.into_iter().map(|(k, w)| (HashKey(k), if unit { 1 } else { w })).collect();
+            // Keys too close together for SplitShard to cut between them are refused.
+            let plan = split_plan(Keyspace::KINESIS, &uniform(current), current, &keys, target);
+            prop_assume!(plan.is_ok());
+            let plan = plan.unwrap();
+            let wanted: Vec<HashKey> = plan.shards.iter().skip(1).map(|(s, _)| s.start).collect();
+            let mut shards: Vec<LeaseShard> = uniform(current)
+                .iter()
+                .map(|s| LeaseShard { id: s.id, start: s.start, end: s.end, parents: Vec::new(), closed: false })
+                .collect();
+            let mut next = current;
+            for (made, op) in plan.operations.iter().enumerate() {
+                prop_assert_eq!(calls_since(&shards, current), plan.operations[..made].to_vec());
+                let call = next_call(&open_map(&shards), next, &wanted).unwrap();
+                prop_assert_eq!(call.as_ref(), Some(op));
+                kinesis_applies(&mut shards, &mut next, op);
+            }
+            prop_assert_eq!(calls_since(&shards, current), plan.operations.clone());
+            prop_assert_eq!(next_call(&open_map(&shards), next, &wanted).unwrap(), None);
         }
     }
 }
