@@ -245,6 +245,25 @@ pub struct ServeConfig {
     /// The load controller (`--auto-rebalance` and its flags).
     #[command(flatten)]
     pub controller: ControllerConfig,
+
+    /// Kinesis' endpoint instead of AWS's (kinesalite, LocalStack: `http://127.0.0.1:4567`).
+    /// With it and no credentials in the AWS SDK's chain, keyspread signs with dummy
+    /// credentials, which those take.
+    #[arg(long, env = "KEYSPREAD_KINESIS_ENDPOINT")]
+    pub kinesis_endpoint: Option<String>,
+
+    /// The AWS region of the streams, instead of the SDK's chain's (AWS_REGION, the profile).
+    #[arg(long, env = "KEYSPREAD_KINESIS_REGION")]
+    pub kinesis_region: Option<String>,
+
+    /// Seconds between two listings of each watched stream's shards (by one replica).
+    #[arg(
+        long,
+        env = "KEYSPREAD_STREAM_SYNC_INTERVAL_S",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub stream_sync_interval_s: u64,
 }
 
 impl ServeConfig {
@@ -280,6 +299,9 @@ impl ServeConfig {
             event_retention: EventRetention::DEFAULT,
             event_compaction_interval_s: 60,
             controller: Default::default(),
+            kinesis_endpoint: None,
+            kinesis_region: None,
+            stream_sync_interval_s: 30,
         }
     }
 
@@ -292,6 +314,14 @@ impl ServeConfig {
                 bytes_per_s: self.shard_bytes_per_s,
             },
             hot_account_share: self.hot_account_share,
+        }
+    }
+
+    /// Where Kinesis is.
+    pub fn kinesis_config(&self) -> crate::kinesis::KinesisConfig {
+        crate::kinesis::KinesisConfig {
+            endpoint: self.kinesis_endpoint.clone(),
+            region: self.kinesis_region.clone(),
         }
     }
 
@@ -320,6 +350,8 @@ impl fmt::Debug for ServeConfig {
             .field("primary_stream", &self.primary_stream)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("event_retention", &self.event_retention)
+            .field("kinesis_endpoint", &self.kinesis_endpoint)
+            .field("kinesis_region", &self.kinesis_region)
             .finish_non_exhaustive()
     }
 }

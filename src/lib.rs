@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod kinesis;
 /// The pure core (crates/keyspace), shared with the clients.
 pub use ::keyspace;
 pub mod metrics;

@@ -9,6 +9,7 @@ use crate::keyspace::{self, Keyspace, Load, Plan, ShardMap, SplitPlan};
 use crate::store::{Actor, Change, Event, StreamRow, Tx};
 
 /// The map a stream registers: what `PUT /streams/{name}` takes.
+#[derive(Debug)]
 pub struct StreamMap {
     pub map: ShardMap,
     /// Every shard consumers read, closed ones and parents included; none for a uniform map.

@@ -29,6 +29,7 @@ mod import_resume;
 mod keys;
 mod kinesalite;
 mod kinesis;
+mod kinesis_sdk;
 mod layout;
 mod leases;
 mod leases_kinesis;
