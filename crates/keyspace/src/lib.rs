@@ -34,7 +34,7 @@ pub use load_plan::{
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use selector::{jump, sub_key_index};
 pub use shards::{MAX_SHARDS, Shard, ShardMap, Skew, md5_hash};
-pub use split::{Reshard, SplitPlan, calls_since, load_in, next_call, split_plan};
+pub use split::{Reshard, SplitPlan, calls_since, calls_to, load_in, split_plan};
 pub use spread::Spread;
 pub use tree::{KeyTree, Load};
 

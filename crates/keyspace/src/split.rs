@@ -47,8 +47,7 @@ pub fn split_plan(
 ) -> Result<SplitPlan, Error> {
     ShardMap::uniform(keyspace, target as u64)?;
     let weights: Vec<u64> = keys.iter().map(|(_, w)| *w).collect();
-    let open: Vec<Shard> = current.iter().collect();
-    let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
+    let current_starts: Vec<HashKey> = current.iter().skip(1).map(|s| s.start).collect();
     // Gaps between keys that already hold a boundary: cutting there costs no call.
     let mut kept: Vec<usize> = current_starts
         .iter()
@@ -57,10 +56,7 @@ pub fn split_plan(
     kept.dedup();
     let cuts = balanced_cuts(&weights, target, &kept);
     let starts = boundaries(keyspace, keys, &cuts, &current_starts)?;
-    let mut next = next_number;
-    let mut operations = Vec::new();
-    let open = merge_away(open, &starts, &mut next, &mut operations);
-    let open = split_at(open, &starts, &current_starts, &mut next, &mut operations)?;
+    let (operations, open) = calls_to(current, next_number, &starts)?;
     let shards = open
         .into_iter()
         .enumerate()
@@ -74,6 +70,26 @@ pub fn split_plan(
         shards,
         heaviest_account: weights.iter().copied().max().unwrap_or(0),
     })
+}
+
+/// The calls that take a stream's open shards (`current`; `next_number` as in
+/// [`split_plan`]) to shards starting at 0 and at each of `starts` (sorted), in the order to
+/// make them, and the open shards they leave: first the merges of each shard whose start is
+/// not wanted into the shard below it, then the splits at each wanted start the stream
+/// lacks, both in key order. Made one at a time, each from a fresh look at the stream, the
+/// first call of each look is the next call of the first look's list.
+pub fn calls_to(
+    current: &ShardMap,
+    next_number: u64,
+    starts: &[HashKey],
+) -> Result<(Vec<Reshard>, Vec<Shard>), Error> {
+    let open: Vec<Shard> = current.iter().collect();
+    let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
+    let mut next = next_number;
+    let mut operations = Vec::new();
+    let open = merge_away(open, starts, &mut next, &mut operations);
+    let open = split_at(open, starts, &current_starts, &mut next, &mut operations)?;
+    Ok((operations, open))
 }
 
 /// Merges each shard whose start `starts` lacks into the shard below it, in key order, in
@@ -336,41 +352,6 @@ fn boundaries(
         j += same;
     }
     Ok(starts)
-}
-
-/// The one call that takes a stream's open shards (`open`; its next shard number `next`)
-/// closer to shards starting at 0 and at each of `wanted` (sorted), or `None` once they are
-/// there: first a merge of the lowest shard whose start is not wanted into the shard below
-/// it, else a split at the lowest wanted start the stream lacks. Made one by one from a
-/// fresh look at the stream each time, these are the calls [`split_plan`] lists, in its
-/// order, when `wanted` is its shards' starts.
-pub fn next_call(open: &ShardMap, next: u64, wanted: &[HashKey]) -> Result<Option<Reshard>, Error> {
-    let shards: Vec<Shard> = open.iter().collect();
-    let unwanted = (shards.windows(2)).find(|pair| wanted.binary_search(&pair[1].start).is_err());
-    if let Some([low, high]) = unwanted {
-        return Ok(Some(Reshard::Merge {
-            shard: low.id.clone(),
-            adjacent: high.id.clone(),
-            merged: shard_id(next as usize),
-        }));
-    }
-    let Some(at) = (wanted.iter()).find(|w| shards.binary_search_by_key(*w, |s| s.start).is_err())
-    else {
-        return Ok(None);
-    };
-    let shard = &shards[open.index_of(*at)];
-    // Kinesis' rule: StartingHashKey + 1 < NewStartingHashKey < EndingHashKey.
-    if !(shard.start.0 + 1 < at.0 && *at < shard.end) {
-        return Err(Error::Tiling(format!(
-            "{} [{}, {}] cannot be split at {at}: too close to its edge for SplitShard",
-            shard.id, shard.start, shard.end
-        )));
-    }
-    Ok(Some(Reshard::Split {
-        shard: shard.id.clone(),
-        new_starting_hash_key: *at,
-        children: [shard_id(next as usize), shard_id(next as usize + 1)],
-    }))
 }
 
 /// The SplitShard and MergeShards calls a stream's lineage (`shards`: every shard
@@ -784,9 +765,10 @@ mod tests {
 
     proptest! {
         /// A reshard carried out call by call: from the stream's real shards after any
-        /// number of a plan's calls, the next call towards the plan's shards is the plan's
-        /// next one, naming only open shards, and the lineage shows exactly the calls made;
-        /// so a job that stops and starts again from the stream's state makes no call twice.
+        /// number of a plan's calls, the calls towards the plan's shards are the plan's
+        /// remaining ones (naming open shards only), and the lineage shows exactly the calls
+        /// made; so a job that stops and starts again from the stream's state makes no call
+        /// twice.
         #[test]
         fn a_plan_carried_out_from_the_live_shards_makes_its_calls_once(
             keys in prop::collection::btree_map(any::<u128>(), 1u64..=20, 0..200),
@@ -807,12 +789,12 @@ mod tests {
             let mut next = current;
             for (made, op) in plan.operations.iter().enumerate() {
                 prop_assert_eq!(calls_since(&shards, current), plan.operations[..made].to_vec());
-                let call = next_call(&open_map(&shards), next, &wanted).unwrap();
-                prop_assert_eq!(call.as_ref(), Some(op));
+                let (calls, _) = calls_to(&open_map(&shards), next, &wanted).unwrap();
+                prop_assert_eq!(&calls[..], &plan.operations[made..]);
                 kinesis_applies(&mut shards, &mut next, op);
             }
             prop_assert_eq!(calls_since(&shards, current), plan.operations.clone());
-            prop_assert_eq!(next_call(&open_map(&shards), next, &wanted).unwrap(), None);
+            prop_assert_eq!(calls_to(&open_map(&shards), next, &wanted).unwrap().0, vec![]);
         }
     }
 }
