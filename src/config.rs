@@ -264,6 +264,17 @@ pub struct ServeConfig {
         value_parser = clap::value_parser!(u64).range(1..=86_400)
     )]
     pub stream_sync_interval_s: u64,
+
+    /// Seconds a replica holds a reshard job it drives before another may take it over (it
+    /// renews the claim before each call): how long a job waits after its replica died.
+    /// Keep it above a Kinesis call's timeout (8 s).
+    #[arg(
+        long,
+        env = "KEYSPREAD_RESHARD_LEASE_S",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub reshard_lease_s: u64,
 }
 
 impl ServeConfig {
@@ -302,6 +313,7 @@ impl ServeConfig {
             kinesis_endpoint: None,
             kinesis_region: None,
             stream_sync_interval_s: 30,
+            reshard_lease_s: 30,
         }
     }
 

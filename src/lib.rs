@@ -44,6 +44,8 @@ pub struct AppState {
     pub in_flight: http::InFlight,
     /// Where snapshots wait for their clients, a few at once.
     pub spools: http::Spools,
+    /// Kinesis, connected on first use.
+    pub kinesis: Arc<registry::KinesisLink>,
 }
 
 /// Who may change assignments and read metrics (one `Arc` in [`AppState`], which every
@@ -101,6 +103,11 @@ impl AppState {
         );
         let lookup_cache = config::LookupCache::parse(config.lookup_cache_control.clone())
             .map_err(StartError::LookupCacheControl)?;
+        let kinesis = Arc::new(registry::KinesisLink::new(config.kinesis_config()));
+        registry.drive_reshards(
+            Arc::clone(&kinesis),
+            Duration::from_secs(config.reshard_lease_s),
+        );
         registry.set_load_tolerance(config.controller.load_tolerance);
         if config.controller.auto_rebalance {
             let mut controller = config.controller.clone();
@@ -146,6 +153,7 @@ impl AppState {
             heavy: http::HeavyWork::for_this_machine(),
             in_flight: http::InFlight::default(),
             spools: http::Spools::default(),
+            kinesis,
         })
     }
 }

@@ -1,12 +1,15 @@
 -- Reshards keyspread carries out. A job's row says what is wanted (the open shard count,
--- how long after the end the staged rebalance switches) and how it stands (state, calls
--- made, why it failed); each call is planned afresh from the stream's real shards just
--- before it is made, never read from here, so a replica that takes a job over goes on from
--- what Kinesis says.
+-- the shards the split plan cut for it, how long after the end the staged rebalance
+-- switches) and how it stands (state, calls made, why it failed); each call is worked out
+-- from the stream's real shards, listed just before it is made, so a replica that takes a
+-- job over goes on from what Kinesis says.
 CREATE TABLE reshard_jobs (
     id              BIGSERIAL PRIMARY KEY,
     stream          TEXT   NOT NULL,
     target          BIGINT NOT NULL CHECK (target BETWEEN 1 AND 10000),
+    -- Where the wanted shards start, but the first (at 0): 16-byte big-endian hash keys, in
+    -- key order.
+    starts          BYTEA  NOT NULL CHECK (length(starts) = 16 * (target - 1)),
     switch_after_ms BIGINT NOT NULL CHECK (switch_after_ms BETWEEN 0 AND 86400000),
     state           TEXT   NOT NULL CHECK (state IN ('running', 'done', 'failed')),
     -- SplitShard / MergeShards calls made: those the stream's lineage shows since first_shard.

@@ -503,55 +503,34 @@ fn split_plan_body(
         .operations
         .into_iter()
         .map(|op| {
-            let call = match op {
+            match &op {
                 Reshard::Split {
                     shard,
                     new_starting_hash_key,
-                    children,
-                } => {
-                    commands.push(aws_cli::kinesis(
-                        &["split-shard"],
-                        &[
-                            ("--stream-name", &name),
-                            ("--shard-to-split", &shard),
-                            (
-                                "--new-starting-hash-key",
-                                &new_starting_hash_key.to_string(),
-                            ),
-                        ],
-                    ));
-                    ReshardCall {
-                        action: "split".into(),
-                        shard_to_split: Some(shard),
-                        new_starting_hash_key: Some(new_starting_hash_key),
-                        shard_to_merge: None,
-                        adjacent_shard_to_merge: None,
-                        resulting_shards: children.to_vec(),
-                    }
-                }
+                    ..
+                } => commands.push(aws_cli::kinesis(
+                    &["split-shard"],
+                    &[
+                        ("--stream-name", &name),
+                        ("--shard-to-split", shard),
+                        (
+                            "--new-starting-hash-key",
+                            &new_starting_hash_key.to_string(),
+                        ),
+                    ],
+                )),
                 Reshard::Merge {
-                    shard,
-                    adjacent,
-                    merged,
-                } => {
-                    commands.push(aws_cli::kinesis(
-                        &["merge-shards"],
-                        &[
-                            ("--stream-name", &name),
-                            ("--shard-to-merge", &shard),
-                            ("--adjacent-shard-to-merge", &adjacent),
-                        ],
-                    ));
-                    ReshardCall {
-                        action: "merge".into(),
-                        shard_to_split: None,
-                        new_starting_hash_key: None,
-                        shard_to_merge: Some(shard),
-                        adjacent_shard_to_merge: Some(adjacent),
-                        resulting_shards: vec![merged],
-                    }
-                }
-            };
+                    shard, adjacent, ..
+                } => commands.push(aws_cli::kinesis(
+                    &["merge-shards"],
+                    &[
+                        ("--stream-name", &name),
+                        ("--shard-to-merge", shard),
+                        ("--adjacent-shard-to-merge", adjacent),
+                    ],
+                )),
+            }
+            let call = ReshardCall::from(op);
             commands.push(aws_cli::kinesis(
                 &["wait", "stream-exists"],
                 &[("--stream-name", &name)],

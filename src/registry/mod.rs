@@ -28,6 +28,7 @@ mod log;
 mod md5_loads;
 mod metrics;
 mod rebalance;
+mod reshard;
 mod restore;
 mod retention;
 mod snapshot;
@@ -52,6 +53,7 @@ pub use load::{
 pub use log::LogPage;
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
+pub use reshard::{KinesisLink, ReshardError, ReshardView};
 pub use restore::{Grow, RestoreChunk, Restored};
 pub use retention::Compacted;
 pub use snapshot::Snapshot;
@@ -232,6 +234,8 @@ pub struct Registry {
     synced: vouch::Synced,
     /// How far the database's clock is from this host's.
     offset: clock::Offset,
+    /// Wakes this replica's reshard driver: a job was started here.
+    reshard_wake: tokio::sync::Notify,
 }
 
 /// What a long-poll of the log waits on (see [`Registry::wait_for_events`]).
@@ -438,6 +442,7 @@ impl Registry {
             }),
             synced,
             offset: Default::default(),
+            reshard_wake: Default::default(),
         });
         registry.note_schema(schema);
         registry.db_clock().await?;

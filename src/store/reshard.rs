@@ -1,7 +1,8 @@
 //! Reshard jobs (migration 0017 / 0021): what each job wants and how it stands, and the
 //! claim of the replica driving it.
 
-use super::{Actor, Result, Store, StoreError, Tx};
+use super::{Actor, Result, Store, StoreError, Tx, decode_key};
+use crate::keyspace::HashKey;
 
 /// Where a reshard job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,8 @@ pub struct ReshardJob {
     pub stream: String,
     /// The open shards wanted.
     pub target: u32,
+    /// Where they start, but the first (at 0), in key order: the split plan's cuts.
+    pub starts: Vec<HashKey>,
     /// How long after the end the staged rebalance switches.
     pub switch_after_ms: i64,
     pub state: JobState,
@@ -61,13 +64,14 @@ pub struct JobProgress {
 }
 
 /// The job columns, in [`decode`]'s order.
-const JOB: &str = "SELECT id, stream, target, switch_after_ms, state, done, error, started_by, \
-    started_at, updated_at, first_shard FROM reshard_jobs";
+const JOB: &str = "SELECT id, stream, target, starts, switch_after_ms, state, done, error, \
+    started_by, started_at, updated_at, first_shard FROM reshard_jobs";
 
 type JobTuple = (
     i64,
     String,
     i64,
+    Vec<u8>,
     i64,
     String,
     i64,
@@ -79,31 +83,21 @@ type JobTuple = (
 );
 
 fn decode(row: JobTuple) -> Result<ReshardJob> {
-    let (
-        id,
-        stream,
-        target,
-        switch_after_ms,
-        state,
-        done,
-        error,
-        by,
-        started_at,
-        updated_at,
-        first,
-    ) = row;
+    let (id, stream, target, starts, switch_after, state, done, error, by, started, updated, first) =
+        row;
     let corrupt = |what: String| StoreError::Corrupt(format!("reshard job {id}: {what}"));
     Ok(ReshardJob {
         id,
         stream,
         target: u32::try_from(target).map_err(|_| corrupt(format!("target {target}")))?,
-        switch_after_ms,
+        starts: starts.chunks(16).map(decode_key).collect::<Result<_>>()?,
+        switch_after_ms: switch_after,
         state: JobState::parse(&state).ok_or_else(|| corrupt(format!("state {state:?}")))?,
         done: u32::try_from(done).map_err(|_| corrupt(format!("done {done}")))?,
         error,
         started_by: Actor::new(&by),
-        started_at,
-        updated_at,
+        started_at: started,
+        updated_at: updated,
         first_shard: u64::try_from(first).map_err(|_| corrupt(format!("first shard {first}")))?,
     })
 }
@@ -118,12 +112,18 @@ macro_rules! reshard_queries {
 
         pub async fn start(conn: &mut Conn, job: &ReshardJob) -> Result<i64> {
             Ok(sqlx::query_scalar(
-                "INSERT INTO reshard_jobs (stream, target, switch_after_ms, state, done, started_by, \
-                 started_at, updated_at, first_shard) VALUES ($1, $2, $3, 'running', 0, $4, $5, $5, $6) \
-                 RETURNING id",
+                "INSERT INTO reshard_jobs (stream, target, starts, switch_after_ms, state, done, \
+                 started_by, started_at, updated_at, first_shard) \
+                 VALUES ($1, $2, $3, $4, 'running', 0, $5, $6, $6, $7) RETURNING id",
             )
             .bind(&job.stream)
             .bind(i64::from(job.target))
+            .bind(
+                job.starts
+                    .iter()
+                    .flat_map(|k| k.to_be_bytes())
+                    .collect::<Vec<u8>>(),
+            )
             .bind(job.switch_after_ms)
             .bind(job.started_by.as_str())
             .bind(job.started_at)
@@ -133,21 +133,29 @@ macro_rules! reshard_queries {
         }
 
         pub async fn latest(conn: &mut Conn, stream: &str) -> Result<Option<ReshardJob>> {
-            let row: Option<JobTuple> = sqlx::query_as(&format!("{JOB} WHERE stream = $1 ORDER BY id DESC LIMIT 1"))
-                .bind(stream)
-                .fetch_optional(&mut *conn)
-                .await?;
+            let row: Option<JobTuple> =
+                sqlx::query_as(&format!("{JOB} WHERE stream = $1 ORDER BY id DESC LIMIT 1"))
+                    .bind(stream)
+                    .fetch_optional(&mut *conn)
+                    .await?;
             row.map(decode).transpose()
         }
 
         pub async fn running(conn: &mut Conn) -> Result<Vec<ReshardJob>> {
-            let rows: Vec<JobTuple> = sqlx::query_as(&format!("{JOB} WHERE state = 'running' ORDER BY id"))
-                .fetch_all(&mut *conn)
-                .await?;
+            let rows: Vec<JobTuple> =
+                sqlx::query_as(&format!("{JOB} WHERE state = 'running' ORDER BY id"))
+                    .fetch_all(&mut *conn)
+                    .await?;
             rows.into_iter().map(decode).collect()
         }
 
-        pub async fn claim(conn: &mut Conn, id: i64, holder: &str, now: i64, lease_ms: i64) -> Result<bool> {
+        pub async fn claim(
+            conn: &mut Conn,
+            id: i64,
+            holder: &str,
+            now: i64,
+            lease_ms: i64,
+        ) -> Result<bool> {
             let done = sqlx::query(
                 "UPDATE reshard_jobs SET holder = $2, held_until = $3 + $4 \
                  WHERE id = $1 AND state = 'running' AND (holder = $2 OR held_until <= $3)",
@@ -161,7 +169,13 @@ macro_rules! reshard_queries {
             Ok(done.rows_affected() == 1)
         }
 
-        pub async fn note(conn: &mut Conn, id: i64, holder: &str, now: i64, progress: &JobProgress) -> Result<bool> {
+        pub async fn note(
+            conn: &mut Conn,
+            id: i64,
+            holder: &str,
+            now: i64,
+            progress: &JobProgress,
+        ) -> Result<bool> {
             let done = sqlx::query(
                 "UPDATE reshard_jobs SET state = $3, done = $4, error = $5, updated_at = $6 \
                  WHERE id = $1 AND holder = $2 AND state = 'running'",
