@@ -8,11 +8,13 @@ use std::time::Duration;
 use keyspace::Limits;
 
 mod controller;
+mod kinesis;
 mod lookup_cache;
 mod net;
 mod tokens;
 
 pub use controller::ControllerConfig;
+pub use kinesis::KinesisConfig;
 pub use lookup_cache::{LookupCache, MAX_LIFETIME_S};
 pub use net::{HostName, normalize_host, parse_network};
 pub use tokens::{
@@ -330,8 +332,8 @@ impl ServeConfig {
     }
 
     /// Where Kinesis is.
-    pub fn kinesis_config(&self) -> crate::kinesis::KinesisConfig {
-        crate::kinesis::KinesisConfig {
+    pub fn kinesis_config(&self) -> KinesisConfig {
+        KinesisConfig {
             endpoint: self.kinesis_endpoint.clone(),
             region: self.kinesis_region.clone(),
         }

@@ -15,18 +15,9 @@ use crate::registry::StreamMap;
 
 mod error;
 
+pub use crate::config::KinesisConfig;
 pub use crate::keyspace::ListedShard;
 pub use error::KinesisError;
-
-/// Where Kinesis is and who keyspread is to it; the rest comes from the SDK's default
-/// chain (environment, profile, container and instance roles).
-#[derive(Debug, Clone, Default)]
-pub struct KinesisConfig {
-    /// `--kinesis-endpoint`: kinesalite or LocalStack instead of AWS.
-    pub endpoint: Option<String>,
-    /// `--kinesis-region`: the region, instead of the chain's (AWS_REGION, the profile).
-    pub region: Option<String>,
-}
 
 /// A Kinesis client: timeouts on every call, and the SDK's retries with backoff.
 #[derive(Debug, Clone)]
