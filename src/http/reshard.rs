@@ -185,11 +185,10 @@ async fn start_reshard(
             "switch_after_s must be between 0 and {MAX_SWITCH_AFTER_S} seconds, got {switch_after_s}"
         )));
     }
-    let kinesis = state.kinesis.client().await.map_err(kinesis_problem)?;
     idempotency::tell_json(&ticket, started);
     let view = (state.registry)
         .start_reshard(
-            kinesis,
+            &state.kinesis,
             name,
             target,
             switch_after_s as i64 * 1000,

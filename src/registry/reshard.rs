@@ -126,12 +126,12 @@ enum Step {
 impl Registry {
     /// Starts resharding watched stream `name` to `target` open shards, refusing what
     /// Kinesis would refuse (on-demand mode, a target past the account's shard limit when
-    /// DescribeLimits can say). The split plan is made over the stream's live shards and the
+    /// DescribeLimits can say); an unwatched stream is refused before Kinesis is asked. The split plan is made over the stream's live shards and the
     /// keys held now; the moves of the rebalance at the end switch `switch_after_ms` after
     /// it. Answers the job, kept for the ticket's Idempotency-Key with it.
     pub async fn start_reshard(
         self: &Arc<Self>,
-        kinesis: &Kinesis,
+        link: &KinesisLink,
         name: String,
         target: u32,
         switch_after_ms: i64,
@@ -144,6 +144,7 @@ impl Registry {
         if !watched(&stream) {
             return Err(ReshardError::NotWatched(name));
         }
+        let kinesis = link.client().await?;
         if kinesis.summary(&name).await?.on_demand {
             return Err(ReshardError::OnDemand(name));
         }
