@@ -60,6 +60,8 @@ mod readme;
 mod rebalance;
 mod replicas;
 mod reshard;
+mod reshard_job;
+mod reshard_proxy;
 mod restore_proof;
 mod retention;
 pub mod roles;
