@@ -60,6 +60,7 @@ mod readme;
 mod rebalance;
 mod replicas;
 mod reshard;
+mod reshard_crash;
 mod reshard_job;
 mod reshard_proxy;
 mod restore_proof;
