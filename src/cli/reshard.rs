@@ -38,11 +38,8 @@ impl JobProgress {
     pub fn bar(&self) -> String {
         const WIDTH: u64 = 20;
         let total = self.steps.max(self.done);
-        let filled = if total == 0 {
-            WIDTH
-        } else {
-            WIDTH * self.done / total
-        };
+        // No call to make is a full bar.
+        let filled = (WIDTH * self.done).checked_div(total).unwrap_or(WIDTH);
         format!(
             "[{}{}] {}/{} calls, {} open shards ({})",
             "#".repeat(filled as usize),

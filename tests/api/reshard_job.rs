@@ -300,3 +300,72 @@ async fn a_shard_limit_met_partway_fails_the_job_saying_where_it_stopped() {
     let now = format!("the stream has {open} open shards");
     assert!(error.contains(&now), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_follows_a_job_with_a_progress_bar_and_fails_with_it() {
+    let kinesalite = Kinesalite::start().await;
+    let proxy = Proxy::start(kinesalite.api.endpoint()).await;
+    let app = app_behind(&proxy).await;
+    watch(&app, &kinesalite.api, "orders", 2).await;
+
+    let done = cli(&app, "orders", 4).await;
+    let (stdout, stderr) = (text(&done.stdout), text(&done.stderr));
+    assert!(done.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("4 open shards after"), "{stdout}");
+    let made = check_calls(&proxy.calls());
+    let bar = format!("] {made}/{made} calls, 4 open shards (done)");
+    assert!(stderr.contains(&bar), "{stderr}");
+    assert!(stderr.contains("reshard orders: [--"), "{stderr}");
+
+    proxy.set(Rules {
+        splits_allowed: Some(0),
+        ..Rules::default()
+    });
+    let failed = cli(&app, "orders", 6).await;
+    let stderr = text(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the reshard of orders failed after"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("shard limit"), "{stderr}");
+
+    let put = (app.call(
+        Method::PUT,
+        "/streams/plain",
+        Some(json!({"shard_count": 2})),
+    ))
+    .await;
+    assert_eq!(put.status, 201, "{put:?}");
+    let refused = cli(&app, "plain", 4).await;
+    let stderr = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("409 Conflict: stream \"plain\" is not watched"),
+        "{stderr}"
+    );
+}
+
+/// `keyspread streams reshard NAME --target S` against `app`, bounded to 90 s.
+async fn cli(app: &TestApp, stream: &str, target: u32) -> std::process::Output {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_keyspread"))
+        .args([
+            "streams",
+            "reshard",
+            stream,
+            "--target",
+            &target.to_string(),
+        ])
+        .args(["--switch-after-s", "1", "--url", &app.url("")])
+        .env_remove("KEYSPREAD_TOKEN")
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(90), run)
+        .await
+        .expect("the command ended within 90 s")
+        .expect("run keyspread")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
