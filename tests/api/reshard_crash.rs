@@ -88,6 +88,7 @@ async fn a_replica_killed_after_each_call_leaves_the_job_to_its_restart_or_anoth
         let made = check_calls(&proxy.calls());
         assert_eq!(made, planned, "{at}");
         assert_eq!(job["done"], made, "{at}");
+        assert_eq!(job["shard_count"], TARGET, "{at}");
         let open = check_map(&client, &server.url, &kinesalite.api, &stream).await;
         assert_eq!(open, TARGET as usize, "{at}");
         killed_after += 1;

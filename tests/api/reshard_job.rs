@@ -179,10 +179,16 @@ async fn reshard(app: &TestApp, kinesalite: &Kinesalite, proxy: &Proxy, stream: 
     assert_eq!(open, target as usize);
 }
 
-/// The staged moves a reshard's rebalance logged: one rebalance, every move `reshard`.
-async fn reshard_moves(app: &TestApp) -> Vec<Value> {
+/// The staged moves a reshard's rebalance logged (one rebalance, every move `reshard`),
+/// after checking the last map of `stream` was registered as Kinesis'.
+async fn reshard_moves(app: &TestApp, stream: &str) -> Vec<Value> {
     let events = app.get("/events?after=0&limit=1000").await.body;
-    let moves: Vec<Value> = (events["events"].as_array().unwrap().iter())
+    let events = events["events"].as_array().unwrap();
+    let put = (events.iter().rev())
+        .find(|e| e["kind"] == "stream_put" && e["stream"] == stream)
+        .unwrap();
+    assert_eq!(put["actor"], "kinesis", "{put}");
+    let moves: Vec<Value> = (events.iter())
         .filter(|e| e["kind"] == "move")
         .cloned()
         .collect();
@@ -204,7 +210,7 @@ async fn a_watched_stream_is_resharded_2_to_5_to_9_with_one_rebalance_each() {
     for target in [5, 9] {
         accounts += MORE_ACCOUNTS;
         reshard(&app, &kinesalite, &proxy, "orders", target).await;
-        let moves = reshard_moves(&app).await;
+        let moves = reshard_moves(&app, "orders").await;
         let ats: std::collections::BTreeSet<String> =
             (moves.iter()).map(|m| m["at"].to_string()).collect();
         rebalances.push(ats.len());

@@ -53,18 +53,20 @@ impl Call {
     }
 }
 
+/// What the proxy saw since [`Proxy::set`], and the signals of that setting's held call
+/// (new with each setting, so that a release nobody waited for holds for no later call).
 #[derive(Default)]
 struct Seen {
     rules: Rules,
     calls: Vec<Call>,
+    held: Arc<Notify>,
+    release: Arc<Notify>,
 }
 
 struct Shared {
     upstream: String,
     client: reqwest::Client,
     seen: Mutex<Seen>,
-    held: Notify,
-    release: Notify,
 }
 
 /// The proxy, serving until dropped.
@@ -81,8 +83,6 @@ impl Proxy {
             upstream: upstream.to_owned(),
             client: reqwest::Client::new(),
             seen: Mutex::default(),
-            held: Notify::new(),
-            release: Notify::new(),
         });
         let app = axum::Router::new()
             .fallback(forward)
@@ -104,7 +104,7 @@ impl Proxy {
         let mut seen = self.shared.seen.lock().unwrap();
         *seen = Seen {
             rules,
-            calls: Vec::new(),
+            ..Seen::default()
         };
     }
 
@@ -115,14 +115,15 @@ impl Proxy {
 
     /// Waits (at most 60 s) until the call [`Rules::hold`] names is made and held.
     pub(crate) async fn held(&self) {
-        tokio::time::timeout(HOLD_AT_MOST, self.shared.held.notified())
+        let held = Arc::clone(&self.shared.seen.lock().unwrap().held);
+        tokio::time::timeout(HOLD_AT_MOST, held.notified())
             .await
             .expect("the held call was not made within 60 s");
     }
 
     /// Sends the held answer.
     pub(crate) fn release(&self) {
-        self.shared.release.notify_one();
+        self.shared.seen.lock().unwrap().release.notify_one();
     }
 }
 
@@ -182,11 +183,12 @@ async fn forward(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         let reshaped = call.reshaped();
         seen.calls.push(call);
         let made = seen.calls.iter().filter(|c| c.reshaped()).count();
-        reshaped && rules.hold == Some(made)
+        let hold = reshaped && rules.hold == Some(made);
+        hold.then(|| (Arc::clone(&seen.held), Arc::clone(&seen.release)))
     };
-    if hold {
-        shared.held.notify_one();
-        let _ = tokio::time::timeout(HOLD_AT_MOST, shared.release.notified()).await;
+    if let Some((held, release)) = hold {
+        held.notify_one();
+        let _ = tokio::time::timeout(HOLD_AT_MOST, release.notified()).await;
     }
     let status = StatusCode::from_u16(status).unwrap();
     let content_type = [(header::CONTENT_TYPE, "application/x-amz-json-1.1")];
