@@ -375,3 +375,44 @@ async fn cli(app: &TestApp, stream: &str, target: u32) -> std::process::Output {
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_job_says_so_and_goes_on() {
+    let kinesalite = Kinesalite::start().await;
+    let proxy = Proxy::start(kinesalite.api.endpoint()).await;
+    let app = app_behind(&proxy).await;
+    watch(&app, &kinesalite.api, "orders", 2).await;
+    proxy.set(Rules {
+        hold: Some(1),
+        ..Rules::default()
+    });
+    assert_eq!(start(&app, "orders", 4).await.status, 202);
+    proxy.held().await;
+    // Every attempt of the SDK at the next look's ListShards, and of the one after.
+    proxy.throttle(8);
+    proxy.release();
+
+    let started = Instant::now();
+    let throttled = loop {
+        let job = app.get("/streams/orders/reshard").await.body;
+        if job["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("throttling"))
+        {
+            break job;
+        }
+        assert_eq!(job["state"], "running", "{job}");
+        assert!(started.elapsed() < Duration::from_secs(60), "{job}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // What the last look at the stream showed: the held call's answer came after it.
+    assert_eq!(throttled["done"], 0, "{throttled}");
+    let job = ended(&app.client, &app.url(""), "orders").await;
+    assert_eq!(job["state"], "done", "{job}");
+    assert_eq!(job["error"], Value::Null, "{job}");
+    assert_eq!(job["done"], check_calls(&proxy.calls()), "{job}");
+    assert_eq!(
+        check_map(&app.client, &app.url(""), &kinesalite.api, "orders").await,
+        4
+    );
+}

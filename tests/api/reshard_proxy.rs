@@ -59,6 +59,8 @@ impl Call {
 struct Seen {
     rules: Rules,
     calls: Vec<Call>,
+    /// ListShards requests still to refuse as throttled.
+    throttled: usize,
     held: Arc<Notify>,
     release: Arc<Notify>,
 }
@@ -106,6 +108,11 @@ impl Proxy {
             rules,
             ..Seen::default()
         };
+    }
+
+    /// Refuses the next `n` ListShards requests as Kinesis does when it throttles.
+    pub(crate) fn throttle(&self, n: usize) {
+        self.shared.seen.lock().unwrap().throttled = n;
     }
 
     /// Every action seen since the last [`Proxy::set`], in order.
@@ -163,6 +170,11 @@ async fn forward(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
                             000000000000 in us-east-1. Current shard limit is 3."});
             Some((400, refusal))
         }
+        "ListShards" => throttled(&mut shared.seen.lock().unwrap()).then(|| {
+            let refusal = json!({"__type": "LimitExceededException",
+                "message": "Rate exceeded for stream under account 000000000000."});
+            (400, refusal)
+        }),
         _ => None,
     };
     let (status, mut answer) = match own {
@@ -193,6 +205,13 @@ async fn forward(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
     let status = StatusCode::from_u16(status).unwrap();
     let content_type = [(header::CONTENT_TYPE, "application/x-amz-json-1.1")];
     (status, content_type, answer.to_string()).into_response()
+}
+
+/// Whether this request is one of those to refuse as throttled.
+fn throttled(seen: &mut Seen) -> bool {
+    let refuse = seen.throttled > 0;
+    seen.throttled = seen.throttled.saturating_sub(1);
+    refuse
 }
 
 /// `body` sent on to kinesalite with the caller's headers: its status and JSON answer.
