@@ -300,7 +300,8 @@ pub struct PendingMove {
 /// Who made a change, as the log records it: a token's name from the tokens file, `admin`
 /// for `--token`, `loopback` for a client on the server's host when no token is configured,
 /// `controller` for the closed loop's own rounds, `import` for `keyspread import`, `config`
-/// for the primary stream named at start-up. Never a token.
+/// for the primary stream named at start-up, `kinesis` for a watched stream's map as
+/// listed from Kinesis. Never a token.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Actor(compact_str::CompactString);
 
@@ -314,9 +315,11 @@ impl Actor {
     pub const ADMIN: &'static str = crate::config::ADMIN_TOKEN_NAME;
     /// What events logged before actors were read.
     pub const UNRECORDED: &'static str = "unrecorded";
+    /// Kinesis itself: the map of a watched stream, as listed from Kinesis.
+    pub const KINESIS: &'static str = "kinesis";
     /// Names no token may take (the tokens file refuses them): the log could not tell them
     /// from the server's own.
-    pub const RESERVED: [&'static str; 5] = crate::config::RESERVED_NAMES;
+    pub const RESERVED: [&'static str; 6] = crate::config::RESERVED_NAMES;
 
     /// A name already checked (a tokens file's, or one of the constants above).
     pub fn new(name: &str) -> Actor {
@@ -1305,6 +1308,7 @@ mod tests {
             Actor::IMPORT,
             Actor::CONFIG,
             Actor::UNRECORDED,
+            Actor::KINESIS,
         ] {
             assert!(Actor::RESERVED.contains(&own), "{own}");
             assert!(crate::config::check_name(own).is_err(), "{own}");
