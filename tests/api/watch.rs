@@ -15,9 +15,10 @@ use keyspread::config::ServeConfig;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{Answer, TestApp, assert_problem, spawn_app_with};
+use crate::helpers::{Answer, TestApp, assert_problem, fresh_database, spawn_app_with};
 use crate::kinesalite::{Kinesalite, open_in_key_order};
 use crate::python_client::tool;
+use crate::replicas::{Api, start_with};
 
 /// A server that watches streams at `endpoint`, listing them again every second.
 async fn watching(endpoint: &str, adjust: impl FnOnce(&mut ServeConfig)) -> TestApp {
@@ -542,4 +543,171 @@ async fn lookups_and_changes_answer_while_kinesis_hangs() {
         "{told}"
     );
     assert_eq!(told["shard_count"], 2, "{told}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_primary_map_is_rebalanced_staged_with_auto_rebalance() {
+    let kinesalite = Kinesalite::start().await;
+    kinesalite.api.create_stream("orders", 2).await;
+    let app = watching(kinesalite.api.endpoint(), |c| {
+        c.controller.auto_rebalance = true;
+        c.controller.switch_after_ms = Some(30_000);
+    })
+    .await;
+    let put = put(&app, "orders", json!({"watch": true, "primary": true})).await;
+    assert_eq!(put.status, 201, "{}", put.body);
+    for i in 0..12 {
+        app.allocate(&format!("acct-{i:02}")).await;
+    }
+    let before = app.get("/events?after=0&limit=1000").await.body["next"]
+        .as_i64()
+        .unwrap();
+
+    let first = open_in_key_order(&kinesalite.api.list_shards("orders").await)[0].clone();
+    let cut = first.start() + (first.end() - first.start()) / 2 + 1;
+    kinesalite
+        .api
+        .split_shard("orders", &first.shard_id, &cut.to_string())
+        .await;
+    until(&app, "orders", Duration::from_secs(10), |s| {
+        s["shard_count"] == 3
+    })
+    .await;
+
+    let started = Instant::now();
+    let moves = loop {
+        let page = app.get(&format!("/events?after={before}&limit=1000")).await;
+        let events = page.body["events"].as_array().unwrap().clone();
+        let moves: Vec<Value> = events.into_iter().filter(|e| e["kind"] == "move").collect();
+        if !moves.is_empty() {
+            break moves;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no move after the split"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for m in &moves {
+        assert_eq!(
+            (m["actor"].as_str(), m["reason"].as_str()),
+            (Some("kinesis"), Some("admin")),
+            "{m}"
+        );
+        assert!(m["switch_at"].is_string(), "staged: {m}");
+    }
+    let account = moves[0]["account"].as_str().unwrap();
+    let lookup = app.get(&format!("/keys/{account}")).await;
+    assert!(
+        lookup.body["next"]["switch_at"].is_string(),
+        "{}",
+        lookup.body
+    );
+}
+
+/// `keyspread_stream_syncs_total` of `stream` summed over the replicas behind `api`.
+async fn syncs(api: &Api, replicas: usize, stream: &str) -> u64 {
+    let series = format!("keyspread_stream_syncs_total{{stream=\"{stream}\"}} ");
+    let mut total = 0;
+    for i in 0..replicas {
+        let (status, text) = api.call(i, Method::GET, "/metrics", None).await;
+        assert_eq!(status, 200);
+        let text = text.as_str().unwrap_or_default().to_owned();
+        total += (text.lines())
+            .find_map(|l| l.strip_prefix(series.as_str())?.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// `GET /streams/{stream}` on replica `i` until `done` holds of it, for at most 20 s.
+async fn until_on(api: &Api, i: usize, stream: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, body) = api
+            .call(i, Method::GET, &format!("/streams/{stream}"), None)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        if done(&body) {
+            return body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "replica {i}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_take_turns_and_a_deleted_stream_and_a_stopped_endpoint_are_logged() {
+    let kinesalite = Kinesalite::start().await;
+    kinesalite.api.create_stream("orders", 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _postgres) = fresh_database(dir.path()).await;
+    let env: &[(&str, &str)] = &[
+        ("KEYSPREAD_KINESIS_ENDPOINT", kinesalite.api.endpoint()),
+        ("KEYSPREAD_KINESIS_REGION", "us-east-1"),
+        ("KEYSPREAD_STREAM_SYNC_INTERVAL_S", "1"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ];
+    let (mut servers, api) = start_with(&url, dir.path(), &[env, env]).await;
+    let (status, body) = api
+        .call(
+            0,
+            Method::PUT,
+            "/streams/orders",
+            Some(json!({"watch": true})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = api.call(0, Method::POST, "/keys/acme", None).await;
+    assert_eq!(status, 201, "{body}");
+
+    // One listing per interval between them, not one per replica.
+    let from = syncs(&api, 2, "orders").await;
+    let window = Instant::now();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let listed = syncs(&api, 2, "orders").await - from;
+    let seconds = window.elapsed().as_secs_f64();
+    assert!(
+        (2.0..=seconds * 1.25 + 1.0).contains(&(listed as f64)),
+        "{listed} listings in {seconds:.1} s by two replicas at a 1 s interval"
+    );
+
+    kinesalite.api.delete_stream("orders").await;
+    for i in 0..2 {
+        let gone = until_on(&api, i, "orders", |s| s["sync_error"].is_string()).await;
+        assert!(
+            gone["sync_error"]
+                .as_str()
+                .unwrap()
+                .contains("ResourceNotFoundException"),
+            "{gone}"
+        );
+        assert_eq!(gone["shard_count"], 2, "{gone}");
+    }
+    drop(kinesalite);
+    for i in 0..2 {
+        until_on(&api, i, "orders", |s| {
+            s["sync_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("unreachable"))
+        })
+        .await;
+        let (status, body) = api.call(i, Method::GET, "/keys/acme", None).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(api.call(i, Method::GET, "/readyz", None).await.0, 200);
+    }
+    let logs: String = servers.iter().map(|s| s.log_text()).collect();
+    for kind in ["not_found", "unreachable"] {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains("cannot list a watched stream") && l.contains(kind)),
+            "no {kind} line in the replicas' logs"
+        );
+    }
+    for server in &mut servers {
+        server.kill();
+    }
 }
