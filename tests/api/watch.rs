@@ -711,3 +711,43 @@ async fn replicas_take_turns_and_a_deleted_stream_and_a_stopped_endpoint_are_log
         server.kill();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_when_a_watched_stream_was_last_listed() {
+    let kinesalite = Kinesalite::start().await;
+    kinesalite.api.create_stream("orders", 2).await;
+    let app = watching(kinesalite.api.endpoint(), |_| {}).await;
+    assert_eq!(
+        put(&app, "orders", json!({"watch": true})).await.status,
+        201
+    );
+
+    let page = |app: &TestApp| {
+        let url = app.url("/ui?stream=orders");
+        let client = app.client.clone();
+        async move { client.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let synced_at = app.get("/streams/orders").await.body["synced_at"].clone();
+    let html = page(&app).await;
+    let note = html
+        .split("<p id=\"sync\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{html}"));
+    let note = note.split("</p>").next().unwrap();
+    assert!(
+        note.contains(synced_at.as_str().unwrap()),
+        "{note} / {synced_at}"
+    );
+    assert!(note.contains("Watched in Kinesis"), "{note}");
+
+    kinesalite.api.delete_stream("orders").await;
+    until(&app, "orders", Duration::from_secs(10), |s| {
+        s["sync_error"].is_string()
+    })
+    .await;
+    let html = page(&app).await;
+    assert!(
+        html.contains("the last listing failed (") && html.contains("ResourceNotFoundException"),
+        "{html}"
+    );
+}
