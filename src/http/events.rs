@@ -125,7 +125,8 @@ pub struct EventBody {
     /// Who made the change: the name of the token it came with (`admin` for `--token`),
     /// `loopback` (a client on the server's host, no token configured), `controller` (the
     /// closed loop), `import` (`keyspread import`), `config` (the primary stream named at
-    /// start-up), or `unrecorded` (logged before actors were). Never a token.
+    /// start-up), `kinesis` (a watched stream's map as listed from Kinesis, and the
+    /// rebalance it called for), or `unrecorded` (logged before actors were). Never a token.
     #[schema(example = "loopback")]
     pub actor: String,
     /// The account, for account events.

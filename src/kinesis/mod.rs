@@ -25,6 +25,35 @@ pub struct Kinesis {
     client: aws_sdk_kinesis::Client,
 }
 
+/// A Kinesis client made on first use, so that a server that watches no stream never
+/// needs AWS; made again after a failure (credentials may come later, from a role).
+#[derive(Debug)]
+pub struct KinesisLink {
+    config: KinesisConfig,
+    client: tokio::sync::Mutex<Option<Kinesis>>,
+}
+
+impl KinesisLink {
+    /// A link that connects at its first use.
+    pub fn new(config: KinesisConfig) -> KinesisLink {
+        KinesisLink {
+            config,
+            client: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The client, connected now if it is not yet.
+    pub async fn client(&self) -> Result<Kinesis, KinesisError> {
+        let mut client = self.client.lock().await;
+        if let Some(client) = &*client {
+            return Ok(client.clone());
+        }
+        let connected = Kinesis::connect(&self.config).await?;
+        *client = Some(connected.clone());
+        Ok(connected)
+    }
+}
+
 /// A stream's shards as ListShards answers them, and the map they make.
 #[derive(Debug)]
 pub struct Listing {

@@ -36,6 +36,7 @@ mod streams;
 mod ticket;
 mod totals;
 mod vouch;
+mod watch;
 
 use accounts::Accounts;
 pub use accounts::Held;
@@ -53,14 +54,15 @@ pub use load::{
 pub use log::LogPage;
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
-pub use reshard::{KinesisLink, ReshardError, ReshardView};
+pub use reshard::{ReshardError, ReshardView};
 pub use restore::{Grow, RestoreChunk, Restored};
 pub use retention::Compacted;
 pub use snapshot::Snapshot;
-pub use streams::{Stream, StreamChange, StreamMap};
+pub use streams::{Source, Stream, StreamChange, StreamMap};
 pub use ticket::Ticket;
 pub use totals::{AccountTotals, LoadTotals};
 pub use vouch::VOUCH;
+pub use watch::Watch;
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +77,13 @@ pub enum Error {
     StalePlan(String),
     #[error("no stream named {0:?} is registered")]
     UnknownStream(String),
+    #[error(
+        "stream {0:?} is watched: its map comes from Kinesis; send {{\"watch\": false}} (with \
+         or without a map) to stop watching it first"
+    )]
+    Watched(String),
+    #[error("stream {0:?} is no longer watched")]
+    NotWatched(String),
     #[error("worker {worker:?} is not in stream {stream:?}'s group (it left, or expired)")]
     UnknownWorker { stream: String, worker: String },
     #[error("stream {stream:?}'s consumer group already has {max} workers, the most it may have")]

@@ -9,17 +9,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Committed, Error, Registry, Stream, StreamMap, Ticket, detached};
+use super::{Committed, Error, Registry, Source, Stream, StreamMap, Ticket, detached};
 use crate::keyspace::{self, Reshard, calls_since, calls_to};
-use crate::kinesis::{Kinesis, KinesisConfig, KinesisError, StreamStatus};
-use crate::store::{Actor, JobProgress, JobState, MoveReason, ReshardJob, StoreError};
+use crate::kinesis::{Kinesis, KinesisError, KinesisLink, StreamStatus};
+use crate::store::{
+    Actor, JobProgress, JobState, KinesisStream, MoveReason, ReshardJob, StoreError,
+};
 
 /// How often each replica looks for a running job to drive (or a job it drives is looked
 /// at again while its stream is not ACTIVE).
 const JOB_POLL: Duration = Duration::from_secs(1);
-
-/// Who logs the maps a job registers: what Kinesis itself says the stream is.
-const KINESIS_ACTOR: &str = "kinesis";
 
 /// A job as it is answered: the job, its calls (those made, then those still to make,
 /// worked out from the stream's map as keyspread last registered it), and that map's open
@@ -83,31 +82,6 @@ impl ReshardError {
             ),
             _ => false,
         }
-    }
-}
-
-/// Kinesis, connected on first use: the SDK's default chain may ask an instance's metadata
-/// service for a region or credentials, which no server start waits for. A failure is not
-/// kept: the next use tries again.
-#[derive(Debug)]
-pub struct KinesisLink {
-    config: KinesisConfig,
-    client: tokio::sync::OnceCell<Kinesis>,
-}
-
-impl KinesisLink {
-    pub fn new(config: KinesisConfig) -> KinesisLink {
-        KinesisLink {
-            config,
-            client: tokio::sync::OnceCell::new(),
-        }
-    }
-
-    /// The client, connecting it first if no use has yet.
-    pub async fn client(&self) -> Result<&Kinesis, KinesisError> {
-        (self.client)
-            .get_or_try_init(|| Kinesis::connect(&self.config))
-            .await
     }
 }
 
@@ -296,7 +270,7 @@ impl Registry {
                 if !self.claim_job(job.id, holder, lease).await? {
                     return Ok(Step::Elsewhere);
                 }
-                self.step(link.client().await?, holder, lease, &job, &mut done)
+                self.step(&link.client().await?, holder, lease, &job, &mut done)
                     .await
             };
             let failure = match looked.await {
@@ -360,7 +334,11 @@ impl Registry {
         let (calls, _) =
             calls_to(&listing.map, listing.next_shard, &job.starts).map_err(Error::from)?;
         let open = listing.map.len();
-        self.register(&stream, listing).await?;
+        let listed = KinesisStream {
+            arn: summary.arn,
+            created_at_ms: summary.created_at_ms,
+        };
+        self.register_listing(&stream, listing, listed).await?;
         let Some(call) = calls.first() else {
             return self.finish(holder, job, done, None).await;
         };
@@ -425,24 +403,24 @@ impl Registry {
         })
     }
 
-    /// Registers `listing` as `stream`'s map (logged as Kinesis'), unless it is the map
-    /// registered already.
-    async fn register(self: &Arc<Self>, stream: &Stream, listing: StreamMap) -> Result<(), Error> {
+    /// Registers `listing` as `stream`'s map, listed from Kinesis stream `listed` (logged
+    /// as Kinesis'), unless it is the map registered already.
+    async fn register_listing(
+        self: &Arc<Self>,
+        stream: &Stream,
+        listing: StreamMap,
+        listed: KinesisStream,
+    ) -> Result<(), Error> {
         let same = *stream.map == listing.map
             && stream.next_shard == listing.next_shard
             && listing.lease_shards.as_deref() == Some(&stream.lease_shards[..]);
         if same {
             return Ok(());
         }
-        let by = Actor::new(KINESIS_ACTOR);
-        (self.put_stream(
-            stream.name.clone(),
-            listing,
-            None,
-            &by,
-            &Ticket::unbounded(),
-        ))
-        .await?;
+        let (name, source) = (stream.name.clone(), Source::Synced(listed));
+        let by = Actor::new(Actor::KINESIS);
+        let ticket = Ticket::unbounded();
+        (self.put_stream_from(name, Some(listing), None, source, &by, &ticket)).await?;
         Ok(())
     }
 
@@ -509,7 +487,7 @@ impl Registry {
 
 /// Whether keyspread lists `stream`'s shards itself.
 fn watched(stream: &Stream) -> bool {
-    stream.listed
+    stream.watch
 }
 
 /// A call as the AWS CLI names it, for logs and a failed job's error.

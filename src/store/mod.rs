@@ -277,6 +277,31 @@ pub struct StreamRow {
     /// Every shard list-shards named, closed ones and parents included; `None` when the
     /// map was given as a shard count (the open shards are all there is).
     pub listed: Option<Vec<LeaseShard>>,
+    /// Whether Kinesis is the map's source: it is listed again every sync interval.
+    pub watch: bool,
+    /// The stream Kinesis last answered under this name, if it was ever listed there.
+    pub kinesis: Option<KinesisStream>,
+    /// What the last listing from Kinesis found (written apart from the map: a listing
+    /// that finds the map unchanged logs no event).
+    pub sync: SyncState,
+}
+
+/// Which stream Kinesis means by a name: one deleted and created again under it has
+/// another creation time (and, in another account or region, another ARN).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KinesisStream {
+    pub arn: String,
+    /// Unix milliseconds.
+    pub created_at_ms: i64,
+}
+
+/// What the last listing of a stream from Kinesis found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncState {
+    /// When a listing last succeeded (Unix ms).
+    pub synced_at: Option<i64>,
+    /// Why the last listing failed, until one succeeds.
+    pub sync_error: Option<String>,
 }
 
 /// A staged move not yet switched: a key of `account` is `to` in the table, and producers
@@ -303,7 +328,8 @@ pub struct PendingMove {
 /// Who made a change, as the log records it: a token's name from the tokens file, `admin`
 /// for `--token`, `loopback` for a client on the server's host when no token is configured,
 /// `controller` for the closed loop's own rounds, `import` for `keyspread import`, `config`
-/// for the primary stream named at start-up. Never a token.
+/// for the primary stream named at start-up, `kinesis` for a watched stream's map as
+/// listed from Kinesis. Never a token.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Actor(compact_str::CompactString);
 
@@ -317,9 +343,11 @@ impl Actor {
     pub const ADMIN: &'static str = crate::config::ADMIN_TOKEN_NAME;
     /// What events logged before actors were read.
     pub const UNRECORDED: &'static str = "unrecorded";
+    /// Kinesis itself: the map of a watched stream, as listed from Kinesis.
+    pub const KINESIS: &'static str = "kinesis";
     /// Names no token may take (the tokens file refuses them): the log could not tell them
     /// from the server's own.
-    pub const RESERVED: [&'static str; 5] = crate::config::RESERVED_NAMES;
+    pub const RESERVED: [&'static str; 6] = crate::config::RESERVED_NAMES;
 
     /// A name already checked (a tokens file's, or one of the constants above).
     pub fn new(name: &str) -> Actor {
@@ -673,6 +701,11 @@ impl Store {
         on_backend!(self, c => load_streams())
     }
 
+    /// What the last listing from Kinesis found, for every stream ever listed there, by name.
+    pub async fn sync_states(&self) -> Result<Vec<(String, SyncState)>> {
+        on_backend!(self, c => sync_states())
+    }
+
     /// Up to `limit` events after `after`, oldest first.
     pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<Event>> {
         Ok(events(self.log(after, limit).await?))
@@ -990,6 +1023,29 @@ impl Tx {
     /// `stream_put`; answers the event id.
     pub async fn put_stream(&mut self, stream: &StreamRow, by: &Actor) -> Result<i64> {
         in_tx!(self, put_stream(stream, by))
+    }
+
+    /// Claims the next listing of watched stream `name` from Kinesis at `now` (the
+    /// database's clock, Unix ms) if the last was claimed at least `interval_ms` before
+    /// (a back-off may have claimed ahead): true when this transaction took it.
+    pub async fn claim_sync(&mut self, name: &str, now: i64, interval_ms: i64) -> Result<bool> {
+        in_tx!(self, claim_sync(name, now, interval_ms))
+    }
+
+    /// Records that stream `name` was listed from Kinesis at `at`.
+    pub async fn synced(&mut self, name: &str, at: i64) -> Result<()> {
+        in_tx!(self, synced(name, at))
+    }
+
+    /// Records why listing stream `name` failed, and whether Kinesis throttled it: answers
+    /// how many listings in a row it has throttled (0 when it did not).
+    pub async fn sync_failed(&mut self, name: &str, error: &str, throttled: bool) -> Result<i64> {
+        in_tx!(self, sync_failed(name, error, throttled))
+    }
+
+    /// Holds the next listing of stream `name` until `until` (Unix ms): a back-off.
+    pub async fn defer_sync(&mut self, name: &str, until: i64) -> Result<()> {
+        in_tx!(self, defer_sync(name, until))
     }
 
     /// Deletes a stream and logs `stream_delete`; answers the event id.
@@ -1313,6 +1369,7 @@ mod tests {
             Actor::IMPORT,
             Actor::CONFIG,
             Actor::UNRECORDED,
+            Actor::KINESIS,
         ] {
             assert!(Actor::RESERVED.contains(&own), "{own}");
             assert!(crate::config::check_name(own).is_err(), "{own}");

@@ -82,3 +82,4 @@ mod tokens;
 mod truth;
 mod typescript_client;
 mod ui;
+mod watch;

@@ -1,5 +1,6 @@
 //! A replica SIGKILLed mid-reshard, after each call in turn (made in Kinesis, its answer
-//! never received), leaves the job to itself restarted or, once, to a second replica: the
+//! never received), leaves the job to itself restarted or, once, to a second replica
+//! running beside it: the
 //! job always ends at the target, the open shards tile the keyspace, keyspread's map is
 //! Kinesis', and no call is made twice or names a closed shard.
 
@@ -47,14 +48,19 @@ async fn a_replica_killed_after_each_call_leaves_the_job_to_its_restart_or_anoth
     while killed_after <= planned {
         let stream = format!("crash-{killed_after}");
         kinesalite.api.create_stream(&stream, 2).await;
-        let listing = kinesalite.api.list_shards_json(&stream).await;
         let put = client
             .put(format!("{}/streams/{stream}", server.url))
-            .json(&listing)
+            .json(&json!({"watch": true}))
             .send()
             .await
             .unwrap();
         assert!(put.status().is_success(), "{put:?}");
+        // Once, a second replica runs beside the first from before the job starts.
+        let mut other = (killed_after == TAKEN_OVER_AFTER)
+            .then(|| Server::spawn_with(&url, &dir.path().join("log-other"), &env));
+        if let Some(other) = &mut other {
+            other.wait_ready(&client).await;
+        }
         proxy.set(Rules {
             hold: Some(killed_after),
             ..Rules::default()
@@ -69,16 +75,20 @@ async fn a_replica_killed_after_each_call_leaves_the_job_to_its_restart_or_anoth
         let job: Value = started.json().await.unwrap();
         planned = job["steps"].as_array().unwrap().len();
 
+        // Killed at once: the call is made, its answer never received (and never retried).
         proxy.held().await;
-        if killed_after == TAKEN_OVER_AFTER {
-            let mut other = Server::spawn_with(&url, &log, &env);
-            other.wait_ready(&client).await;
-            server.kill();
-            server = other;
-        } else {
-            server.kill();
-            server = Server::spawn_with(&url, &log, &env);
-            server.wait_ready(&client).await;
+        match other {
+            Some(mut other) if drove(&other, &stream) => other.kill(),
+            Some(other) => {
+                assert!(drove(&server, &stream), "a replica made the held call");
+                server.kill();
+                server = other;
+            }
+            None => {
+                server.kill();
+                server = Server::spawn_with(&url, &log, &env);
+                server.wait_ready(&client).await;
+            }
         }
         proxy.release();
 
@@ -94,4 +104,10 @@ async fn a_replica_killed_after_each_call_leaves_the_job_to_its_restart_or_anoth
         killed_after += 1;
     }
     assert!(planned > TAKEN_OVER_AFTER, "a plan of {planned} calls");
+}
+
+/// Whether `server` made a call of `stream`'s reshard.
+fn drove(server: &Server, stream: &str) -> bool {
+    let named = format!("stream={stream} ");
+    (server.log_text().lines()).any(|l| l.contains("making a call") && l.contains(&named))
 }

@@ -15,8 +15,11 @@ use crate::reshard_proxy::{Call, Proxy, Rules};
 /// Accounts held while resharding: enough that every plan cuts between keys.
 const ACCOUNTS: usize = 90;
 
-/// Accounts allocated during each job of the 2 -> 5 -> 9 test.
-const MORE_ACCOUNTS: usize = 30;
+/// Accounts allocated during each job of the 2 -> 5 -> 9 test: at least, at most, and for
+/// how long at most past the least.
+const MIN_MORE: usize = 5;
+const MAX_MORE: usize = 30;
+const HOLD_FOR: Duration = Duration::from_secs(2);
 
 /// A keyspread reaching kinesalite through `proxy`, with [`ACCOUNTS`] accounts.
 pub(crate) async fn app_behind(proxy: &Proxy) -> TestApp {
@@ -32,12 +35,12 @@ pub(crate) async fn app_behind(proxy: &Proxy) -> TestApp {
     app
 }
 
-/// Creates `stream` with `shards` shards in kinesalite and registers its listing.
+/// Creates `stream` with `shards` shards in kinesalite and has keyspread watch it, as the
+/// primary stream.
 pub(crate) async fn watch(app: &TestApp, kinesis: &KinesisApi, stream: &str, shards: u32) {
     kinesis.create_stream(stream, shards).await;
-    let mut listing = kinesis.list_shards_json(stream).await;
-    listing["primary"] = json!(true);
-    let put = (app.call(Method::PUT, &format!("/streams/{stream}"), Some(listing))).await;
+    let body = json!({"watch": true, "primary": true});
+    let put = (app.call(Method::PUT, &format!("/streams/{stream}"), Some(body))).await;
     assert!(put.status < 300, "PUT /streams/{stream}: {put:?}");
 }
 
@@ -143,7 +146,14 @@ async fn start(app: &TestApp, stream: &str, target: u32) -> crate::helpers::Answ
 }
 
 /// Reshards `stream` to `target` with its first call held: a second job meanwhile is 409.
-async fn reshard(app: &TestApp, kinesalite: &Kinesalite, proxy: &Proxy, stream: &str, target: u32) {
+/// Answers how many accounts were allocated while it ran.
+async fn reshard(
+    app: &TestApp,
+    kinesalite: &Kinesalite,
+    proxy: &Proxy,
+    stream: &str,
+    target: u32,
+) -> usize {
     proxy.set(Rules {
         hold: Some(1),
         ..Rules::default()
@@ -158,12 +168,16 @@ async fn reshard(app: &TestApp, kinesalite: &Kinesalite, proxy: &Proxy, stream: 
     assert!(planned > 0, "{job}");
 
     proxy.held().await;
-    // Accounts allocated meanwhile go on the map registered before the call: the
-    // rebalance at the end moves some onto the shards cut without them.
-    for i in 0..MORE_ACCOUNTS {
-        app.allocate(&format!("acct-{target}-{i:03}")).await;
-    }
+    let held = Instant::now();
     let second = start(app, stream, target + 1).await;
+    // Accounts allocated meanwhile go on the map registered before the call: the
+    // rebalance at the end moves some onto the shards cut without them. The call is
+    // held well under the SDK's 5 s attempt timeout, after which it would be sent again.
+    let mut more = 0;
+    while more < MIN_MORE || (more < MAX_MORE && held.elapsed() < HOLD_FOR) {
+        app.allocate(&format!("acct-{target}-{more:03}")).await;
+        more += 1;
+    }
     assert_problem(&second, 409, "is being resharded already");
     assert_eq!(second.body["job"], job["id"], "{second:?}");
     proxy.release();
@@ -177,6 +191,7 @@ async fn reshard(app: &TestApp, kinesalite: &Kinesalite, proxy: &Proxy, stream: 
     assert_eq!(job["shard_count"], target, "{job}");
     let open = check_map(&app.client, &app.url(""), &kinesalite.api, stream).await;
     assert_eq!(open, target as usize);
+    more
 }
 
 /// The staged moves a reshard's rebalance logged (one rebalance, every move `reshard`),
@@ -208,8 +223,7 @@ async fn a_watched_stream_is_resharded_2_to_5_to_9_with_one_rebalance_each() {
     let mut rebalances = Vec::new();
     let mut accounts = ACCOUNTS;
     for target in [5, 9] {
-        accounts += MORE_ACCOUNTS;
-        reshard(&app, &kinesalite, &proxy, "orders", target).await;
+        accounts += reshard(&app, &kinesalite, &proxy, "orders", target).await;
         let moves = reshard_moves(&app, "orders").await;
         let ats: std::collections::BTreeSet<String> =
             (moves.iter()).map(|m| m["at"].to_string()).collect();
@@ -243,6 +257,12 @@ async fn what_kinesis_would_refuse_is_refused_up_front() {
     .await;
     assert_eq!(put.status, 201, "{put:?}");
     assert_problem(&start(&app, "plain", 4).await, 409, "is not watched");
+    // A map pasted from list-shards is not watched either: Kinesis is not its source.
+    kinesalite.api.create_stream("pasted", 2).await;
+    let listing = kinesalite.api.list_shards_json("pasted").await;
+    let put = (app.call(Method::PUT, "/streams/pasted", Some(listing))).await;
+    assert_eq!(put.status, 201, "{put:?}");
+    assert_problem(&start(&app, "pasted", 4).await, 409, "is not watched");
     assert!(
         proxy.calls().is_empty(),
         "Kinesis is not asked about an unwatched stream"
