@@ -5,13 +5,16 @@
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 # Dependencies first, so source edits reuse the cached dependency layer.
-# The workspace's members are the server (the root) and the crates in crates/: each gets an
-# empty stand-in, so that only the dependencies are built in this layer.
+# The workspace's members are the server (the root), the crates in crates/ and the example
+# producer: each gets an empty stand-in, so that only the dependencies are built in this
+# layer.
 COPY Cargo.toml Cargo.lock ./
 COPY crates/keyspace/Cargo.toml crates/keyspace/
 COPY crates/client/Cargo.toml crates/client/
-RUN mkdir -p src benches crates/keyspace/src crates/client/src \
+COPY examples/mirror_producer/Cargo.toml examples/mirror_producer/
+RUN mkdir -p src benches crates/keyspace/src crates/client/src examples/mirror_producer/src \
  && echo 'fn main() {}' > src/main.rs \
+ && echo 'fn main() {}' > examples/mirror_producer/src/main.rs \
  && touch src/lib.rs crates/keyspace/src/lib.rs crates/client/src/lib.rs \
  && for bench in $(grep -A1 '^\[\[bench\]\]' Cargo.toml | sed -n 's/^name = "\(.*\)"$/\1/p'); do \
       echo 'fn main() {}' > "benches/$bench.rs"; done \

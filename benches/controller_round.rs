@@ -108,6 +108,9 @@ fn set_up(accounts: usize, shards: u64) -> Round {
         updated_at: NOW,
         version: 1,
         listed: None,
+        watch: false,
+        kinesis: None,
+        sync: Default::default(),
     };
     let cooling = (held.iter().step_by(100))
         .map(|(id, _)| id.as_str().to_owned())

@@ -12,6 +12,7 @@ mod fanout;
 mod import;
 mod leases;
 mod load;
+mod reshard;
 mod restore;
 mod rows;
 
@@ -20,6 +21,7 @@ pub use fanout::{FanoutFigures, fanout_figures, simulate_fanout};
 pub use import::{ImportSummary, import};
 pub use leases::{SchemeFigures, lease_figures, simulate_leases};
 pub use load::{LoadRound, LoadSimulation, load_rounds, simulate_load};
+pub use reshard::{JobProgress, reshard};
 pub use restore::{RestoreSummary, is_snapshot, restore};
 pub use rows::{Row, Rows};
 

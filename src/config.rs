@@ -8,11 +8,13 @@ use std::time::Duration;
 use keyspace::Limits;
 
 mod controller;
+mod kinesis;
 mod lookup_cache;
 mod net;
 mod tokens;
 
 pub use controller::ControllerConfig;
+pub use kinesis::KinesisConfig;
 pub use lookup_cache::{LookupCache, MAX_LIFETIME_S};
 pub use net::{HostName, normalize_host, parse_network};
 pub use tokens::{
@@ -245,6 +247,36 @@ pub struct ServeConfig {
     /// The load controller (`--auto-rebalance` and its flags).
     #[command(flatten)]
     pub controller: ControllerConfig,
+
+    /// Kinesis' endpoint instead of AWS's (kinesalite, LocalStack: `http://127.0.0.1:4567`).
+    /// With it and no credentials in the AWS SDK's chain, keyspread signs with dummy
+    /// credentials, which those take.
+    #[arg(long, env = "KEYSPREAD_KINESIS_ENDPOINT")]
+    pub kinesis_endpoint: Option<String>,
+
+    /// The AWS region of the streams, instead of the SDK's chain's (AWS_REGION, the profile).
+    #[arg(long, env = "KEYSPREAD_KINESIS_REGION")]
+    pub kinesis_region: Option<String>,
+
+    /// Seconds between two listings of each watched stream's shards (by one replica).
+    #[arg(
+        long,
+        env = "KEYSPREAD_STREAM_SYNC_INTERVAL_S",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub stream_sync_interval_s: u64,
+
+    /// Seconds a replica holds a reshard job it drives before another may take it over (it
+    /// renews the claim before each call): how long a job waits after its replica died.
+    /// Keep it above a Kinesis call's timeout (8 s).
+    #[arg(
+        long,
+        env = "KEYSPREAD_RESHARD_LEASE_S",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub reshard_lease_s: u64,
 }
 
 impl ServeConfig {
@@ -280,6 +312,10 @@ impl ServeConfig {
             event_retention: EventRetention::DEFAULT,
             event_compaction_interval_s: 60,
             controller: Default::default(),
+            kinesis_endpoint: None,
+            kinesis_region: None,
+            stream_sync_interval_s: 30,
+            reshard_lease_s: 30,
         }
     }
 
@@ -292,6 +328,14 @@ impl ServeConfig {
                 bytes_per_s: self.shard_bytes_per_s,
             },
             hot_account_share: self.hot_account_share,
+        }
+    }
+
+    /// Where Kinesis is.
+    pub fn kinesis_config(&self) -> KinesisConfig {
+        KinesisConfig {
+            endpoint: self.kinesis_endpoint.clone(),
+            region: self.kinesis_region.clone(),
         }
     }
 
@@ -320,6 +364,8 @@ impl fmt::Debug for ServeConfig {
             .field("primary_stream", &self.primary_stream)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("event_retention", &self.event_retention)
+            .field("kinesis_endpoint", &self.kinesis_endpoint)
+            .field("kinesis_region", &self.kinesis_region)
             .finish_non_exhaustive()
     }
 }

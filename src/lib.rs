@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod kinesis;
 /// The pure core (crates/keyspace), shared with the clients.
 pub use ::keyspace;
 pub mod metrics;
@@ -43,6 +44,10 @@ pub struct AppState {
     pub in_flight: http::InFlight,
     /// Where snapshots wait for their clients, a few at once.
     pub spools: http::Spools,
+    /// Watched streams: the Kinesis client and the listings' counts.
+    pub watch: Arc<registry::Watch>,
+    /// Kinesis for reshard jobs, connected on first use.
+    pub kinesis: Arc<kinesis::KinesisLink>,
 }
 
 /// Who may change assignments and read metrics (one `Arc` in [`AppState`], which every
@@ -100,14 +105,26 @@ impl AppState {
         );
         let lookup_cache = config::LookupCache::parse(config.lookup_cache_control.clone())
             .map_err(StartError::LookupCacheControl)?;
+        let kinesis = Arc::new(kinesis::KinesisLink::new(config.kinesis_config()));
+        registry.drive_reshards(
+            Arc::clone(&kinesis),
+            Duration::from_secs(config.reshard_lease_s),
+        );
         registry.set_load_tolerance(config.controller.load_tolerance);
+        let mut rebalance_after_ms = None;
         if config.controller.auto_rebalance {
             let mut controller = config.controller.clone();
             let lifetime_s = lookup_cache.lifetime().min(config::MAX_LIFETIME_S);
             let lifetime_ms = lifetime_s as i64 * 1000;
-            controller.switch_after_ms.get_or_insert(lifetime_ms);
+            rebalance_after_ms = Some(*controller.switch_after_ms.get_or_insert(lifetime_ms));
             registry.control(controller);
         }
+        let watch = Arc::new(registry::Watch::new(
+            kinesis::KinesisLink::new(config.kinesis_config()),
+            Duration::from_secs(config.stream_sync_interval_s),
+            rebalance_after_ms,
+        ));
+        registry.sync_streams(Arc::clone(&watch));
         let credentials =
             http::Credentials::load(config.tokens_file.as_deref(), config.token.as_ref())?;
         if credentials.is_none() && config.read_access == config::ReadAccess::Token {
@@ -145,6 +162,8 @@ impl AppState {
             heavy: http::HeavyWork::for_this_machine(),
             in_flight: http::InFlight::default(),
             spools: http::Spools::default(),
+            watch,
+            kinesis,
         })
     }
 }

@@ -212,6 +212,28 @@ enum StreamsCommand {
         #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
         token: Option<Token>,
     },
+    /// Reshard a watched stream to a number of open shards cut where the accounts are:
+    /// the server splits and merges its shards one call at a time, then registers its map
+    /// and, on the primary stream, applies the rebalance (staged). Follows the job with a
+    /// progress bar until it ends; exits non-zero if it is refused or fails. Interrupting
+    /// this stops the following only: the job goes on (GET /streams/NAME/reshard).
+    Reshard {
+        /// The stream name.
+        name: String,
+        /// Open shards wanted, 1..=10000.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        target: u64,
+        /// Seconds after the end until producers switch to the rebalance's keys (default:
+        /// the server's lookup max-age).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+        switch_after_s: Option<u64>,
+        /// The keyspread to talk to.
+        #[arg(long, env = "KEYSPREAD_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Bearer token (admin role).
+        #[arg(long, env = "KEYSPREAD_TOKEN", hide_env_values = true, value_parser = TokenParser)]
+        token: Option<Token>,
+    },
 }
 
 #[tokio::main]
@@ -328,7 +350,40 @@ async fn main() -> ExitCode {
             url,
             token,
         }) => report(cli::put_stream(&url, token.as_ref(), &name, &file, primary).await),
+        Command::Streams(StreamsCommand::Reshard {
+            name,
+            target,
+            switch_after_s,
+            url,
+            token,
+        }) => report(reshard(&url, token.as_ref(), &name, target, switch_after_s).await),
     }
+}
+
+/// Runs `keyspread streams reshard`, showing the job's progress on stderr: one line
+/// redrawn on a terminal, a line per change otherwise.
+async fn reshard(
+    url: &str,
+    token: Option<&Token>,
+    name: &str,
+    target: u64,
+    switch_after_s: Option<u64>,
+) -> Result<String, String> {
+    use std::io::IsTerminal;
+    let terminal = std::io::stderr().is_terminal();
+    let show = |progress: &cli::JobProgress| {
+        let line = format!("reshard {name}: {}", progress.bar());
+        if terminal {
+            let _ = write!(std::io::stderr(), "\r{line}   ");
+        } else {
+            print_err_line(&line);
+        }
+    };
+    let done = cli::reshard(url, token, name, target, switch_after_s, show).await;
+    if terminal {
+        let _ = writeln!(std::io::stderr());
+    }
+    done
 }
 
 /// Where `keyspread export` reads the table.

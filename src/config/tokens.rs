@@ -112,7 +112,14 @@ pub const MAX_TOKEN_LEN: usize = 512;
 /// The longest name a token may have.
 pub const MAX_NAME_LEN: usize = 64;
 /// Names the server writes in the log itself; no token may take one.
-pub const RESERVED_NAMES: [&str; 5] = ["loopback", "controller", "import", "config", "unrecorded"];
+pub const RESERVED_NAMES: [&str; 6] = [
+    "loopback",
+    "controller",
+    "import",
+    "config",
+    "unrecorded",
+    "kinesis",
+];
 /// The name `--token` goes by; no line of a tokens file may take it.
 pub const ADMIN_TOKEN_NAME: &str = "admin";
 

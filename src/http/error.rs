@@ -8,6 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::keyspace;
+use crate::kinesis::KinesisError;
 use crate::registry::{self, Ticket};
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -258,6 +259,39 @@ impl From<keyspace::Error> for ApiError {
     }
 }
 
+/// Kinesis' refusals as the client can act on them. A missing region or credentials is a
+/// 503, not a 422: the request is sound, the server is not set up to make it (and a role's
+/// credentials may come later).
+impl From<KinesisError> for ApiError {
+    fn from(err: KinesisError) -> Self {
+        let said = err.to_string();
+        match err {
+            KinesisError::MissingRegion | KinesisError::MissingCredentials => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "kinesis-not-configured",
+                said,
+            ),
+            KinesisError::Throttled(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "kinesis-throttled", said)
+            }
+            KinesisError::NotFound(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "kinesis-stream-not-found",
+                said,
+            ),
+            KinesisError::InUse(_) => {
+                ApiError::new(StatusCode::CONFLICT, "kinesis-stream-in-use", said)
+            }
+            KinesisError::Unreachable(_)
+            | KinesisError::LimitExceeded(_)
+            | KinesisError::Other(_) => {
+                tracing::warn!(%said, "a Kinesis call failed");
+                ApiError::new(StatusCode::BAD_GATEWAY, "kinesis-failed", said)
+            }
+        }
+    }
+}
+
 impl From<registry::Error> for ApiError {
     fn from(err: registry::Error) -> Self {
         ApiError::from(&err)
@@ -283,6 +317,9 @@ impl From<&registry::Error> for ApiError {
             }
             E::Keyspace(e) => e.clone().into(),
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
+            E::Watched(_) | E::NotWatched(_) => {
+                ApiError::new(StatusCode::CONFLICT, "stream-watched", err.to_string())
+            }
             E::BadPlanId(_) | E::FanoutCap(_) | E::InvalidReport(_) => {
                 ApiError::unprocessable(err.to_string())
             }

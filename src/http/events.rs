@@ -88,6 +88,29 @@ pub enum MoveReasonBody {
     Admin,
     /// The load controller.
     Load,
+    /// The rebalance at the end of a reshard keyspread carried out.
+    Reshard,
+}
+
+impl MoveReasonBody {
+    /// As the JSON names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveReasonBody::Admin => "admin",
+            MoveReasonBody::Load => "load",
+            MoveReasonBody::Reshard => "reshard",
+        }
+    }
+}
+
+impl From<MoveReason> for MoveReasonBody {
+    fn from(reason: MoveReason) -> Self {
+        match reason {
+            MoveReason::Admin => MoveReasonBody::Admin,
+            MoveReason::Load => MoveReasonBody::Load,
+            MoveReason::Reshard => MoveReasonBody::Reshard,
+        }
+    }
 }
 
 /// One committed change.
@@ -102,7 +125,8 @@ pub struct EventBody {
     /// Who made the change: the name of the token it came with (`admin` for `--token`),
     /// `loopback` (a client on the server's host, no token configured), `controller` (the
     /// closed loop), `import` (`keyspread import`), `config` (the primary stream named at
-    /// start-up), or `unrecorded` (logged before actors were). Never a token.
+    /// start-up), `kinesis` (a watched stream's map as listed from Kinesis, and the
+    /// rebalance it called for), or `unrecorded` (logged before actors were). Never a token.
     #[schema(example = "loopback")]
     pub actor: String,
     /// The account, for account events.
@@ -150,10 +174,7 @@ impl From<LoggedEvent> for EventBody {
             Change::Move {
                 switch_at, reason, ..
             } => {
-                let reason = reason.map(|r| match r {
-                    MoveReason::Admin => MoveReasonBody::Admin,
-                    MoveReason::Load => MoveReasonBody::Load,
-                });
+                let reason = reason.map(MoveReasonBody::from);
                 (Some(super::timestamp_ms(*switch_at)), reason, None)
             }
             Change::Allocate {

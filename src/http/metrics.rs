@@ -40,6 +40,7 @@ async fn metrics(State(state): State<AppState>) -> Response<Body> {
     let mut out = String::with_capacity(32 * 1024);
     state.http_metrics.render(&mut out);
     state.registry.render_metrics(&mut out).await;
+    state.watch.render_metrics(&mut out);
     ([(header::CONTENT_TYPE, TEXT_FORMAT)], out).into_response()
 }
 

@@ -20,6 +20,7 @@ mod middleware;
 mod openapi;
 mod openapi30;
 mod rebalance;
+mod reshard;
 pub mod roles;
 mod shards;
 mod snapshot;
@@ -88,6 +89,7 @@ fn api(state: Option<&AppState>) -> OpenApiRouter<AppState> {
         .merge(limit(rebalance::router(), BODY_LIMIT))
         .merge(limit(streams::router(), BODY_LIMIT))
         .merge(limit(streams::put_router(), STREAM_BODY_LIMIT))
+        .merge(limit(reshard::router(), BODY_LIMIT))
         .merge(limit(leases::router(), BODY_LIMIT))
         .merge(limit(leases::heartbeat_router(), HEARTBEAT_BODY_LIMIT))
         .merge(limit(load::router(), BODY_LIMIT))

@@ -12,6 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
+use super::events::MoveReasonBody;
 use super::extract::whole_number;
 use super::idempotency;
 use super::shards::MapParams;
@@ -370,6 +371,9 @@ pub struct PendingMoveBody {
     /// Who applied it: the move event's `actor` (see `GET /events`).
     #[schema(example = "loopback")]
     pub applied_by: String,
+    /// Why it was made: the move event's `reason` (null for moves logged before reasons
+    /// were).
+    pub reason: Option<MoveReasonBody>,
 }
 
 /// One page of pending moves.
@@ -443,6 +447,7 @@ pub(super) async fn moves_page(
             event_id: m.event_id,
             applied_at: super::timestamp_ms(m.applied_at),
             applied_by: m.applied_by.to_string(),
+            reason: m.reason.map(MoveReasonBody::from),
         })
         .collect();
     Ok(MovesPage { items, next })

@@ -45,6 +45,8 @@ pub const OPERATIONS: &[(&str, &str, Need)] = &[
     ("PUT", "/streams/{name}", R(Admin)),
     ("DELETE", "/streams/{name}", R(Admin)),
     ("GET", "/streams/{name}/split-plan", R(Read)),
+    ("GET", "/streams/{name}/reshard", R(Read)),
+    ("POST", "/streams/{name}/reshard", R(Admin)),
     ("GET", "/streams/{name}/leases", R(Read)),
     ("PUT", "/streams/{name}/workers/{worker}", R(Consume)),
     ("DELETE", "/streams/{name}/workers/{worker}", R(Consume)),

@@ -23,7 +23,7 @@ use crate::keyspace::{
 };
 use crate::registry;
 pub use crate::registry::StreamMap;
-use crate::registry::{Registry, Stream, Ticket};
+use crate::registry::{Registry, Source, Stream, Ticket};
 use crate::store::Actor;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -54,6 +54,11 @@ pub struct PutStream {
     pub shard_count: Option<u64>,
     /// Whether new keys balance on this stream's shards; left out, the stream keeps its role.
     pub primary: Option<bool>,
+    /// `true`: keyspread lists the stream from Kinesis itself (ListShards), registers that
+    /// map and lists it again every `--stream-sync-interval-s` (no map in the body then).
+    /// `false`: stops watching; with a map, registers it, without, keeps the current one.
+    /// Left out, a map given to a watched stream is refused (409).
+    pub watch: Option<bool>,
 }
 
 super::extract::objects_only!(PutStream);
@@ -121,6 +126,14 @@ pub struct StreamSummary {
     /// When the map was last registered (RFC 3339).
     #[schema(format = DateTime)]
     pub updated_at: String,
+    /// Whether Kinesis is the map's source: listed again every sync interval.
+    pub watch: bool,
+    /// When a listing from Kinesis last succeeded (RFC 3339); null if it never did.
+    #[schema(format = DateTime)]
+    pub synced_at: Option<String>,
+    /// Why the last listing from Kinesis failed (throttled, the stream deleted there,
+    /// Kinesis unreachable: the map stays as last listed); null once one succeeds.
+    pub sync_error: Option<String>,
 }
 
 impl From<&Stream> for StreamSummary {
@@ -137,6 +150,9 @@ impl From<&Stream> for StreamSummary {
             version: s.version,
             next_shard_number: s.next_shard,
             updated_at: super::timestamp(s.updated_at),
+            watch: s.watch,
+            synced_at: s.sync.synced_at.map(super::timestamp),
+            sync_error: s.sync.sync_error.clone(),
         }
     }
 }
@@ -157,6 +173,14 @@ pub struct StreamBody {
     /// When the map was last registered (RFC 3339).
     #[schema(format = DateTime)]
     pub updated_at: String,
+    /// Whether Kinesis is the map's source: listed again every sync interval.
+    pub watch: bool,
+    /// When a listing from Kinesis last succeeded (RFC 3339); null if it never did.
+    #[schema(format = DateTime)]
+    pub synced_at: Option<String>,
+    /// Why the last listing from Kinesis failed (throttled, the stream deleted there,
+    /// Kinesis unreachable: the map stays as last listed); null once one succeeds.
+    pub sync_error: Option<String>,
 }
 
 impl From<&Stream> for StreamBody {
@@ -169,6 +193,9 @@ impl From<&Stream> for StreamBody {
             version,
             next_shard_number,
             updated_at,
+            watch,
+            synced_at,
+            sync_error,
         } = StreamSummary::from(s);
         StreamBody {
             name,
@@ -187,6 +214,9 @@ impl From<&Stream> for StreamBody {
                 .collect(),
             next_shard_number,
             updated_at,
+            watch,
+            synced_at,
+            sync_error,
         }
     }
 }
@@ -303,7 +333,7 @@ async fn list_streams(
     Ok((headers, Json(page)))
 }
 
-/// Register or replace a stream's shard map.
+/// Register or replace a stream's shard map, or watch it in Kinesis.
 #[utoipa::path(
     put, path = "/streams/{name}", tag = "streams",
     params(StreamPath),
@@ -313,8 +343,13 @@ async fn list_streams(
         (status = 200, description = "Replaced; `before` shows the old map's balance", body = StreamChange),
         (status = 400, description = "Invalid stream name, or a body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`{\"watch\": false}` without a map for a stream not registered", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A map given for a watched stream: Kinesis is its source (send `\"watch\": false` with it to stop watching)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not list-shards output, a shard id Kinesis would not give, more than 10000 open shards, or open shards that do not tile the keyspace (the detail names the range)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not list-shards output, a shard id Kinesis would not give, more than 10000 open shards, or open shards that do not tile the keyspace (the detail names the range); `\"watch\": true` with a map; a stream Kinesis does not have", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`\"watch\": true`: Kinesis did not answer, or failed", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`\"watch\": true`: no AWS region or no AWS credentials (the detail says which, and how to give it), or Kinesis throttles the listing", body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u32, description = "Seconds to wait before trying again"))),
     )
 )]
 async fn put_stream(
@@ -325,10 +360,26 @@ async fn put_stream(
     Json(body): Json<PutStream>,
 ) -> Result<(StatusCode, Json<StreamChange>), ApiError> {
     let name = stream_name(name)?;
-    let primary = body.primary;
-    let map = body.into_map(state.registry.keyspace())?;
+    let (primary, watch) = (body.primary, body.watch);
+    let keyspace = state.registry.keyspace();
+    let given = body.shards.is_some() || body.shard_count.is_some();
+    let (map, source) = match (watch, given) {
+        (Some(true), true) => {
+            return Err(ApiError::unprocessable(
+                "`\"watch\": true` takes no map: keyspread lists the stream's shards from \
+                 Kinesis itself; leave out `Shards` and `shard_count`",
+            ));
+        }
+        (Some(true), false) => {
+            let (kinesis, map) = state.watch.list(&name, keyspace).await?;
+            (Some(map), Source::Watched(kinesis))
+        }
+        (Some(false), false) => (None, Source::Unwatched),
+        (Some(false), true) => (Some(body.into_map(keyspace)?), Source::Unwatched),
+        (None, _) => (Some(body.into_map(keyspace)?), Source::Given),
+    };
     idempotency::tell_json(&ticket, stream_changed);
-    let change = (state.registry).put_stream(name, map, primary, &actor, &ticket);
+    let change = (state.registry).put_stream_from(name, map, primary, source, &actor, &ticket);
     Ok(stream_changed(in_time(&state, &ticket, change).await?))
 }
 
@@ -503,55 +554,34 @@ fn split_plan_body(
         .operations
         .into_iter()
         .map(|op| {
-            let call = match op {
+            match &op {
                 Reshard::Split {
                     shard,
                     new_starting_hash_key,
-                    children,
-                } => {
-                    commands.push(aws_cli::kinesis(
-                        &["split-shard"],
-                        &[
-                            ("--stream-name", &name),
-                            ("--shard-to-split", &shard),
-                            (
-                                "--new-starting-hash-key",
-                                &new_starting_hash_key.to_string(),
-                            ),
-                        ],
-                    ));
-                    ReshardCall {
-                        action: "split".into(),
-                        shard_to_split: Some(shard),
-                        new_starting_hash_key: Some(new_starting_hash_key),
-                        shard_to_merge: None,
-                        adjacent_shard_to_merge: None,
-                        resulting_shards: children.to_vec(),
-                    }
-                }
+                    ..
+                } => commands.push(aws_cli::kinesis(
+                    &["split-shard"],
+                    &[
+                        ("--stream-name", &name),
+                        ("--shard-to-split", shard),
+                        (
+                            "--new-starting-hash-key",
+                            &new_starting_hash_key.to_string(),
+                        ),
+                    ],
+                )),
                 Reshard::Merge {
-                    shard,
-                    adjacent,
-                    merged,
-                } => {
-                    commands.push(aws_cli::kinesis(
-                        &["merge-shards"],
-                        &[
-                            ("--stream-name", &name),
-                            ("--shard-to-merge", &shard),
-                            ("--adjacent-shard-to-merge", &adjacent),
-                        ],
-                    ));
-                    ReshardCall {
-                        action: "merge".into(),
-                        shard_to_split: None,
-                        new_starting_hash_key: None,
-                        shard_to_merge: Some(shard),
-                        adjacent_shard_to_merge: Some(adjacent),
-                        resulting_shards: vec![merged],
-                    }
-                }
-            };
+                    shard, adjacent, ..
+                } => commands.push(aws_cli::kinesis(
+                    &["merge-shards"],
+                    &[
+                        ("--stream-name", &name),
+                        ("--shard-to-merge", shard),
+                        ("--adjacent-shard-to-merge", adjacent),
+                    ],
+                )),
+            }
+            let call = ReshardCall::from(op);
             commands.push(aws_cli::kinesis(
                 &["wait", "stream-exists"],
                 &[("--stream-name", &name)],

@@ -282,8 +282,8 @@ impl Registry {
             };
             let n = moves.len();
             let switch_at = at + config.switch_after_ms.unwrap_or(60_000);
-            this.apply_staged(&mut w, tx, at, switch_at, moves, MoveReason::Load)
-                .await?;
+            let by = Actor::controller();
+            (this.apply_staged(&mut w, tx, at, switch_at, moves, MoveReason::Load, &by)).await?;
             Ok::<_, Error>(Round::Applied {
                 before,
                 after: if n == 0 { before } else { after },
@@ -385,8 +385,9 @@ impl Registry {
     }
 
     /// Applies `moves` staged (switching at `switch_at`) in `tx`, logged with `reason` as
-    /// the controller's, and commits (the round's claim with them).
-    async fn apply_staged(
+    /// `actor`'s, and commits (with whatever else `tx` holds: a round's claim, a job's end).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn apply_staged(
         &self,
         w: &mut Writer,
         mut tx: Tx,
@@ -394,8 +395,9 @@ impl Registry {
         switch_at: i64,
         moves: Vec<keyspace::Move>,
         reason: MoveReason,
+        actor: &Actor,
     ) -> Result<(), Error> {
-        let ids = (tx.apply_moves(&moves, &Actor::controller(), at, switch_at, reason)).await?;
+        let ids = (tx.apply_moves(&moves, actor, at, switch_at, reason)).await?;
         self.commit(w, tx, Committed::Moves(moves.len()), &[])
             .await?;
         let events = ids

@@ -28,6 +28,7 @@ mod log;
 mod md5_loads;
 mod metrics;
 mod rebalance;
+mod reshard;
 mod restore;
 mod retention;
 mod snapshot;
@@ -35,6 +36,7 @@ mod streams;
 mod ticket;
 mod totals;
 mod vouch;
+mod watch;
 
 use accounts::Accounts;
 pub use accounts::Held;
@@ -52,13 +54,15 @@ pub use load::{
 pub use log::LogPage;
 use metrics::Committed;
 pub use rebalance::{Applied, Counted, MapSpec, Planned};
+pub use reshard::{ReshardError, ReshardView};
 pub use restore::{Grow, RestoreChunk, Restored};
 pub use retention::Compacted;
 pub use snapshot::Snapshot;
-pub use streams::{Stream, StreamChange, StreamMap};
+pub use streams::{Source, Stream, StreamChange, StreamMap};
 pub use ticket::Ticket;
 pub use totals::{AccountTotals, LoadTotals};
 pub use vouch::VOUCH;
+pub use watch::Watch;
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +77,13 @@ pub enum Error {
     StalePlan(String),
     #[error("no stream named {0:?} is registered")]
     UnknownStream(String),
+    #[error(
+        "stream {0:?} is watched: its map comes from Kinesis; send {{\"watch\": false}} (with \
+         or without a map) to stop watching it first"
+    )]
+    Watched(String),
+    #[error("stream {0:?} is no longer watched")]
+    NotWatched(String),
     #[error("worker {worker:?} is not in stream {stream:?}'s group (it left, or expired)")]
     UnknownWorker { stream: String, worker: String },
     #[error("stream {stream:?}'s consumer group already has {max} workers, the most it may have")]
@@ -232,6 +243,8 @@ pub struct Registry {
     synced: vouch::Synced,
     /// How far the database's clock is from this host's.
     offset: clock::Offset,
+    /// Wakes this replica's reshard driver: a job was started here.
+    reshard_wake: tokio::sync::Notify,
 }
 
 /// What a long-poll of the log waits on (see [`Registry::wait_for_events`]).
@@ -438,6 +451,7 @@ impl Registry {
             }),
             synced,
             offset: Default::default(),
+            reshard_wake: Default::default(),
         });
         registry.note_schema(schema);
         registry.db_clock().await?;

@@ -6,9 +6,10 @@ use super::rebalance::plan_id;
 use super::{Committed, Error, MapSpec, Registry, Ticket, Writer, detached};
 use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{self, Keyspace, Load, Plan, ShardMap, SplitPlan};
-use crate::store::{Actor, Change, Event, StreamRow, Tx};
+use crate::store::{Actor, Change, Event, KinesisStream, StreamRow, SyncState, Tx};
 
 /// The map a stream registers: what `PUT /streams/{name}` takes.
+#[derive(Debug)]
 pub struct StreamMap {
     pub map: ShardMap,
     /// Every shard consumers read, closed ones and parents included; none for a uniform map.
@@ -37,6 +38,53 @@ pub struct Stream {
     pub lease_shards: Arc<[LeaseShard]>,
     /// Whether `lease_shards` came from list-shards output.
     pub listed: bool,
+    /// Whether Kinesis is the map's source (listed again every sync interval).
+    pub watch: bool,
+    /// The stream Kinesis last answered under this name, if it was ever listed there.
+    pub kinesis: Option<KinesisStream>,
+    /// What the last listing from Kinesis found.
+    pub sync: SyncState,
+}
+
+/// Where a map being registered comes from, and what that does to the stream's watch.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// keyspread itself (a reshard's end): the stream's watch stays as it is.
+    Kept,
+    /// A client: refused while Kinesis is the stream's source.
+    Given,
+    /// A client that stops the watch: Kinesis is no longer the map's source.
+    Unwatched,
+    /// Listed from Kinesis at a client's request: watched from now on.
+    Watched(KinesisStream),
+    /// Listed from Kinesis by the sync: registered only while the stream is watched.
+    Synced(KinesisStream),
+}
+
+impl Source {
+    /// Whether the map was listed from Kinesis just now.
+    fn listed(&self) -> bool {
+        matches!(self, Source::Watched(_) | Source::Synced(_))
+    }
+
+    /// Who the log says made the change: Kinesis for a listing, else the client.
+    fn actor<'a>(&self, client: &'a Actor) -> std::borrow::Cow<'a, Actor> {
+        if self.listed() {
+            std::borrow::Cow::Owned(Actor::new(Actor::KINESIS))
+        } else {
+            std::borrow::Cow::Borrowed(client)
+        }
+    }
+}
+
+/// What registering a map from a [`Source`] does to the stream's watch.
+#[derive(Debug)]
+struct Watching {
+    watch: bool,
+    /// The Kinesis stream the name stands for afterwards.
+    kinesis: Option<KinesisStream>,
+    /// Whether the listing found another stream under the name than the last did.
+    recreated: bool,
 }
 
 /// What registering a stream's map did to balance.
@@ -78,6 +126,9 @@ impl Stream {
             primary: row.primary,
             updated_at: row.updated_at,
             version: row.version,
+            watch: row.watch,
+            kinesis: row.kinesis,
+            sync: row.sync,
         })
     }
 
@@ -90,7 +141,27 @@ impl Stream {
             updated_at: self.updated_at,
             version: self.version,
             listed: self.listed.then(|| self.lease_shards.to_vec()),
+            watch: self.watch,
+            kinesis: self.kinesis.clone(),
+            sync: self.sync.clone(),
         }
+    }
+
+    /// The map as registered, to register again.
+    fn stream_map(&self) -> StreamMap {
+        StreamMap {
+            map: (*self.map).clone(),
+            lease_shards: self.listed.then(|| self.lease_shards.to_vec()),
+            next_shard: self.next_shard,
+        }
+    }
+
+    /// Whether `map` is the map registered: the same open shards, the same shards listed,
+    /// the same next shard number.
+    fn holds(&self, map: &StreamMap) -> bool {
+        *self.map == map.map
+            && self.next_shard == map.next_shard
+            && map.lease_shards.as_deref() == self.listed.then_some(&*self.lease_shards)
     }
 
     /// The shard consumers know as `id`, if the stream lists it.
@@ -126,19 +197,50 @@ impl Registry {
     }
 
     /// Registers or replaces `name`'s map. `primary: None` keeps the stream's current role
-    /// (or makes it primary if configuration named it so).
+    /// (or makes it primary if configuration named it so); the stream's watch stays as it
+    /// is.
     pub async fn put_stream(
         self: &Arc<Self>,
         name: String,
-        StreamMap {
-            map,
-            lease_shards: listed,
-            next_shard,
-        }: StreamMap,
+        map: StreamMap,
         primary: Option<bool>,
         actor: &Actor,
         ticket: &Ticket,
     ) -> Result<StreamChange, Error> {
+        self.put_stream_from(name, Some(map), primary, Source::Kept, actor, ticket)
+            .await
+    }
+
+    /// Registers `name`'s map from `source` (see [`Registry::register`]): its current map
+    /// again when `map` is `None`.
+    pub async fn put_stream_from(
+        self: &Arc<Self>,
+        name: String,
+        map: Option<StreamMap>,
+        primary: Option<bool>,
+        source: Source,
+        actor: &Actor,
+        ticket: &Ticket,
+    ) -> Result<StreamChange, Error> {
+        let change = self.register(name.clone(), map, primary, source, actor, ticket);
+        change.await?.ok_or(Error::NotWatched(name))
+    }
+
+    /// Registers `name`'s map from `source`, or its current map again when `map` is `None`
+    /// (a watch stopped). A listing the sync made of a map already registered, from the
+    /// same Kinesis stream, registers nothing (`None`) but that it was synced. A stream
+    /// created again in Kinesis under the name (another ARN or creation time) is a new
+    /// stream: its consumers' leases and checkpoints go, as `DELETE /streams` drops them.
+    /// The log names `actor`, or Kinesis for a listing; an Idempotency-Key is `actor`'s.
+    pub(super) async fn register(
+        self: &Arc<Self>,
+        name: String,
+        map: Option<StreamMap>,
+        primary: Option<bool>,
+        source: Source,
+        actor: &Actor,
+        ticket: &Ticket,
+    ) -> Result<Option<StreamChange>, Error> {
         let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
         detached(async move {
             let mut w = this.writer.lock().await;
@@ -147,8 +249,42 @@ impl Registry {
             }
             let (mut tx, at) = this.begin(&mut w).await?;
             let old = this.stream(&name);
+            let Watching {
+                watch,
+                kinesis,
+                recreated,
+            } = watch_after(&name, old.as_ref(), &source)?;
+            let map = match (map, &old) {
+                (Some(map), _) => map,
+                (None, Some(old)) => old.stream_map(),
+                (None, None) => return Err(Error::UnknownStream(name)),
+            };
+            if let (Source::Synced(_), Some(old)) = (&source, &old)
+                && !recreated
+                && old.holds(&map)
+            {
+                tx.synced(&name, at).await?;
+                this.commit(&mut w, tx, Committed::Stream, &[&ticket]).await?;
+                this.note_sync(&name, synced_at(at));
+                return Ok(None);
+            }
+            if recreated {
+                tracing::warn!(stream = %name, "the stream was created again in Kinesis: its consumers' leases and checkpoints are dropped");
+                tx.lease_lock(&name).await?;
+                tx.delete_lease_group(&name).await?;
+            }
+            let StreamMap {
+                map,
+                lease_shards: listed,
+                next_shard,
+            } = map;
             let configured = w.pending_primary.as_deref() == Some(name.as_str());
             let primary = primary.unwrap_or_else(|| old.as_ref().map_or(configured, |o| o.primary));
+            let sync = match &old {
+                _ if source.listed() => synced_at(at),
+                Some(old) => old.sync.clone(),
+                None => SyncState::default(),
+            };
             let row = StreamRow {
                 name: name.clone(),
                 shards: map.iter().map(|s| (s.id, s.start, s.end)).collect(),
@@ -157,8 +293,14 @@ impl Registry {
                 updated_at: at,
                 version: 0,
                 listed,
+                watch,
+                kinesis,
+                sync,
             };
-            let id = tx.put_stream(&row, &actor).await?;
+            let id = tx.put_stream(&row, &source.actor(&actor)).await?;
+            if source.listed() {
+                tx.synced(&name, at).await?;
+            }
             // The answer as memory holds it once this commits, worked out before, so that an
             // answer kept for an Idempotency-Key is kept with the change.
             let stream = Stream::from_row(StreamRow { version: id, ..row }, this.keyspace)?;
@@ -199,7 +341,7 @@ impl Registry {
             if primary && configured {
                 w.pending_primary = None;
             }
-            Ok(change)
+            Ok(Some(change))
         })
         .await
     }
@@ -315,5 +457,37 @@ impl Registry {
         self.commit(w, tx, Committed::Stream, &[ticket]).await?;
         self.apply_events(w, vec![event])?;
         self.reload_streams(w, rows)
+    }
+}
+
+/// Whether the stream is watched once `source` registers a map, and the Kinesis stream it
+/// is then known as; refuses a client's map while Kinesis is the source, and a sync's
+/// listing once the watch has stopped.
+fn watch_after(name: &str, old: Option<&Stream>, source: &Source) -> Result<Watching, Error> {
+    let watched = old.is_some_and(|o| o.watch);
+    let known = old.and_then(|o| o.kinesis.clone());
+    let kept = |watch| Watching {
+        watch,
+        kinesis: known.clone(),
+        recreated: false,
+    };
+    match source {
+        Source::Kept => Ok(kept(watched)),
+        Source::Given if watched => Err(Error::Watched(name.to_owned())),
+        Source::Given | Source::Unwatched => Ok(kept(false)),
+        Source::Synced(_) if !watched => Err(Error::NotWatched(name.to_owned())),
+        Source::Watched(now) | Source::Synced(now) => Ok(Watching {
+            watch: true,
+            recreated: known.as_ref().is_some_and(|was| was != now),
+            kinesis: Some(now.clone()),
+        }),
+    }
+}
+
+/// A listing that succeeded at `at`.
+fn synced_at(at: i64) -> SyncState {
+    SyncState {
+        synced_at: Some(at),
+        sync_error: None,
     }
 }

@@ -208,6 +208,9 @@ mod tests {
             updated_at: 0,
             version: 1,
             listed: None,
+            watch: false,
+            kinesis: None,
+            sync: Default::default(),
         }
     }
 

@@ -28,6 +28,7 @@ use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
 pub use log::{LogEnd, LogId, LogRead};
 pub use postgres::CHANNEL;
+pub use reshard::{JobProgress, JobState, ReshardJob};
 pub use retention::Compaction;
 
 /// `migrations` (a backend's `sqlx::migrate!`), ready to run on a database that a newer
@@ -276,6 +277,31 @@ pub struct StreamRow {
     /// Every shard list-shards named, closed ones and parents included; `None` when the
     /// map was given as a shard count (the open shards are all there is).
     pub listed: Option<Vec<LeaseShard>>,
+    /// Whether Kinesis is the map's source: it is listed again every sync interval.
+    pub watch: bool,
+    /// The stream Kinesis last answered under this name, if it was ever listed there.
+    pub kinesis: Option<KinesisStream>,
+    /// What the last listing from Kinesis found (written apart from the map: a listing
+    /// that finds the map unchanged logs no event).
+    pub sync: SyncState,
+}
+
+/// Which stream Kinesis means by a name: one deleted and created again under it has
+/// another creation time (and, in another account or region, another ARN).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KinesisStream {
+    pub arn: String,
+    /// Unix milliseconds.
+    pub created_at_ms: i64,
+}
+
+/// What the last listing of a stream from Kinesis found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncState {
+    /// When a listing last succeeded (Unix ms).
+    pub synced_at: Option<i64>,
+    /// Why the last listing failed, until one succeeds.
+    pub sync_error: Option<String>,
 }
 
 /// A staged move not yet switched: a key of `account` is `to` in the table, and producers
@@ -295,12 +321,15 @@ pub struct PendingMove {
     pub applied_at: i64,
     /// Who applied it (the event's actor).
     pub applied_by: Actor,
+    /// Why (the event's reason); `None` for moves logged before reasons were.
+    pub reason: Option<MoveReason>,
 }
 
 /// Who made a change, as the log records it: a token's name from the tokens file, `admin`
 /// for `--token`, `loopback` for a client on the server's host when no token is configured,
 /// `controller` for the closed loop's own rounds, `import` for `keyspread import`, `config`
-/// for the primary stream named at start-up. Never a token.
+/// for the primary stream named at start-up, `kinesis` for a watched stream's map as
+/// listed from Kinesis. Never a token.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Actor(compact_str::CompactString);
 
@@ -314,9 +343,11 @@ impl Actor {
     pub const ADMIN: &'static str = crate::config::ADMIN_TOKEN_NAME;
     /// What events logged before actors were read.
     pub const UNRECORDED: &'static str = "unrecorded";
+    /// Kinesis itself: the map of a watched stream, as listed from Kinesis.
+    pub const KINESIS: &'static str = "kinesis";
     /// Names no token may take (the tokens file refuses them): the log could not tell them
     /// from the server's own.
-    pub const RESERVED: [&'static str; 5] = crate::config::RESERVED_NAMES;
+    pub const RESERVED: [&'static str; 6] = crate::config::RESERVED_NAMES;
 
     /// A name already checked (a tokens file's, or one of the constants above).
     pub fn new(name: &str) -> Actor {
@@ -441,11 +472,13 @@ pub enum Change {
     },
 }
 
-/// Why a move was made: an admin's apply (or fanout change), or the load controller.
+/// Why a move was made: an admin's apply (or fanout change), the load controller, or the
+/// rebalance that ends a reshard keyspread carried out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoveReason {
     Admin,
     Load,
+    Reshard,
 }
 
 impl MoveReason {
@@ -453,6 +486,7 @@ impl MoveReason {
         match self {
             MoveReason::Admin => "admin",
             MoveReason::Load => "load",
+            MoveReason::Reshard => "reshard",
         }
     }
 
@@ -460,6 +494,7 @@ impl MoveReason {
         match text {
             "admin" => Some(MoveReason::Admin),
             "load" => Some(MoveReason::Load),
+            "reshard" => Some(MoveReason::Reshard),
             _ => None,
         }
     }
@@ -633,6 +668,7 @@ macro_rules! in_tx {
 
 // After the macros, which they use.
 mod log;
+mod reshard;
 mod retention;
 
 impl Store {
@@ -663,6 +699,11 @@ impl Store {
     /// Every registered stream.
     pub async fn load_streams(&self) -> Result<Vec<StreamRow>> {
         on_backend!(self, c => load_streams())
+    }
+
+    /// What the last listing from Kinesis found, for every stream ever listed there, by name.
+    pub async fn sync_states(&self) -> Result<Vec<(String, SyncState)>> {
+        on_backend!(self, c => sync_states())
     }
 
     /// Up to `limit` events after `after`, oldest first.
@@ -982,6 +1023,29 @@ impl Tx {
     /// `stream_put`; answers the event id.
     pub async fn put_stream(&mut self, stream: &StreamRow, by: &Actor) -> Result<i64> {
         in_tx!(self, put_stream(stream, by))
+    }
+
+    /// Claims the next listing of watched stream `name` from Kinesis at `now` (the
+    /// database's clock, Unix ms) if the last was claimed at least `interval_ms` before
+    /// (a back-off may have claimed ahead): true when this transaction took it.
+    pub async fn claim_sync(&mut self, name: &str, now: i64, interval_ms: i64) -> Result<bool> {
+        in_tx!(self, claim_sync(name, now, interval_ms))
+    }
+
+    /// Records that stream `name` was listed from Kinesis at `at`.
+    pub async fn synced(&mut self, name: &str, at: i64) -> Result<()> {
+        in_tx!(self, synced(name, at))
+    }
+
+    /// Records why listing stream `name` failed, and whether Kinesis throttled it: answers
+    /// how many listings in a row it has throttled (0 when it did not).
+    pub async fn sync_failed(&mut self, name: &str, error: &str, throttled: bool) -> Result<i64> {
+        in_tx!(self, sync_failed(name, error, throttled))
+    }
+
+    /// Holds the next listing of stream `name` until `until` (Unix ms): a back-off.
+    pub async fn defer_sync(&mut self, name: &str, until: i64) -> Result<()> {
+        in_tx!(self, defer_sync(name, until))
     }
 
     /// Deletes a stream and logs `stream_delete`; answers the event id.
@@ -1305,6 +1369,7 @@ mod tests {
             Actor::IMPORT,
             Actor::CONFIG,
             Actor::UNRECORDED,
+            Actor::KINESIS,
         ] {
             assert!(Actor::RESERVED.contains(&own), "{own}");
             assert!(crate::config::check_name(own).is_err(), "{own}");

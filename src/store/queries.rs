@@ -18,7 +18,7 @@ macro_rules! queries {
         use crate::keyspace::lease_state::Holder;
         use crate::store::leases::{LeaseGroup, LeaseRow, WorkerRow};
         use crate::store::{
-            Actor, EventRow, KeyRow, LoggedEvent, PendingMove, Result, StoreError, StreamRow, Switch,
+            Actor, EventRow, KeyRow, KinesisStream, LoggedEvent, PendingMove, Result, StoreError, StreamRow, SyncState, Switch,
             decode_account, decode_key, decode_listed, decode_row, decode_shards, encode_listed, encode_shards,
         };
 
@@ -89,7 +89,7 @@ macro_rules! queries {
         /// above `after`, by event id.
         pub async fn moves(conn: &mut Conn, after: i64, now: i64, limit: i64) -> Result<Vec<PendingMove>> {
             let rows = sqlx::query(
-                "SELECT a.account, a.idx, a.prev_hash_key, a.hash_key, a.switch_at, a.moved_by, e.at, e.actor \
+                "SELECT a.account, a.idx, a.prev_hash_key, a.hash_key, a.switch_at, a.moved_by, e.at, e.actor, e.reason \
                  FROM assignments a JOIN events e ON e.id = a.moved_by \
                  WHERE a.switch_at > $1 AND a.moved_by > $2 ORDER BY a.moved_by LIMIT $3",
             )
@@ -105,6 +105,13 @@ macro_rules! queries {
                     let index = u32::try_from(idx)
                         .map_err(|_| StoreError::Corrupt(format!("account {account}: key index {idx}")))?;
                     let from: Option<Vec<u8>> = r.try_get(2)?;
+                    let reason: Option<String> = r.try_get(8)?;
+                    let reason = reason
+                        .map(|text| {
+                            crate::store::MoveReason::parse(&text)
+                                .ok_or_else(|| StoreError::Corrupt(format!("account {account}: move reason {text:?}")))
+                        })
+                        .transpose()?;
                     Ok(PendingMove {
                         account: decode_account(account)?,
                         index,
@@ -114,6 +121,7 @@ macro_rules! queries {
                         event_id: r.try_get(5)?,
                         applied_at: r.try_get(6)?,
                         applied_by: Actor::new(r.try_get(7)?),
+                        reason,
                     })
                 })
                 .collect()
@@ -398,7 +406,7 @@ macro_rules! queries {
         }
 
         pub async fn load_streams(conn: &mut Conn) -> Result<Vec<StreamRow>> {
-            let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed FROM streams ORDER BY name")
+            let rows = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed, watch, kinesis_arn, kinesis_created_at, synced_at, sync_error FROM streams ORDER BY name")
                 .fetch_all(&mut *conn)
                 .await?;
             rows.iter().map(stream_row).collect()
@@ -406,7 +414,7 @@ macro_rules! queries {
 
         /// Stream `name`'s row as committed, if it is registered.
         pub async fn load_stream(conn: &mut Conn, name: &str) -> Result<Option<StreamRow>> {
-            let row = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed FROM streams WHERE name = $1")
+            let row = sqlx::query("SELECT name, shards, next_shard, is_primary, updated_at, version, listed, watch, kinesis_arn, kinesis_created_at, synced_at, sync_error FROM streams WHERE name = $1")
                 .bind(name)
                 .fetch_optional(&mut *conn)
                 .await?;
@@ -432,8 +440,68 @@ macro_rules! queries {
                 updated_at: row.try_get(4)?,
                 version: row.try_get(5)?,
                 listed: decode_listed(&name, row.try_get(6)?)?,
+                watch: row.try_get(7)?,
+                kinesis: match (row.try_get::<Option<String>, _>(8)?, row.try_get::<Option<i64>, _>(9)?) {
+                    (Some(arn), Some(created_at_ms)) => Some(KinesisStream { arn, created_at_ms }),
+                    _ => None,
+                },
+                sync: SyncState { synced_at: row.try_get(10)?, sync_error: row.try_get(11)? },
                 name,
             })
+        }
+
+        pub async fn sync_states(conn: &mut Conn) -> Result<Vec<(String, SyncState)>> {
+            let rows = sqlx::query("SELECT name, synced_at, sync_error FROM streams WHERE synced_at IS NOT NULL OR sync_error IS NOT NULL")
+                .fetch_all(&mut *conn)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let state = SyncState { synced_at: row.try_get(1)?, sync_error: row.try_get(2)? };
+                    Ok((row.try_get(0)?, state))
+                })
+                .collect()
+        }
+
+        pub async fn claim_sync(conn: &mut Conn, name: &str, now: i64, interval_ms: i64) -> Result<bool> {
+            let done = sqlx::query("UPDATE streams SET sync_claimed_at = $2 WHERE name = $1 AND watch AND sync_claimed_at <= $3")
+                .bind(name)
+                .bind(now)
+                .bind(now - interval_ms)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        pub async fn synced(conn: &mut Conn, name: &str, at: i64) -> Result<()> {
+            sqlx::query("UPDATE streams SET synced_at = $2, sync_error = NULL, sync_throttled = 0 WHERE name = $1")
+                .bind(name)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+
+        pub async fn sync_failed(conn: &mut Conn, name: &str, error: &str, throttled: bool) -> Result<i64> {
+            let count: Option<i64> = sqlx::query_scalar(
+                "UPDATE streams SET sync_error = $2, \
+                 sync_throttled = CASE WHEN $3 THEN sync_throttled + 1 ELSE 0 END \
+                 WHERE name = $1 RETURNING sync_throttled",
+            )
+            .bind(name)
+            .bind(error)
+            .bind(throttled)
+            .fetch_optional(&mut *conn)
+            .await?;
+            Ok(count.unwrap_or(0))
+        }
+
+        pub async fn defer_sync(conn: &mut Conn, name: &str, until: i64) -> Result<()> {
+            sqlx::query("UPDATE streams SET sync_claimed_at = $2 WHERE name = $1")
+                .bind(name)
+                .bind(until)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
         }
 
         pub async fn put_stream(conn: &mut Conn, stream: &StreamRow, by: &Actor) -> Result<i64> {
@@ -445,9 +513,11 @@ macro_rules! queries {
             }
             let shards = encode_shards(&stream.shards);
             sqlx::query(
-                "INSERT INTO streams (name, shards, next_shard, is_primary, updated_at, listed) VALUES ($1, $2, $3, $4, $5, $6) \
+                "INSERT INTO streams (name, shards, next_shard, is_primary, updated_at, listed, watch, kinesis_arn, kinesis_created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                  ON CONFLICT (name) DO UPDATE SET shards = excluded.shards, next_shard = excluded.next_shard, \
-                 is_primary = excluded.is_primary, updated_at = excluded.updated_at, listed = excluded.listed",
+                 is_primary = excluded.is_primary, updated_at = excluded.updated_at, listed = excluded.listed, \
+                 watch = excluded.watch, kinesis_arn = excluded.kinesis_arn, kinesis_created_at = excluded.kinesis_created_at",
             )
             .bind(&stream.name)
             .bind(&shards)
@@ -455,6 +525,9 @@ macro_rules! queries {
             .bind(stream.primary)
             .bind(stream.updated_at)
             .bind(encode_listed(&stream.listed))
+            .bind(stream.watch)
+            .bind(stream.kinesis.as_ref().map(|k| k.arn.as_str()))
+            .bind(stream.kinesis.as_ref().map(|k| k.created_at_ms))
             .execute(&mut *conn)
             .await?;
             let count = stream.shards.len() as i64;

@@ -106,6 +106,11 @@ impl KinesisApi {
         self.list_shards(name).await
     }
 
+    /// Deletes a stream (at once: kinesalite.js deletes with no delay).
+    pub(crate) async fn delete_stream(&self, name: &str) {
+        self.post("DeleteStream", json!({"StreamName": name})).await;
+    }
+
     /// Polls DescribeStreamSummary until the stream is ACTIVE, for at most 5 s.
     pub(crate) async fn wait_active(&self, name: &str) {
         for _ in 0..500 {

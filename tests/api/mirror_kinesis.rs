@@ -32,7 +32,7 @@ fn producer() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let binary = target.join("mirror-producer/debug/keyspread-mirror-producer");
+    let binary = target.join("debug/keyspread-mirror-producer");
     assert!(
         binary.is_file(),
         "{} is missing: run `make test-deps` (or `make mirror-producer`)",

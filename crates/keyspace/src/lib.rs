@@ -24,7 +24,7 @@ pub use account::AccountId;
 pub use alloc::Allocator;
 pub use key::{HashKey, Keyspace};
 pub use list_shards::{
-    HashKeyRange, ListShards, ListedShard, SequenceNumberRange, is_kinesis_name,
+    HashKeyRange, ListShards, ListedShard, SequenceNumberRange, is_kinesis_name, shard_number,
 };
 pub use load::{Limits, Rate};
 pub use load_plan::{
@@ -34,7 +34,7 @@ pub use load_plan::{
 pub use rebalance::{Holding, Move, Plan, plan};
 pub use selector::{jump, sub_key_index};
 pub use shards::{MAX_SHARDS, Shard, ShardMap, Skew, md5_hash};
-pub use split::{Reshard, SplitPlan, load_in, split_plan};
+pub use split::{Reshard, SplitPlan, calls_since, calls_to, load_in, split_plan};
 pub use spread::Spread;
 pub use tree::{KeyTree, Load};
 

@@ -15,6 +15,16 @@ pub fn is_kinesis_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
+/// The number in `shardId-000000000042`, if the id has that form: exactly 12 digits, so the
+/// next number always fits.
+pub fn shard_number(id: &str) -> Option<u64> {
+    let digits = id.strip_prefix("shardId-")?;
+    if digits.len() != 12 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// `aws kinesis list-shards --stream-name X` output, as-is.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "PascalCase")]
@@ -74,14 +84,9 @@ impl ListedShard {
         self.sequence_number_range.ending_sequence_number.is_none()
     }
 
-    /// The number in `shardId-000000000042`, if it has that form: exactly 12 digits, so the
-    /// next number always fits.
+    /// The number in its id (see [`shard_number`]).
     pub fn number(&self) -> Option<u64> {
-        let digits = self.shard_id.strip_prefix("shardId-")?;
-        if digits.len() != 12 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        digits.parse().ok()
+        shard_number(&self.shard_id)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Split plans (seed 002): cut the keyspace into ranges of equal load between the actual
 //! keys, and list the SplitShard / MergeShards calls that take a stream's open shards there.
 
+use super::lease_state::LeaseShard;
+use super::list_shards::shard_number;
 use super::shards::{Shard, ShardMap, shard_id};
 use super::tree::Load;
 use super::{Error, HashKey, Keyspace};
@@ -45,8 +47,7 @@ pub fn split_plan(
 ) -> Result<SplitPlan, Error> {
     ShardMap::uniform(keyspace, target as u64)?;
     let weights: Vec<u64> = keys.iter().map(|(_, w)| *w).collect();
-    let open: Vec<Shard> = current.iter().collect();
-    let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
+    let current_starts: Vec<HashKey> = current.iter().skip(1).map(|s| s.start).collect();
     // Gaps between keys that already hold a boundary: cutting there costs no call.
     let mut kept: Vec<usize> = current_starts
         .iter()
@@ -55,10 +56,7 @@ pub fn split_plan(
     kept.dedup();
     let cuts = balanced_cuts(&weights, target, &kept);
     let starts = boundaries(keyspace, keys, &cuts, &current_starts)?;
-    let mut next = next_number;
-    let mut operations = Vec::new();
-    let open = merge_away(open, &starts, &mut next, &mut operations);
-    let open = split_at(open, &starts, &current_starts, &mut next, &mut operations)?;
+    let (operations, open) = calls_to(current, next_number, &starts)?;
     let shards = open
         .into_iter()
         .enumerate()
@@ -72,6 +70,26 @@ pub fn split_plan(
         shards,
         heaviest_account: weights.iter().copied().max().unwrap_or(0),
     })
+}
+
+/// The calls that take a stream's open shards (`current`; `next_number` as in
+/// [`split_plan`]) to shards starting at 0 and at each of `starts` (sorted), in the order to
+/// make them, and the open shards they leave: first the merges of each shard whose start is
+/// not wanted into the shard below it, then the splits at each wanted start the stream
+/// lacks, both in key order. Made one at a time, each from a fresh look at the stream, the
+/// first call of each look is the next call of the first look's list.
+pub fn calls_to(
+    current: &ShardMap,
+    next_number: u64,
+    starts: &[HashKey],
+) -> Result<(Vec<Reshard>, Vec<Shard>), Error> {
+    let open: Vec<Shard> = current.iter().collect();
+    let current_starts: Vec<HashKey> = open.iter().skip(1).map(|s| s.start).collect();
+    let mut next = next_number;
+    let mut operations = Vec::new();
+    let open = merge_away(open, starts, &mut next, &mut operations);
+    let open = split_at(open, starts, &current_starts, &mut next, &mut operations)?;
+    Ok((operations, open))
 }
 
 /// Merges each shard whose start `starts` lacks into the shard below it, in key order, in
@@ -334,6 +352,48 @@ fn boundaries(
         j += same;
     }
     Ok(starts)
+}
+
+/// The SplitShard and MergeShards calls a stream's lineage (`shards`: every shard
+/// list-shards names, closed ones and their parents included) shows were made since its
+/// next shard number was `first`, in the order Kinesis made them: each shard numbered from
+/// `first` on is a call's result, a merge's (it has two parents) or one of a split's two
+/// children (which share their parent).
+pub fn calls_since(shards: &[LeaseShard], first: u64) -> Vec<Reshard> {
+    let mut new: Vec<(u64, &LeaseShard)> = (shards.iter())
+        .filter_map(|s| Some((shard_number(&s.id)?, s)))
+        .filter(|(number, _)| *number >= first)
+        .collect();
+    new.sort_unstable_by_key(|(number, _)| *number);
+    let mut children: std::collections::HashMap<&str, Vec<&LeaseShard>> = Default::default();
+    for (_, s) in &new {
+        if let [parent] = s.parents.as_slice() {
+            children.entry(parent).or_default().push(s);
+        }
+    }
+    let mut calls = Vec::new();
+    for (_, s) in new {
+        match s.parents.as_slice() {
+            [shard, adjacent] => calls.push(Reshard::Merge {
+                shard: shard.clone(),
+                adjacent: adjacent.clone(),
+                merged: s.id.clone(),
+            }),
+            // A split shows once, at its first child.
+            [parent] => {
+                if let Some(&[a, b]) = children.remove(parent.as_str()).as_deref() {
+                    let (low, high) = if a.start < b.start { (a, b) } else { (b, a) };
+                    calls.push(Reshard::Split {
+                        shard: parent.clone(),
+                        new_starting_hash_key: high.start,
+                        children: [low.id.clone(), high.id.clone()],
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    calls
 }
 
 #[cfg(test)]
@@ -651,6 +711,90 @@ mod tests {
             }
             let planned: std::collections::HashSet<String> = plan.shards.iter().map(|(s, _)| s.id.clone()).collect();
             prop_assert_eq!(live, planned);
+        }
+    }
+
+    /// What Kinesis makes of `op` on a stream whose shards are `shards` (closed ones
+    /// included) and whose next shard number is `next`.
+    fn kinesis_applies(shards: &mut Vec<LeaseShard>, next: &mut u64, op: &Reshard) {
+        let mut close = |id: &str| {
+            let shard = shards.iter_mut().find(|s| s.id == id && !s.closed);
+            let shard = shard.unwrap_or_else(|| panic!("{id} is not an open shard"));
+            shard.closed = true;
+            (shard.start, shard.end)
+        };
+        let mut born = |start, end, parents: Vec<String>| LeaseShard {
+            id: {
+                *next += 1;
+                shard_id(*next as usize - 1)
+            },
+            start,
+            end,
+            parents,
+            closed: false,
+        };
+        let new: Vec<LeaseShard> = match op {
+            Reshard::Split {
+                shard,
+                new_starting_hash_key: at,
+                ..
+            } => {
+                let (start, end) = close(shard);
+                vec![
+                    born(start, HashKey(at.0 - 1), vec![shard.clone()]),
+                    born(*at, end, vec![shard.clone()]),
+                ]
+            }
+            Reshard::Merge {
+                shard, adjacent, ..
+            } => {
+                let (start, _) = close(shard);
+                let (_, end) = close(adjacent);
+                vec![born(start, end, vec![shard.clone(), adjacent.clone()])]
+            }
+        };
+        shards.extend(new);
+    }
+
+    fn open_map(shards: &[LeaseShard]) -> ShardMap {
+        let open = (shards.iter().filter(|s| !s.closed))
+            .map(|s| (s.id.clone(), s.start, s.end))
+            .collect();
+        ShardMap::explicit(Keyspace::KINESIS, open).unwrap()
+    }
+
+    proptest! {
+        /// A reshard carried out call by call: from the stream's real shards after any
+        /// number of a plan's calls, the calls towards the plan's shards are the plan's
+        /// remaining ones (naming open shards only), and the lineage shows exactly the calls
+        /// made; so a job that stops and starts again from the stream's state makes no call
+        /// twice.
+        #[test]
+        fn a_plan_carried_out_from_the_live_shards_makes_its_calls_once(
+            keys in prop::collection::btree_map(any::<u128>(), 1u64..=20, 0..200),
+            unit in any::<bool>(),
+            current in 1u64..=8,
+            target in 1usize..=16,
+        ) {
+            let keys: Vec<(HashKey, u64)> = keys.into_iter().map(|(k, w)| (HashKey(k), if unit { 1 } else { w })).collect();
+            // Keys too close together for SplitShard to cut between them are refused.
+            let plan = split_plan(Keyspace::KINESIS, &uniform(current), current, &keys, target);
+            prop_assume!(plan.is_ok());
+            let plan = plan.unwrap();
+            let wanted: Vec<HashKey> = plan.shards.iter().skip(1).map(|(s, _)| s.start).collect();
+            let mut shards: Vec<LeaseShard> = uniform(current)
+                .iter()
+                .map(|s| LeaseShard { id: s.id, start: s.start, end: s.end, parents: Vec::new(), closed: false })
+                .collect();
+            let mut next = current;
+            for (made, op) in plan.operations.iter().enumerate() {
+                prop_assert_eq!(calls_since(&shards, current), plan.operations[..made].to_vec());
+                let (calls, _) = calls_to(&open_map(&shards), next, &wanted).unwrap();
+                prop_assert_eq!(&calls[..], &plan.operations[made..]);
+                kinesis_applies(&mut shards, &mut next, op);
+            }
+            prop_assert_eq!(calls_since(&shards, current), plan.operations.clone());
+            prop_assert_eq!(calls_to(&open_map(&shards), next, &wanted).unwrap().0, vec![]);
         }
     }
 }

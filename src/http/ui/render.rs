@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use super::html::{Esc, Num, document, query_value};
 use super::{View, accounts, band, bars, cards, load, tables};
 use crate::http::error::ApiError;
-use crate::http::timestamp_ms;
+use crate::http::{timestamp, timestamp_ms};
+use crate::registry::Stream;
 
 /// The whole page.
 pub(super) fn page(view: &View) -> String {
@@ -111,6 +112,38 @@ fn header(out: &mut String, view: &View) {
             }
         ),
     };
+    if let Some(s) = &view.stream {
+        sync_note(out, s);
+    }
+}
+
+/// For a stream watched in Kinesis (or once watched): when it was last listed there, and
+/// why the last listing failed, if it did.
+fn sync_note(out: &mut String, s: &Stream) {
+    if !s.watch && s.sync.synced_at.is_none() {
+        return;
+    }
+    let listed = match s.sync.synced_at {
+        Some(at) => format!("last listed from Kinesis at {}", timestamp(at)),
+        None => "never listed from Kinesis yet".to_owned(),
+    };
+    let _ = write!(
+        out,
+        "<p id=\"sync\" class=\"note\">{}: {listed}",
+        if s.watch {
+            "Watched in Kinesis"
+        } else {
+            "No longer watched"
+        }
+    );
+    if let Some(error) = &s.sync.sync_error {
+        let _ = write!(
+            out,
+            "; the last listing failed ({}), the map is as last listed",
+            Esc(error)
+        );
+    }
+    out.push_str(".</p>");
 }
 
 /// When the page was made, and the JSON it was made from.

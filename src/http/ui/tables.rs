@@ -28,7 +28,8 @@ pub(super) fn moves(out: &mut String, view: &View) {
     }
     out.push_str(
         "<table><thead><tr><th>Account</th><th class=\"n\">Key</th><th>Shard</th>\
-         <th>Switches at (UTC)</th><th>Applied at (UTC)</th><th>Applied by</th></tr></thead><tbody>",
+         <th>Switches at (UTC)</th><th>Applied at (UTC)</th><th>Applied by</th><th>Why</th></tr>\
+         </thead><tbody>",
     );
     for m in &page.items {
         let shard = |key| short_id(&view.distribution.shards[view.map.index_of(key)].shard_id);
@@ -37,12 +38,13 @@ pub(super) fn moves(out: &mut String, view: &View) {
             &time::format_description::well_known::Rfc3339,
         )
         .map_or(view.now, |t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
+        let why = m.reason.map_or("", |r| r.as_str());
         let _ = write!(
             out,
             "<tr data-event-id=\"{}\" data-account=\"{}\" data-index=\"{}\" data-from=\"{}\" \
-             data-to=\"{}\" data-switch-at=\"{}\" data-applied-by=\"{}\"><td class=\"acct\">{}</td>\
-             <td class=\"n\">{}</td><td>{} → {}</td><td>{} <span class=\"state\">({})</span></td>\
-             <td>{}</td><td>{}</td></tr>",
+             data-to=\"{}\" data-switch-at=\"{}\" data-applied-by=\"{}\" data-reason=\"{why}\">\
+             <td class=\"acct\">{}</td><td class=\"n\">{}</td><td>{} → {}</td>\
+             <td>{} <span class=\"state\">({})</span></td><td>{}</td><td>{}</td><td>{why}</td></tr>",
             m.event_id,
             Esc(&m.account),
             m.index,
