@@ -193,28 +193,10 @@ impl Registry {
     /// (its last map stays), and throttling holds the next listing back, longer each time.
     async fn sync_stream(self: &Arc<Self>, name: String, primary: bool, watch: &Watch) {
         let synced = match watch.list(&name, self.keyspace).await {
-            Ok((kinesis, map)) => {
-                let kinesis_actor = Actor::new(Actor::KINESIS);
-                let source = Source::Synced(kinesis);
-                let unbounded = Ticket::unbounded();
-                let change = self.register(
-                    name.clone(),
-                    Some(map),
-                    None,
-                    source,
-                    &kinesis_actor,
-                    &unbounded,
-                );
-                match change.await {
-                    Ok(Some(change)) => Synced::Changed(Box::new(change)),
-                    Ok(None) => Synced::Unchanged,
-                    Err(Error::NotWatched(_) | Error::UnknownStream(_)) => return,
-                    Err(err) => {
-                        tracing::warn!(stream = %name, %err, "cannot register a watched stream's listing");
-                        return;
-                    }
-                }
-            }
+            Ok((kinesis, map)) => match self.register_listing(&name, kinesis, map).await {
+                Some(synced) => synced,
+                None => return,
+            },
             Err(err) => Synced::Failed(err),
         };
         watch.count(&name, &synced);
@@ -234,6 +216,29 @@ impl Registry {
                 if let Err(failed) = self.sync_failed(&name, &err, watch).await {
                     tracing::warn!(stream = %name, err = %failed, "cannot record a failed listing");
                 }
+            }
+        }
+    }
+
+    /// Registers a listing of watched stream `name`: `None` when it was not (the watch
+    /// stopped or the stream was forgotten meanwhile, or the registration failed, logged).
+    async fn register_listing(
+        self: &Arc<Self>,
+        name: &str,
+        kinesis: KinesisStream,
+        map: StreamMap,
+    ) -> Option<Synced> {
+        let source = Source::Synced(kinesis);
+        let by = Actor::new(Actor::KINESIS);
+        let unbounded = Ticket::unbounded();
+        let change = self.register(name.to_owned(), Some(map), None, source, &by, &unbounded);
+        match change.await {
+            Ok(Some(change)) => Some(Synced::Changed(Box::new(change))),
+            Ok(None) => Some(Synced::Unchanged),
+            Err(Error::NotWatched(_) | Error::UnknownStream(_)) => None,
+            Err(err) => {
+                tracing::warn!(stream = %name, %err, "cannot register a watched stream's listing");
+                None
             }
         }
     }

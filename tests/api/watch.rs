@@ -751,3 +751,30 @@ async fn the_page_shows_when_a_watched_stream_was_last_listed() {
         "{html}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_kinesis_lacks_and_an_endpoint_that_is_down_are_answered() {
+    let kinesalite = Kinesalite::start().await;
+    let app = watching(kinesalite.api.endpoint(), |_| {}).await;
+    let missing = put(&app, "nowhere", json!({"watch": true})).await;
+    assert_problem(&missing, 422, "ResourceNotFoundException");
+    assert_eq!(
+        missing.body["type"],
+        "urn:keyspread:problem:kinesis-stream-not-found"
+    );
+
+    // A port nothing listens on any more.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let app = watching(&format!("http://127.0.0.1:{port}"), |_| {}).await;
+    let down = put(&app, "orders", json!({"watch": true})).await;
+    assert_problem(&down, 502, "unreachable");
+    assert_eq!(down.body["type"], "urn:keyspread:problem:kinesis-failed");
+    assert_eq!(
+        app.get("/streams/orders").await.status,
+        404,
+        "nothing registered"
+    );
+}
