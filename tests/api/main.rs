@@ -51,6 +51,7 @@ mod outage;
 mod paging;
 mod pause;
 mod pipes;
+mod producers;
 mod python_client;
 mod python_mirror;
 mod rate;
