@@ -43,6 +43,7 @@ mod long_poll;
 mod makefile;
 mod mirror;
 mod mirror_kinesis;
+mod mirror_load;
 mod mirror_log;
 mod names;
 mod observability;
