@@ -31,8 +31,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(load))
 }
 
-/// Producers' reports: as many keys as a heartbeat's entry names accounts make for bodies
-/// as large as heartbeats'.
+/// `POST /load/producers`, under heartbeats' body limit: a report names as many keys as a
+/// heartbeat's entry names accounts.
 pub fn producers_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(producers))
 }
