@@ -71,6 +71,33 @@ async fn a_mirror_reports_what_it_recorded_when_it_closes() {
     assert!((ratio("bytes_per_s") - 6.0).abs() < 1e-9, "{page}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_reports_nothing_while_no_stream_is_primary() {
+    let app = app(86_400).await;
+    crate::load::put_stream(&app, "s", 4).await;
+    app.allocate("a").await;
+    let mirror = Mirror::start_with(&app.url(""), reporting(Duration::ZERO, "p1"))
+        .await
+        .expect("a mirror");
+    assert!(mirror.record("a", "x", 100).unwrap().is_some());
+    mirror.close().await;
+    let page = load(&app, "").await;
+    assert!(
+        (page["shards"].as_array().unwrap().iter()).all(|s| s["source"].is_null()),
+        "{page}"
+    );
+    let bad = Options {
+        producer: Some("a b".into()),
+        ..Options::default()
+    };
+    let refused = Mirror::start_with(&app.url(""), bad).await;
+    assert!(
+        matches!(&refused, Err(keyspread_client::Error::Server { detail, .. }) if detail.contains("producer id")),
+        "{:?}",
+        refused.err()
+    );
+}
+
 /// What the fake server's `POST /load/producers` saw.
 #[derive(Default)]
 struct Reports {

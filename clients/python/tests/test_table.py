@@ -247,6 +247,11 @@ class Reports(Scripting):
         self.assertGreaterEqual(body["window_ms"], 100)
         self.assertIsInstance(body["seq"], int)
 
+    def test_a_producer_id_the_server_would_refuse_is_refused_at_once(self):
+        for producer in ("", "a b", "p" * 129):
+            with self.assertRaisesRegex(ValueError, "producer"):
+                Mirror("http://127.0.0.1:9", producer=producer)
+
     def test_without_a_primary_stream_nothing_is_reported(self):
         mirror, handler = self.started([EMPTY], report_interval_s=0)
         self.assertEqual(mirror.record("a", "x", 1), "10")
