@@ -9,6 +9,7 @@ import unittest
 import uuid
 
 from keyspread_client import KeyspreadError, Mirror
+from keyspread_client.report import Tally
 from keyspread_client.table import Batch, Entry, Unapplicable, apply, entry_of, unix_ms
 
 AT = "2026-01-01T00:00:00.000Z"
@@ -215,6 +216,29 @@ class StartsOver(Scripting):
         self.addCleanup(server.shutdown)
         with self.assertRaisesRegex(ValueError, "cut short: 0 of 1"):
             Mirror(f"http://127.0.0.1:{server.server_address[1]}")
+
+
+class Counting(unittest.TestCase):
+    def test_a_tally_adds_up_per_account_and_key_and_starts_over_when_cut(self):
+        now = [100.0]
+        tally = Tally(lambda: now[0])
+        for account, key, size in (("a", "1", 10), ("a", "1", 5), ("a", "2", 1), ("b", "1", 7)):
+            tally.count(account, key, size)
+        now[0] += 2.5
+        keys, window_ms = tally.cut()
+        self.assertEqual(window_ms, 2500)
+        self.assertEqual(sorted((k["account"], k["hash_key"], k["records"], k["bytes"]) for k in keys),
+                         [("a", "1", 2, 15), ("a", "2", 1, 1), ("b", "1", 1, 7)])
+        self.assertEqual(tally.cut()[0], [])
+
+    def test_a_window_over_an_hour_is_reported_as_its_last_hour_at_the_same_rate(self):
+        now = [0.0]
+        tally = Tally(lambda: now[0])
+        for _ in range(7200):
+            tally.count("a", "1", 2)
+        now[0] += 7200
+        keys, window_ms = tally.cut()
+        self.assertEqual((keys[0]["records"], keys[0]["bytes"], window_ms), (3600, 7200, 3_600_000))
 
 
 STREAM_HEAD = json.dumps({"event_id": 5, "accounts": 1, "max_age_s": 60, "stream": "s"})
