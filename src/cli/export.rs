@@ -45,6 +45,7 @@ pub async fn export_database(
         accounts: snapshot.accounts,
         max_age_s,
         log_id: snapshot.log_id.to_string(),
+        stream: snapshot.stream.clone(),
     };
     let written = |e: std::io::Error| format!("cannot write the output: {e}");
     let first = ndjson_line(&head).map_err(|e| e.to_string())?;

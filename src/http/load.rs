@@ -1,26 +1,40 @@
-//! Observed load: the `load` entries heartbeats carry, and `GET /load`, a stream's load as
-//! the database holds it now.
+//! Observed load: the `load` entries heartbeats carry, producers' reports of what they
+//! sent (`POST /load/producers`), and `GET /load`, a stream's load as the database holds
+//! it now.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use axum::Json;
 use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problem, in_time};
 use super::extract::whole_number;
+use super::idempotency;
 use crate::AppState;
-use crate::keyspace::{AccountId, Limits, Rate, is_kinesis_name, suggested_fanout};
-use crate::registry::{
-    AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS,
+use crate::keyspace::{
+    AccountId, HashKey, Keyspace, Limits, Rate, is_kinesis_name, suggested_fanout,
 };
+use crate::registry::{
+    AccountReport, IgnoreReason, IgnoredLoad, KeyReport, LoadReport, MAX_REPORT_ACCOUNTS,
+    MAX_WINDOW_MS, ProducerReport, ShardReport, Ticket,
+};
+use crate::store::Actor;
+use crate::store::load::LoadSource;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(load))
+}
+
+/// `POST /load/producers`, under heartbeats' body limit: a report names as many keys as a
+/// heartbeat's entry names accounts.
+pub fn producers_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(producers))
 }
 
 /// What a worker read from one shard it holds since its last report.
@@ -63,49 +77,202 @@ pub struct AccountEntry {
 
 super::extract::objects_only!(LoadEntry, AccountEntry);
 
+/// `window_ms` of a report, checked: `at` names where it was.
+fn window(at: &str, window_ms: u64) -> Result<u64, ApiError> {
+    if (1..=MAX_WINDOW_MS).contains(&window_ms) {
+        Ok(window_ms)
+    } else {
+        Err(ApiError::unprocessable(format!(
+            "{at}window_ms must be between 1 and {MAX_WINDOW_MS} milliseconds, got {window_ms}"
+        )))
+    }
+}
+
+/// An account id of a report, checked: `at` names where it was.
+fn account(at: impl std::fmt::Display, account: String) -> Result<String, ApiError> {
+    match AccountId::parse(account) {
+        Ok(account) => Ok(account.into_string()),
+        Err(err) => Err(ApiError::unprocessable(format!("{at}.account: {err}"))),
+    }
+}
+
 /// Checks what the database need not know to judge: windows, account counts and ids.
 pub(super) fn reports(entries: Vec<LoadEntry>) -> Result<Vec<LoadReport>, ApiError> {
     entries
         .into_iter()
         .enumerate()
         .map(|(i, e)| {
-            if !(1..=MAX_WINDOW_MS).contains(&e.window_ms) {
-                return Err(ApiError::unprocessable(format!(
-                    "load[{i}].window_ms must be between 1 and {MAX_WINDOW_MS} milliseconds, got {}",
-                    e.window_ms
-                )));
-            }
+            let window_ms = window(&format!("load[{i}]."), e.window_ms)?;
             if e.accounts.len() > MAX_REPORT_ACCOUNTS {
                 return Err(ApiError::unprocessable(format!(
                     "load[{i}].accounts may name at most {MAX_REPORT_ACCOUNTS} accounts (the top ones by records), got {}",
                     e.accounts.len()
                 )));
             }
-            let accounts = e
-                .accounts
-                .into_iter()
-                .enumerate()
-                .map(|(j, a)| match AccountId::parse(a.account) {
-                    Ok(account) => Ok(AccountReport {
-                        account: account.to_string(),
+            let accounts = (e.accounts.into_iter().enumerate())
+                .map(|(j, a)| {
+                    Ok(AccountReport {
+                        account: account(format_args!("load[{i}].accounts[{j}]"), a.account)?,
                         records: a.records,
                         bytes: a.bytes,
-                    }),
-                    Err(err) => Err(ApiError::unprocessable(format!(
-                        "load[{i}].accounts[{j}].account: {err}"
-                    ))),
+                    })
                 })
-                .collect::<Result<_, _>>()?;
+                .collect::<Result<_, ApiError>>()?;
             Ok(LoadReport {
-                shard_id: e.shard_id,
                 epoch: e.epoch,
-                window_ms: e.window_ms,
-                records: e.records,
-                bytes: e.bytes,
-                accounts,
+                read: ShardReport {
+                    shard_id: e.shard_id,
+                    window_ms,
+                    records: e.records,
+                    bytes: e.bytes,
+                    accounts,
+                },
             })
         })
         .collect()
+}
+
+/// What a producer sent since its last report.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct ProducerLoad {
+    /// The stream the records went to.
+    #[schema(pattern = r"^[a-zA-Z0-9_.-]{1,128}$")]
+    pub stream: String,
+    /// The producer's id: 1 to 128 of `a-z A-Z 0-9 . _ : -`.
+    #[schema(pattern = r"^[a-zA-Z0-9._:-]{1,128}$")]
+    pub producer: String,
+    /// The report's number, 0..=2^63-1: number each report above the last. A report
+    /// numbered at or below the producer's highest counted was counted before (a retry of
+    /// one whose answer was lost) and counts no more.
+    #[schema(maximum = 9_223_372_036_854_775_807_i64)]
+    #[serde(deserialize_with = "whole_number::required")]
+    pub seq: u64,
+    /// Milliseconds the report covers, 1..=3600000.
+    #[schema(minimum = 1, maximum = 3_600_000)]
+    #[serde(deserialize_with = "whole_number::required")]
+    pub window_ms: u64,
+    /// What it sent under each key, at most 1,000 (send more in several reports).
+    #[schema(max_items = 1000)]
+    pub keys: Vec<KeyEntry>,
+}
+
+/// What a producer sent under one key.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct KeyEntry {
+    #[schema(value_type = AccountId)]
+    pub account: String,
+    /// The ExplicitHashKey the records were sent with: it names their shard.
+    #[schema(value_type = HashKey)]
+    pub hash_key: String,
+    /// Records sent in the window.
+    #[serde(deserialize_with = "whole_number::required")]
+    pub records: u64,
+    /// Bytes of record data sent in the window.
+    #[serde(deserialize_with = "whole_number::required")]
+    pub bytes: u64,
+}
+
+super::extract::objects_only!(ProducerLoad, KeyEntry);
+
+/// Whether a producer's report counted.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProducerLoadAnswer {
+    /// True when counted now; false when a report of its producer numbered as high was
+    /// counted before (this one counts no more).
+    pub counted: bool,
+}
+
+/// Checks a producer's report as far as the stream's map is not needed: its producer id,
+/// number, window, key count, accounts and keys.
+fn producer_report(body: ProducerLoad, keyspace: Keyspace) -> Result<ProducerReport, ApiError> {
+    if !super::leases::is_worker_id(&body.producer) {
+        return Err(ApiError::unprocessable(format!(
+            "producer {:?} must be 1 to 128 characters of a-z, A-Z, 0-9, '.', '_', ':', '-'",
+            super::clip(&body.producer)
+        )));
+    }
+    let seq = i64::try_from(body.seq).map_err(|_| {
+        ApiError::unprocessable(format!(
+            "seq must be at most {}, got {}",
+            i64::MAX,
+            body.seq
+        ))
+    })?;
+    let window_ms = window("", body.window_ms)?;
+    if body.keys.len() > MAX_REPORT_ACCOUNTS {
+        return Err(ApiError::unprocessable(format!(
+            "keys may name at most {MAX_REPORT_ACCOUNTS} keys, got {}: send the rest in another report",
+            body.keys.len()
+        )));
+    }
+    let keys = (body.keys.into_iter().enumerate())
+        .map(|(j, k)| {
+            let hash_key = keyspace
+                .parse(&k.hash_key)
+                .map_err(|err| ApiError::unprocessable(format!("keys[{j}].hash_key: {err}")))?;
+            Ok(KeyReport {
+                account: account(format_args!("keys[{j}]"), k.account)?,
+                hash_key,
+                records: k.records,
+                bytes: k.bytes,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(ProducerReport {
+        producer: body.producer,
+        seq,
+        window_ms,
+        keys,
+    })
+}
+
+/// Report what a producer sent: records and bytes per account and key since its last
+/// report.
+///
+/// Reports of many producers add up; each key's records count on the shard of the
+/// stream's map its hash key falls in. A shard's figures in `GET /load` come from its
+/// consumer's reports while they are current, else from producers'. Number reports upwards
+/// per producer: one numbered at or below the producer's highest counted is answered
+/// `counted: false` and counts no more, on every replica, so a report whose answer was
+/// lost may be sent again as it was.
+#[utoipa::path(
+    post, path = "/load/producers", tag = "load",
+    request_body = ProducerLoad,
+    responses(
+        (status = 200, description = "Counted now, or counted before", body = ProducerLoadAnswer),
+        (status = 400, description = "The body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such stream", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 4 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body sent without Content-Type: application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid field (the detail names it, such as `keys[2].hash_key`): a stream name or producer id of the wrong form, a count that is not a whole number from 0, seq above 2^63-1, window_ms outside 1..=3600000, more than 1,000 keys, an invalid account id or hash key", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn producers(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Extension(ticket): Extension<Ticket>,
+    Json(body): Json<ProducerLoad>,
+) -> Result<Json<ProducerLoadAnswer>, ApiError> {
+    if !is_kinesis_name(&body.stream) {
+        return Err(ApiError::unprocessable(format!(
+            "stream name {:?} must be 1 to 128 characters of a-z, A-Z, 0-9, '_', '.', '-'",
+            super::clip(&body.stream)
+        )));
+    }
+    let stream = body.stream.clone();
+    let report = producer_report(body, state.registry.keyspace())?;
+    idempotency::tell_json(&ticket, |counted: bool| {
+        (StatusCode::OK, Json(ProducerLoadAnswer { counted }))
+    });
+    let counted = in_time(
+        &state,
+        &ticket,
+        (state.registry).report_producer_load(&stream, report, &actor, &ticket),
+    )
+    .await?;
+    Ok(Json(ProducerLoadAnswer { counted }))
 }
 
 /// Why a load entry was not counted.
@@ -175,6 +342,25 @@ pub enum LoadOrder {
     Load,
 }
 
+/// Whose reports a shard's figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadSourceBody {
+    /// The consumer worker holding its lease, on its heartbeats (while current).
+    Consumers,
+    /// Producers, by the hash keys they sent records under.
+    Producers,
+}
+
+impl From<LoadSource> for LoadSourceBody {
+    fn from(source: LoadSource) -> Self {
+        match source {
+            LoadSource::Consumers => LoadSourceBody::Consumers,
+            LoadSource::Producers => LoadSourceBody::Producers,
+        }
+    }
+}
+
 /// A shard's observed load.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ShardLoadBody {
@@ -183,6 +369,9 @@ pub struct ShardLoadBody {
     pub bytes_per_s: f64,
     /// The larger of records/s and bytes/s over the shard's write limits.
     pub utilisation: f64,
+    /// Whose reports the figures come from: its consumer's while they are current (up to
+    /// two of their windows after the last), else producers'; null when nobody reported it.
+    pub source: Option<LoadSourceBody>,
 }
 
 /// An account's observed load, summed over the shards it was read from.
@@ -296,7 +485,8 @@ fn page_of(
 /// account (or the heaviest, with `order=load`).
 ///
 /// Every replica answers the same: rates are read from the database and decayed to its
-/// clock. Rates come from the `load` entries of consumer workers' heartbeats; each shard
+/// clock. Rates come from the `load` entries of consumer workers' heartbeats, or, for a
+/// shard without current ones, from producers' reports (each shard says which); each shard
 /// keeps its 2,000 heaviest accounts. A walk of the pages lists every account exactly
 /// once, whatever reports come between them.
 #[utoipa::path(
@@ -373,6 +563,7 @@ pub(crate) async fn load(
                 records_per_s: s.rate.records_per_s,
                 bytes_per_s: s.rate.bytes_per_s,
                 utilisation: s.utilisation,
+                source: s.source.map(LoadSourceBody::from),
             })
             .collect(),
         max_over_mean,

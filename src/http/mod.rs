@@ -93,6 +93,7 @@ fn api(state: Option<&AppState>) -> OpenApiRouter<AppState> {
         .merge(limit(leases::router(), BODY_LIMIT))
         .merge(limit(leases::heartbeat_router(), HEARTBEAT_BODY_LIMIT))
         .merge(limit(load::router(), BODY_LIMIT))
+        .merge(limit(load::producers_router(), HEARTBEAT_BODY_LIMIT))
         .merge(limit(health::router(), BODY_LIMIT))
         .merge(limit(metrics::router(), BODY_LIMIT))
         .merge(limit(events::router(), BODY_LIMIT))

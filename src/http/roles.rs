@@ -38,6 +38,7 @@ pub const OPERATIONS: &[(&str, &str, Need)] = &[
     ("GET", "/distribution", R(Read)),
     ("GET", "/moves", R(Read)),
     ("GET", "/load", R(Read)),
+    ("POST", "/load/producers", R(Produce)),
     ("GET", "/rebalance/preview", R(Read)),
     ("POST", "/rebalance", R(Admin)),
     ("GET", "/streams", R(Read)),

@@ -38,6 +38,12 @@ pub struct SnapshotHead {
     #[serde(default)]
     #[schema(required = true)]
     pub log_id: String,
+    /// The primary stream's name as of `event_id`, the one producers send to: mirrors
+    /// report what they sent to it (`POST /load/producers`). Absent while none is
+    /// registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub stream: Option<String>,
 }
 
 /// The whole table as of one event: a first line [`SnapshotHead`], then one
@@ -68,6 +74,7 @@ async fn snapshot(State(state): State<AppState>) -> Result<Response, ApiError> {
         accounts: snapshot.accounts,
         max_age_s: state.lookup_cache.lifetime(),
         log_id: snapshot.log_id.to_string(),
+        stream: snapshot.stream.clone(),
     };
     let log_id = snapshot.log_id;
     let first = line(&head).map_err(|e| ApiError::internal(&e))?;

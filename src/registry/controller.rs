@@ -534,6 +534,7 @@ mod tests {
     use super::*;
     use crate::keyspace::{HashKey, Keyspace, Rate};
     use crate::registry::{AccountLoad, StreamLoad};
+    use crate::store::load::LoadSource;
     use crate::store::{HashKeys, Switch};
 
     fn held(keys: &[u128], weight: u64, switching: Vec<Switch>) -> Held {
@@ -598,7 +599,7 @@ mod tests {
             shard_id: id.into(),
             rate: rate(),
             utilisation,
-            reported: true,
+            source: Some(LoadSource::Consumers),
         };
         let entry = |account: &str, shard_id: &str, load| AccountLoad {
             account: account.into(),

@@ -429,7 +429,7 @@ impl Registry {
     /// database holds it (`stream` itself unless a newer one was registered) and the
     /// database's clock (Unix milliseconds). Lease rows are only ever made for the newest
     /// map, so no decision is made over an older one than theirs.
-    async fn begin_leases(&self, stream: &Stream) -> Result<(Tx, Stream, i64), Error> {
+    pub(super) async fn begin_leases(&self, stream: &Stream) -> Result<(Tx, Stream, i64), Error> {
         let name = stream.name.as_str();
         let gone = || Error::UnknownStream(name.to_owned());
         // The schema as last seen (the follower looks every few seconds): no extra round
@@ -626,7 +626,7 @@ impl Registry {
             .stream_load(&stream.name, now, &self.load_config())
             .await?;
         let used: HashMap<&str, f64> = (load.shards.iter())
-            .filter(|s| s.reported)
+            .filter(|s| s.reported())
             .map(|s| (s.shard_id.as_str(), s.utilisation))
             .collect();
         let loads: Vec<Option<f64>> = open

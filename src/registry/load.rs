@@ -1,15 +1,17 @@
-//! Observed load: reports folded in at heartbeats, in the heartbeat's own transaction, and
-//! each stream's load as of the database's clock, so every replica answers the same.
+//! Observed load: consumers' reports folded in at heartbeats, in the heartbeat's own
+//! transaction, and producers' reports of what they sent; each stream's load as of the
+//! database's clock, so every replica answers the same.
 
-use super::{Error, LoadTotals, Registry, Stream};
+use super::{Error, LoadTotals, Registry, Stream, Ticket, detached};
 use crate::config::LoadConfig;
 use crate::keyspace::load::{decay, held_ms};
-use crate::keyspace::{Limits, Rate};
+use crate::keyspace::{HashKey, Limits, Rate};
 use crate::store::leases::LeaseRow;
-use crate::store::load::{LoadRows, ShardRates, ShardRow};
+use crate::store::load::{LoadRows, LoadSource, ShardRates, ShardRow};
 use crate::store::packed::{Entry, Packer, unpack};
-use crate::store::{StoreError, StreamRow, Tx};
+use crate::store::{Actor, StoreError, StreamRow, Tx};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 /// Most accounts one report entry may name.
 pub const MAX_REPORT_ACCOUNTS: usize = 1000;
@@ -27,18 +29,54 @@ const FADED: f64 = 1e-3;
 /// new accounts would grow the row each heartbeat rewrites without end.
 pub const MAX_SHARD_ACCOUNTS: usize = 2 * MAX_REPORT_ACCOUNTS;
 
-/// What a worker read from one shard since its last report.
+/// How long a producer's highest report counted is kept after its last report: a day.
+const PRODUCER_SEQ_KEPT_MS: i64 = 24 * 3_600_000;
+
+/// Most rows of producers gone quiet one report forgets.
+const PRODUCER_SEQS_FORGOTTEN: i64 = 64;
+
+/// What went through one shard over a window, as either source reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadReport {
+pub struct ShardReport {
     pub shard_id: String,
-    /// The lease's epoch the worker read it at.
-    pub epoch: u64,
     /// 1..=[`MAX_WINDOW_MS`].
     pub window_ms: u64,
     pub records: u64,
     pub bytes: u64,
-    /// The worker's top accounts of the shard (at most [`MAX_REPORT_ACCOUNTS`]).
+    /// Its accounts' parts: a worker's top accounts of the shard (at most
+    /// [`MAX_REPORT_ACCOUNTS`]), or every account a producer sent there.
     pub accounts: Vec<AccountReport>,
+}
+
+/// What a worker read from one shard since its last report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadReport {
+    /// The lease's epoch the worker read it at.
+    pub epoch: u64,
+    pub read: ShardReport,
+}
+
+/// What a producer sent since its last report: records and bytes per account and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerReport {
+    /// The producer's id (a worker id's syntax).
+    pub producer: String,
+    /// The report's number: a producer numbers its reports upwards, and one numbered at or
+    /// below its highest counted was counted before.
+    pub seq: i64,
+    /// 1..=[`MAX_WINDOW_MS`].
+    pub window_ms: u64,
+    /// At most [`MAX_REPORT_ACCOUNTS`].
+    pub keys: Vec<KeyReport>,
+}
+
+/// One key's part of a producer's report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyReport {
+    pub account: String,
+    pub hash_key: HashKey,
+    pub records: u64,
+    pub bytes: u64,
 }
 
 /// One account's part of a report.
@@ -76,8 +114,15 @@ pub struct ShardLoad {
     pub shard_id: String,
     pub rate: Rate,
     pub utilisation: f64,
-    /// Whether its readers ever reported it (never: rate 0).
-    pub reported: bool,
+    /// Whose reports its figures come from; none when nobody ever reported it (rate 0).
+    pub source: Option<LoadSource>,
+}
+
+impl ShardLoad {
+    /// Whether any report of it is stored.
+    pub fn reported(&self) -> bool {
+        self.source.is_some()
+    }
 }
 
 /// An account's load on one shard as of now.
@@ -149,11 +194,11 @@ impl Registry {
         load: &[LoadReport],
     ) -> Result<(), Error> {
         for (i, report) in load.iter().enumerate() {
-            let id = report.shard_id.as_str();
+            let id = report.read.shard_id.as_str();
             if stream.lease_shard(id).is_none() && !owned.iter().any(|l| l.shard_id == id) {
                 return Err(Error::InvalidReport(format!(
-                    "load[{i}].shard_id: stream {:?} lists no shard {:?}",
-                    stream.name, report.shard_id
+                    "load[{i}].shard_id: stream {:?} lists no shard {id:?}",
+                    stream.name
                 )));
             }
         }
@@ -173,31 +218,83 @@ impl Registry {
     ) -> Result<Vec<IgnoredLoad>, Error> {
         let mut ignored = Vec::new();
         let mut counted = Vec::new();
-        for report in load {
-            let lease = owned.iter().find(|l| l.shard_id == report.shard_id);
+        for LoadReport { epoch, read } in load {
+            let lease = owned.iter().find(|l| l.shard_id == read.shard_id);
             let reason = match lease {
-                _ if stream.lease_shard(&report.shard_id).is_none() => {
-                    Some(IgnoreReason::NotListed)
-                }
+                _ if stream.lease_shard(&read.shard_id).is_none() => Some(IgnoreReason::NotListed),
                 None => Some(IgnoreReason::NotHeld),
-                Some(l) if l.holder.epoch != report.epoch => Some(IgnoreReason::StaleEpoch),
+                Some(l) if l.holder.epoch != epoch => Some(IgnoreReason::StaleEpoch),
                 Some(l) if l.holder.next.is_some() => Some(IgnoreReason::Revoking),
                 Some(_) => None,
             };
             match reason {
                 Some(reason) => ignored.push(IgnoredLoad {
-                    shard_id: report.shard_id,
-                    epoch: report.epoch,
+                    shard_id: read.shard_id,
+                    epoch,
                     reason,
                 }),
-                None => counted.push(report),
+                None => counted.push(read),
             }
         }
-        if counted.is_empty() {
-            return Ok(ignored);
+        if !counted.is_empty() {
+            self.fold_reports(tx, stream, LoadSource::Consumers, counted, now)
+                .await?;
         }
+        Ok(ignored)
+    }
+
+    /// Counts `report` of what a producer sent to `stream`, unless a report of its as high
+    /// a number was counted before: each key's records go to the shard of the stream's map
+    /// its hash key falls in. Answers whether it was counted now.
+    pub async fn report_producer_load(
+        self: &Arc<Self>,
+        stream: &str,
+        report: ProducerReport,
+        actor: &Actor,
+        ticket: &Ticket,
+    ) -> Result<bool, Error> {
+        let stream = self
+            .stream(stream)
+            .ok_or_else(|| Error::UnknownStream(stream.to_owned()))?;
+        let (this, actor, ticket) = (Arc::clone(self), actor.clone(), ticket.clone());
+        detached(async move {
+            if !ticket.wanted() {
+                return Err(Error::NotMade);
+            }
+            // The stream's lock, which heartbeats' folds take too: one writer of its rows.
+            let (mut tx, stream, now) = this.begin_leases(&stream).await?;
+            let counted = tx
+                .count_producer_seq(&report.producer, report.seq, now)
+                .await?;
+            if counted {
+                let quiet = now - PRODUCER_SEQ_KEPT_MS;
+                tx.forget_producer_seqs(quiet, PRODUCER_SEQS_FORGOTTEN)
+                    .await?;
+            }
+            if counted && !report.keys.is_empty() {
+                let reports = by_shard(&stream, report.keys, report.window_ms);
+                this.fold_reports(&mut tx, &stream, LoadSource::Producers, reports, now)
+                    .await?;
+            }
+            ticket.keep_in(&mut tx, &actor, Ok(&counted), now).await?;
+            super::metrics::settle(tx, &[&ticket], None).await?;
+            Ok(counted)
+        })
+        .await
+    }
+
+    /// Folds `reports` of `source` into the stream's rates at `now`. Touches only the
+    /// reported shards' rows (and, once per new map, drops the rows of shards it dropped).
+    async fn fold_reports(
+        &self,
+        tx: &mut Tx,
+        stream: &Stream,
+        source: LoadSource,
+        reports: Vec<ShardReport>,
+        now: i64,
+    ) -> Result<(), Error> {
         let name = stream.name.as_str();
-        let hl = self.load_config().half_life_ms;
+        let config = self.load_config();
         if tx.load_map_version(name).await? != Some(stream.version) {
             // A newer map: the rows of shards it dropped go (once per map).
             for shard in tx.loaded_shards(name).await? {
@@ -206,19 +303,20 @@ impl Registry {
                 }
             }
         }
-        for report in counted {
+        for report in reports {
             let shard = report.shard_id.as_str();
-            let row = tx.shard_row(name, shard).await?;
+            let row = tx.shard_row(source, name, shard).await?;
             let idle = Rate {
                 at_ms: now,
                 ..Rate::default()
             };
+            let window = report.window_ms as i64;
             let rate = (row.as_ref().map_or(idle, |r| r.rate)).observe(
                 report.records,
                 report.bytes,
-                report.window_ms as i64,
+                window,
                 now,
-                hl,
+                config.half_life_ms,
             );
             let unpacked;
             let (as_of, old) = match &row {
@@ -238,18 +336,42 @@ impl Registry {
                 None => (now, Vec::new()),
             };
             let at = now.max(as_of);
-            let mut folded = fold_accounts(&old, decay(now - as_of, hl), &report, hl);
-            keep_heaviest(&mut folded, MAX_SHARD_ACCOUNTS, self.load_config().limits);
+            let left = decay(now - as_of, config.half_life_ms);
+            let mut folded = fold_accounts(&old, left, &report, config.half_life_ms);
+            keep_heaviest(&mut folded, MAX_SHARD_ACCOUNTS, config.limits);
             let mut packed = Packer::new(at, folded.len());
             folded.into_iter().for_each(|e| packed.push(e));
             let packed = packed.finish();
-            let window = report.window_ms as i64;
-            tx.put_shard_row(name, shard, (rate, window), at, &packed)
+            tx.put_shard_row(source, name, shard, (rate, window), at, &packed)
                 .await?;
         }
         tx.mark_reported(name, stream.version, now).await?;
-        Ok(ignored)
+        Ok(())
     }
+}
+
+/// `keys` sent over `window_ms`, summed by the shard of `stream`'s map each key falls in,
+/// each shard's accounts in the order the keys came.
+fn by_shard(stream: &Stream, keys: Vec<KeyReport>, window_ms: u64) -> Vec<ShardReport> {
+    let mut shards: BTreeMap<String, ShardReport> = BTreeMap::new();
+    for key in keys {
+        let shard_id = stream.map.shard_of(key.hash_key).id;
+        let shard = shards.entry(shard_id).or_insert_with_key(|id| ShardReport {
+            shard_id: id.clone(),
+            window_ms,
+            records: 0,
+            bytes: 0,
+            accounts: Vec::new(),
+        });
+        shard.records = shard.records.saturating_add(key.records);
+        shard.bytes = shard.bytes.saturating_add(key.bytes);
+        shard.accounts.push(AccountReport {
+            account: key.account,
+            records: key.records,
+            bytes: key.bytes,
+        });
+    }
+    shards.into_values().collect()
 }
 
 /// `old` (a shard's account rates, in byte order of their names) decayed by `left`, with
@@ -259,7 +381,7 @@ impl Registry {
 fn fold_accounts<'a>(
     old: &[Entry<'a>],
     left: f64,
-    report: &'a LoadReport,
+    report: &'a ShardReport,
     hl: i64,
 ) -> Vec<Entry<'a>> {
     let mut parts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
@@ -424,10 +546,11 @@ pub(super) fn stored(e: &Entry<'_>, shard: &ShardRates<'_>) -> Rate {
     }
 }
 
-/// `row`'s open shards in key order, each at its `own` rate (idle at `now_ms` if none).
+/// `row`'s open shards in key order, each at its `own` rate and from its source (idle at
+/// `now_ms` if none).
 pub(super) fn open_shards(
     row: &StreamRow,
-    own: &HashMap<&str, Rate>,
+    own: &HashMap<&str, (Rate, LoadSource)>,
     now_ms: i64,
     limits: Limits,
 ) -> Vec<ShardLoad> {
@@ -438,12 +561,12 @@ pub(super) fn open_shards(
     (row.shards.iter())
         .map(|(id, ..)| {
             let reported = own.get(id.as_str()).copied();
-            let rate = reported.unwrap_or(idle);
+            let rate = reported.map_or(idle, |(rate, _)| rate);
             ShardLoad {
                 shard_id: id.clone(),
                 utilisation: rate.utilisation(limits),
                 rate,
-                reported: reported.is_some(),
+                source: reported.map(|(_, source)| source),
             }
         })
         .collect()
@@ -459,11 +582,12 @@ impl StreamLoad {
         config: &LoadConfig,
     ) -> Result<StreamLoad, StoreError> {
         let (hl, limits) = (config.half_life_ms, config.limits);
-        let (rates, latest) = listed(row, rows.shards()?, now_ms);
+        let (rates, latest) = listed(row, rows.shards(now_ms)?, now_ms);
         let mut own = HashMap::new();
         let mut accounts = Vec::new();
         for shard in &rates {
-            own.insert(shard.shard_id, held(shard.rate, shard, latest, now_ms, hl));
+            let rate = held(shard.rate, shard, latest, now_ms, hl);
+            own.insert(shard.shard_id, (rate, shard.source));
             for e in &shard.accounts {
                 let rate = held(stored(e, shard), shard, latest, now_ms, hl);
                 accounts.push(AccountLoad {

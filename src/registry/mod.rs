@@ -48,8 +48,8 @@ pub use leases::{
     WorkerLeases,
 };
 pub use load::{
-    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, LoadReport, MAX_REPORT_ACCOUNTS,
-    MAX_WINDOW_MS, ShardLoad, StreamLoad,
+    AccountLoad, AccountReport, IgnoreReason, IgnoredLoad, KeyReport, LoadReport,
+    MAX_REPORT_ACCOUNTS, MAX_WINDOW_MS, ProducerReport, ShardLoad, ShardReport, StreamLoad,
 };
 pub use log::LogPage;
 use metrics::Committed;

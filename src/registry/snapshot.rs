@@ -19,6 +19,8 @@ pub struct Snapshot {
     pub event_id: i64,
     /// How many accounts the pages hold together.
     pub accounts: i64,
+    /// The primary stream as of the same state, if one is registered.
+    pub stream: Option<String>,
     tx: Tx,
     after: Option<String>,
     done: bool,
@@ -53,10 +55,13 @@ impl Snapshot {
             end: event_id,
         } = tx.log_end().await?;
         let accounts = tx.count_accounts().await?;
+        let streams = tx.load_streams().await?;
+        let stream = (streams.into_iter()).find(|s| s.primary).map(|s| s.name);
         Ok(Snapshot {
             log_id,
             event_id,
             accounts,
+            stream,
             tx,
             after: None,
             done: false,

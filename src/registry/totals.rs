@@ -116,11 +116,11 @@ impl LoadTotals {
         config: &LoadConfig,
     ) -> Result<LoadTotals, StoreError> {
         let (hl, limits) = (config.half_life_ms, config.limits);
-        let (mut rates, latest) = listed(row, rows.shards()?, now_ms);
+        let (mut rates, latest) = listed(row, rows.shards(now_ms)?, now_ms);
         // Each account's entries are added in order of their shards' ids.
         rates.sort_unstable_by(|a, b| a.shard_id.cmp(b.shard_id));
         let own = (rates.iter())
-            .map(|s| (s.shard_id, held(s.rate, s, latest, now_ms, hl)))
+            .map(|s| (s.shard_id, (held(s.rate, s, latest, now_ms, hl), s.source)))
             .collect();
         let shards = open_shards(row, &own, now_ms, limits);
         let open: HashMap<&str, f64> = (shards.iter())

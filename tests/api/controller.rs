@@ -404,7 +404,7 @@ async fn report_with(api: &Api, mut rates: [u64; 4], extra: &[(&str, u64)]) {
 }
 
 /// The move events the controller logged, as (at, account).
-async fn load_moves(app: &TestApp) -> Vec<(String, String)> {
+pub(crate) async fn load_moves(app: &TestApp) -> Vec<(String, String)> {
     let events = app.get("/events?limit=1000").await.body;
     events["events"]
         .as_array()

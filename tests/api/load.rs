@@ -11,14 +11,14 @@ use crate::helpers::{Answer, TestApp, assert_problem, fresh_database, spawn_app_
 const TTL_S: i64 = 30;
 
 /// Unix milliseconds of an RFC 3339 timestamp.
-fn ms(text: &Value) -> i64 {
+pub(crate) fn ms(text: &Value) -> i64 {
     use time::format_description::well_known::Rfc3339;
     let text = text.as_str().expect("a timestamp");
     let t = time::OffsetDateTime::parse(text, &Rfc3339).unwrap_or_else(|e| panic!("{text}: {e}"));
     (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-async fn app(half_life_s: u64) -> TestApp {
+pub(crate) async fn app(half_life_s: u64) -> TestApp {
     spawn_app_with(|c| {
         c.load_half_life_s = half_life_s;
         c.lease_join_batch_ms = 0;
@@ -26,7 +26,7 @@ async fn app(half_life_s: u64) -> TestApp {
     .await
 }
 
-async fn put_stream(app: &TestApp, stream: &str, shards: u64) {
+pub(crate) async fn put_stream(app: &TestApp, stream: &str, shards: u64) {
     let put = app
         .call(
             Method::PUT,
@@ -48,7 +48,7 @@ async fn beat(app: &TestApp, worker: &str, load: Value) -> Answer {
 
 /// A heartbeat that must be answered 200: its body, and the database's clock it was
 /// folded at (its `expires_at` less the ttl).
-async fn beat_ok(app: &TestApp, worker: &str, load: Value) -> (Value, i64) {
+pub(crate) async fn beat_ok(app: &TestApp, worker: &str, load: Value) -> (Value, i64) {
     let answer = beat(app, worker, load).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     let at = ms(&answer.body["expires_at"]) - TTL_S * 1000;
@@ -67,7 +67,7 @@ async fn joined(half_life_s: u64, shards: u64) -> (TestApp, Vec<(String, String,
 }
 
 /// Shard id -> (state, epoch) of a heartbeat's leases.
-fn leases(answer: &Value) -> Vec<(String, String, u64)> {
+pub(crate) fn leases(answer: &Value) -> Vec<(String, String, u64)> {
     answer["leases"]
         .as_array()
         .unwrap()
@@ -80,7 +80,7 @@ fn leases(answer: &Value) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-fn entry(
+pub(crate) fn entry(
     shard: &str,
     epoch: u64,
     window_ms: u64,
@@ -92,13 +92,13 @@ fn entry(
            "bytes": bytes, "accounts": accounts})
 }
 
-async fn load(app: &TestApp, query: &str) -> Value {
+pub(crate) async fn load(app: &TestApp, query: &str) -> Value {
     let answer = app.get(&format!("/load?stream=s{query}")).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     answer.body
 }
 
-fn shard<'a>(page: &'a Value, id: &str) -> &'a Value {
+pub(crate) fn shard<'a>(page: &'a Value, id: &str) -> &'a Value {
     page["shards"]
         .as_array()
         .unwrap()
@@ -107,11 +107,11 @@ fn shard<'a>(page: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no shard {id} in {page}"))
 }
 
-fn f(v: &Value) -> f64 {
+pub(crate) fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
-fn assert_close(got: f64, want: f64, what: &str) {
+pub(crate) fn assert_close(got: f64, want: f64, what: &str) {
     assert!(
         (got - want).abs() <= 1e-6 * want.abs().max(1.0),
         "{what}: got {got}, want {want}"
@@ -119,7 +119,7 @@ fn assert_close(got: f64, want: f64, what: &str) {
 }
 
 /// 2^(-elapsed / half-life).
-fn decay(elapsed_ms: i64, half_life_ms: i64) -> f64 {
+pub(crate) fn decay(elapsed_ms: i64, half_life_ms: i64) -> f64 {
     (-(elapsed_ms.max(0) as f64) / half_life_ms as f64).exp2()
 }
 
@@ -549,7 +549,7 @@ fn listed(ids: &[&str]) -> Value {
     json!({ "Shards": shards })
 }
 
-async fn put_listed(app: &TestApp, ids: &[&str]) {
+pub(crate) async fn put_listed(app: &TestApp, ids: &[&str]) {
     let put = app.call(Method::PUT, "/streams/s", Some(listed(ids))).await;
     assert!(matches!(put.status, 200 | 201), "{}", put.body);
 }

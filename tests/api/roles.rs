@@ -180,6 +180,11 @@ async fn sample(app: &TestApp, method: &str, template: &str, joined: &Value) -> 
             json!({"accounts": [{"account": "c"}]}),
         ),
         ("POST", "/keys/{account}") => ("/keys/new".into(), json!({})),
+        ("POST", "/load/producers") => (
+            "/load/producers".into(),
+            json!({"stream": "s", "producer": "p", "seq": 1, "window_ms": 1000,
+                   "keys": [{"account": "a", "hash_key": "1", "records": 1, "bytes": 1}]}),
+        ),
         ("PATCH", "/keys/{account}") => ("/keys/a".into(), json!({"weight": 2})),
         ("DELETE", "/keys/{account}") => ("/keys/b".into(), body),
         ("PUT", "/streams/{name}") => ("/streams/t".into(), json!({"shard_count": 2})),

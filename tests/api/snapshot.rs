@@ -77,6 +77,10 @@ async fn a_snapshot_answers_every_account_as_its_lookup_does() {
     }
     assert_eq!(head["event_id"], last, "{head}");
     assert_eq!(head["max_age_s"], 60, "the lookups' max-age: {head}");
+    assert_eq!(
+        head["stream"], "s",
+        "the primary stream, for mirrors' reports: {head}"
+    );
     let accounts: Vec<&str> = lines
         .iter()
         .map(|l| l["account"].as_str().unwrap())

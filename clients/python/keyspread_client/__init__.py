@@ -9,6 +9,7 @@ server's event log, so lookups cost no round trip and go on while the server is 
     with Mirror("http://127.0.0.1:8080") as mirror:
         keys = mirror.keys("acme") or mirror.allocate("acme")
         key = mirror.key_for("acme", "order-17")   # the sub-key's key, for accounts with several
+        key = mirror.record("acme", "order-17", len(data))  # the same, counted for load reports
 """
 
 from .mirror import KeyspreadError, Lookup, Mirror, Next, Stale

@@ -10,6 +10,7 @@ import urllib.parse
 import uuid
 from collections import namedtuple
 
+from .report import Reporter, Tally, is_producer_id
 from .selector import sub_key_index
 from .table import Batch, Unapplicable, apply, entry_of
 
@@ -59,14 +60,23 @@ class Mirror:
     database restored or imported afresh on its address) or an event does not fit the
     table. Until the new snapshot is in, lookups answer the old table while it is fresh.
 
+    :meth:`record` answers :meth:`key_for`'s key and counts the record; a third thread
+    reports what was counted to ``POST /load/producers`` every ``report_interval_s``
+    (never if 0) and once more on :meth:`close`, on the primary stream the snapshot names,
+    as ``producer`` (a random id per mirror unless given). A report the server does not
+    take is sent again with the next one; lookups and records never wait for it.
+
     ``clock`` (Unix seconds, ``time.time`` by default) decides when staged switches take
     over; ``monotonic`` measures how old the last sync is.
     """
 
-    def __init__(self, url, token=None, timeout=10.0, clock=time.time, monotonic=time.monotonic):
+    def __init__(self, url, token=None, timeout=10.0, clock=time.time, monotonic=time.monotonic,
+                 report_interval_s=10, producer=None):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url must be http(s)://HOST[:PORT][/PREFIX], got {url!r}")
+        if producer is not None and not is_producer_id(producer):
+            raise ValueError(f"producer must be 1 to 128 of a-z A-Z 0-9 . _ : -, got {producer!r}")
         self._scheme, self._netloc = parts.scheme, parts.netloc
         self._prefix = parts.path.rstrip("/")
         self._headers = {"User-Agent": "keyspread-client-python/0.1", "Accept": "application/json"}
@@ -77,6 +87,7 @@ class Mirror:
         self._table = {}
         self._event_id = 0
         self._log_id = None
+        self._stream = None
         self._max_age_s = 0
         self._synced_at = None
         self._fresh_until = float("-inf")
@@ -92,6 +103,13 @@ class Mirror:
         self._watcher = threading.Thread(target=self._watch, name="keyspread-mirror-watch",
                                          daemon=True)
         self._watcher.start()
+        self._report_interval_s = report_interval_s
+        self._tally = Tally(monotonic)
+        self._reporter = Reporter(self._tally, producer or f"mirror-{uuid.uuid4()}",
+                                  self._post_report, lambda: self._stream)
+        self._reporting = threading.Thread(target=self._report, name="keyspread-mirror-report",
+                                           daemon=True)
+        self._reporting.start()
 
     # Lookups: in memory, no lock.
 
@@ -118,6 +136,15 @@ class Mirror:
         if keys is None:
             return None
         return keys[sub_key_index(sub_key, len(keys))] if len(keys) > 1 else keys[0]
+
+    def record(self, account, sub_key, size):
+        """The key a record of ``sub_key`` of ``size`` bytes goes under (:meth:`key_for`'s),
+        counted as sent: one record and ``size`` bytes for the account and key, in the next
+        report. ``None``, and nothing counted, when the table does not hold the account."""
+        key = self.key_for(account, sub_key)
+        if key is not None:
+            self._tally.count(account, key, size)
+        return key
 
     def lookup(self, account):
         """:class:`Lookup` of ``account`` (keys now, and the nearest switch still ahead), or
@@ -184,7 +211,9 @@ class Mirror:
             return self._applied.wait_for(lambda: self._event_id >= event_id, timeout)
 
     def close(self):
-        """Stops following the log (a long-poll in flight is cut)."""
+        """Stops following the log (a long-poll in flight is cut) and reports what was
+        counted since the last report (waiting for the server at most ``timeout`` for it
+        and for one left from before)."""
         self._closing.set()
         with self._applied:
             self._applied.notify_all()  # the watcher
@@ -196,12 +225,40 @@ class Mirror:
                 pass
         if threading.current_thread() is not self._thread:
             self._thread.join(self._timeout)
+        if threading.current_thread() is not self._reporting:
+            self._reporting.join(2 * self._timeout)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *_):
         self.close()
+
+    # Reporting what was sent.
+
+    def _report(self):
+        """Reports every ``report_interval_s`` until closed, then once more."""
+        interval = self._report_interval_s if self._report_interval_s > 0 else None
+        while True:
+            closed = self._closing.wait(interval)
+            try:
+                self._reporter.report()
+            except Exception:  # the thread must outlive a bug: the counts wait meanwhile
+                log.exception("keyspread mirror failed to report what was sent")
+            if closed:
+                return
+
+    def _post_report(self, body):
+        """The status ``POST /load/producers`` of ``body`` answers."""
+        conn = self._connect(self._timeout)
+        try:
+            headers = dict(self._headers, **{"Content-Type": "application/json"})
+            conn.request("POST", self._prefix + "/load/producers", json.dumps(body), headers)
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        finally:
+            conn.close()
 
     # Following the log.
 
@@ -292,6 +349,7 @@ class Mirror:
             self._table = table
             self._event_id = head["event_id"]
             self._log_id = head.get("log_id")
+            self._stream = head.get("stream")
             self._max_age_s = head["max_age_s"]
             self._snapshots += 1
             self._synced(started)

@@ -299,6 +299,38 @@ class Process(unittest.TestCase):
         self.assertTrue(until(lambda: not stale(), 5.0), "still Stale 5 s after the server woke")
         self.assertLess(mirror.lag_s, 2.0)
 
+    def test_what_a_mirror_recorded_is_the_load_of_its_keys_shards(self):
+        server = self.server()
+        stream = f"py-load-{uuid.uuid4().hex[:8]}"
+        status, put = call(server.url, "PUT", f"/streams/{stream}",
+                           {"shard_count": 4, "primary": True})
+        self.assertEqual(status, 201, put)
+        keys = {}
+        for account in (f"{stream}-a", f"{stream}-b"):
+            status, made = call(server.url, "POST", "/keys/" + account)
+            self.assertEqual(status, 201, made)
+            keys[account] = made["hash_key"]
+        a, b = keys
+        mirror = Mirror(server.url, report_interval_s=0)
+        self.addCleanup(mirror.close)
+        for n in range(30):
+            self.assertEqual(mirror.record(a, f"order-{n}", 100), keys[a])
+        for _ in range(10):
+            self.assertEqual(mirror.record(b, "x", 50), keys[b])
+        mirror.close()
+
+        status, load = call(server.url, "GET", f"/load?stream={stream}")
+        self.assertEqual(status, 200, load)
+        shards = {s["shard_id"]: s for s in load["shards"]}
+        for key in keys.values():
+            shard = shards[f"shardId-{int(key) >> 126:012d}"]
+            self.assertEqual(shard["source"], "producers", load)
+            self.assertGreater(shard["records_per_s"], 0, load)
+        accounts = {x["account"]: x for x in load["accounts"]}
+        # One report, one window: the rates stand as the counts do.
+        self.assertAlmostEqual(accounts[a]["records_per_s"] / accounts[b]["records_per_s"], 3.0)
+        self.assertAlmostEqual(accounts[a]["bytes_per_s"] / accounts[b]["bytes_per_s"], 6.0)
+
     def test_a_restarted_server_is_followed_from_the_mirrors_event_id(self):
         server = self.server()
         before, after = (f"restart-{uuid.uuid4().hex[:8]}-{n}" for n in ("before", "after"))

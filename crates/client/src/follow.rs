@@ -23,6 +23,10 @@ struct Head {
     /// Absent from servers older than log names.
     #[serde(default)]
     log_id: Option<String>,
+    /// The primary stream, which reports of what was sent name; absent while none is
+    /// registered, and from servers older than producers' reports.
+    #[serde(default)]
+    stream: Option<String>,
 }
 
 /// A page of `GET /events`.
@@ -40,6 +44,8 @@ pub(crate) struct Snapshot {
     pub max_age: Duration,
     /// The log the table's event id belongs to.
     pub log_id: Option<String>,
+    /// The primary stream the server names.
+    pub stream: Option<String>,
 }
 
 /// Reads `GET /snapshot` line by line into a table, never holding the whole body. Neither
@@ -113,6 +119,7 @@ pub(crate) async fn snapshot(
         table,
         max_age: Duration::from_secs(head.max_age_s),
         log_id: head.log_id,
+        stream: head.stream,
     })
 }
 
@@ -246,6 +253,7 @@ pub(crate) async fn follow(
                 let event_id = fresh.table.event_id();
                 *shared.table.write().expect("the table lock") = fresh.table;
                 shared.set_max_age(fresh.max_age);
+                shared.set_stream(fresh.stream);
                 shared.synced(sent);
                 shared.snapshots.fetch_add(1, Ordering::Relaxed);
                 shared.applied.send_replace(event_id);

@@ -6,20 +6,28 @@
 //! switch it missed (`max_age_s` after the last successful sync), when they fail with
 //! [`Error::Stale`].
 //!
+//! [`Mirror::record`] answers the same key as [`Mirror::key_for`] and counts the record:
+//! the mirror reports what it handed out to `POST /load/producers` every
+//! [`Options::report_interval`] and on [`Mirror::close`], so keyspread balances by what
+//! producers send even where no consumer reports what it reads.
+//!
 //! ```no_run
 //! # async fn produce() -> Result<(), keyspread_client::Error> {
 //! let mirror = keyspread_client::Mirror::start("http://127.0.0.1:8080").await?;
 //! mirror.allocate("acme").await?;
-//! let key = mirror.key_for("acme", "order-17")?.expect("acme holds keys");
+//! let data = b"{\"order\": 17}";
+//! let key = mirror.record("acme", "order-17", data.len() as u64)?.expect("acme holds keys");
 //! // PutRecord(..., ExplicitHashKey = key)
+//! mirror.close().await;
 //! # Ok(()) }
 //! ```
 
 mod follow;
+mod report;
 mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
@@ -57,6 +65,11 @@ pub struct Options {
     /// Longest a request may take beyond its long-poll wait; for a snapshot, the longest
     /// wait for its answer and between any two chunks of it.
     pub timeout: Duration,
+    /// How often what [`Mirror::record`] counted is reported (10 s); zero: only on close.
+    pub report_interval: Duration,
+    /// The id reports carry (1 to 128 of `a-z A-Z 0-9 . _ : -`); none: a random one per
+    /// mirror.
+    pub producer: Option<String>,
 }
 
 /// Shows whether a token is set, never the token.
@@ -66,6 +79,8 @@ impl std::fmt::Debug for Options {
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("wait", &self.wait)
             .field("timeout", &self.timeout)
+            .field("report_interval", &self.report_interval)
+            .field("producer", &self.producer)
             .finish()
     }
 }
@@ -76,6 +91,8 @@ impl Default for Options {
             token: None,
             wait: Duration::from_secs(20),
             timeout: Duration::from_secs(10),
+            report_interval: Duration::from_secs(10),
+            producer: None,
         }
     }
 }
@@ -94,6 +111,8 @@ struct Shared {
     snapshots: AtomicU64,
     /// The table's event id after each change, for `allocate` to wait on.
     applied: watch::Sender<i64>,
+    /// The primary stream the last snapshot named: the one reports are about.
+    stream: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -118,6 +137,14 @@ impl Shared {
         let ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
         self.max_age_ms.store(ms, Ordering::Relaxed);
     }
+
+    fn stream(&self) -> Option<String> {
+        self.stream.lock().expect("the stream lock").clone()
+    }
+
+    fn set_stream(&self, stream: Option<String>) {
+        *self.stream.lock().expect("the stream lock") = stream;
+    }
 }
 
 /// The account → keys table, kept current by a task that follows the log.
@@ -127,11 +154,18 @@ pub struct Mirror {
     base: String,
     options: Options,
     follower: tokio::task::JoinHandle<()>,
+    tally: Arc<report::Tally>,
+    reporter: tokio::task::JoinHandle<()>,
+    /// Tells the reporting task to report once more and end.
+    closing: watch::Sender<bool>,
 }
 
+/// A mirror dropped without [`Mirror::close`] stops at once: what it counted since its
+/// last report is not reported.
 impl Drop for Mirror {
     fn drop(&mut self) {
         self.follower.abort();
+        self.reporter.abort();
     }
 }
 
@@ -150,6 +184,16 @@ impl Mirror {
 
     pub async fn start_with(url: &str, options: Options) -> Result<Mirror, Error> {
         let base = url.trim_end_matches('/').to_owned();
+        let producer = match &options.producer {
+            Some(id) if !report::is_producer_id(id) => {
+                return Err(server(
+                    &base,
+                    format!("producer id {id:?} must be 1 to 128 of a-z A-Z 0-9 . _ : -"),
+                ));
+            }
+            Some(id) => id.clone(),
+            None => format!("mirror-{}", uuid::Uuid::new_v4()),
+        };
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(token) = &options.token {
             let mut bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
@@ -172,6 +216,7 @@ impl Mirror {
             max_age_ms: 0.into(),
             snapshots: 1.into(),
             applied,
+            stream: Mutex::new(first.stream),
         });
         shared.set_max_age(first.max_age);
         let follower = tokio::spawn(follow::follow(
@@ -181,12 +226,25 @@ impl Mirror {
             first.log_id,
             (options.wait, options.timeout),
         ));
+        let tally = Arc::new(report::Tally::new());
+        let (closing, closed) = watch::channel(false);
+        let reporter = report::Reporter::new(
+            shared.clone(),
+            tally.clone(),
+            client.clone(),
+            (base.clone(), producer),
+            options.timeout,
+        );
+        let reporter = tokio::spawn(reporter.run(options.report_interval, closed));
         Ok(Mirror {
             shared,
             client,
             base,
             options,
             follower,
+            tally,
+            reporter,
+            closing,
         })
     }
 
@@ -219,6 +277,29 @@ impl Mirror {
     pub fn key_for(&self, account: &str, sub_key: &str) -> Result<Option<String>, Error> {
         let (table, now) = self.fresh()?;
         Ok(table.key_for(account, sub_key, now))
+    }
+
+    /// The key a record of `sub_key` of `size` bytes goes under ([`Mirror::key_for`]'s),
+    /// counted as sent: one record and `size` bytes for the account and key, reported with
+    /// the next report. Nothing is counted when the account holds no key.
+    pub fn record(&self, account: &str, sub_key: &str, size: u64) -> Result<Option<String>, Error> {
+        let key = self.key_for(account, sub_key)?;
+        if let Some(key) = &key {
+            self.tally.count(account, key, size);
+        }
+        Ok(key)
+    }
+
+    /// Stops following the log and reports what was counted since the last report (the
+    /// report waits at most [`Options::timeout`] for the server; one it does not answer is
+    /// lost).
+    pub async fn close(mut self) {
+        self.follower.abort();
+        self.closing.send_replace(true);
+        // Its last report and the one before it may each take the timeout; past that, the
+        // task is aborted when `self` drops.
+        let last = tokio::time::timeout(2 * self.options.timeout, &mut self.reporter);
+        let _ = last.await;
     }
 
     /// Allocates `account` (`POST /keys/{account}`; an account already held keeps its

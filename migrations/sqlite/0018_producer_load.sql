@@ -1,0 +1,31 @@
+-- Observed load as producers report it: what each producer sent, by the shard its hash
+-- keys fall on, smoothed per shard and per account like the consumers' reports in
+-- `shard_load` (see src/store/load.rs), and kept apart from them: a shard's figures come
+-- from its consumer's reports while they are current, else from these.
+CREATE TABLE producer_load (
+    stream        TEXT    NOT NULL,
+    shard_id      TEXT    NOT NULL,
+    records_per_s REAL    NOT NULL CHECK (records_per_s >= 0),
+    bytes_per_s   REAL    NOT NULL CHECK (bytes_per_s >= 0),
+    at_ms         INTEGER NOT NULL,
+    accounts_at   INTEGER NOT NULL,
+    window_ms     INTEGER NOT NULL CHECK (window_ms >= 0),
+    accounts      BLOB    NOT NULL,
+    PRIMARY KEY (stream, shard_id)
+) WITHOUT ROWID;
+
+-- Each producer's highest report number counted: a report numbered at or below it was
+-- counted before (a retry whose answer was lost), on whichever replica. Rows not reported
+-- for a day go (a few at each report).
+CREATE TABLE producer_seqs (
+    producer    TEXT    NOT NULL PRIMARY KEY,
+    seq         INTEGER NOT NULL,
+    reported_at INTEGER NOT NULL
+);
+CREATE INDEX producer_seqs_age ON producer_seqs (reported_at);
+
+-- A deleted stream's load goes with it.
+CREATE TRIGGER producer_load_stream_deleted AFTER DELETE ON streams
+BEGIN
+    DELETE FROM producer_load WHERE stream = OLD.name;
+END;
