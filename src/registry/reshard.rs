@@ -338,7 +338,8 @@ impl Registry {
             arn: summary.arn,
             created_at_ms: summary.created_at_ms,
         };
-        self.register_listing(&stream, listing, listed).await?;
+        self.register_reshard_listing(&stream, listing, listed)
+            .await?;
         let Some(call) = calls.first() else {
             return self.finish(holder, job, done, None).await;
         };
@@ -405,7 +406,7 @@ impl Registry {
 
     /// Registers `listing` as `stream`'s map, listed from Kinesis stream `listed` (logged
     /// as Kinesis'), unless it is the map registered already.
-    async fn register_listing(
+    async fn register_reshard_listing(
         self: &Arc<Self>,
         stream: &Stream,
         listing: StreamMap,
