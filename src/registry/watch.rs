@@ -153,7 +153,7 @@ impl Registry {
     }
 
     /// One round: what other replicas' listings found, then each watched stream whose
-    /// listing this replica claims.
+    /// listing this replica claims, but for those being resharded.
     async fn sync_round(self: &Arc<Self>, watch: &Watch) {
         match self.store.sync_states().await {
             Ok(states) => {
@@ -163,8 +163,18 @@ impl Registry {
             }
             Err(err) => tracing::debug!(%err, "cannot read the watched streams' sync states"),
         }
+        // A stream being resharded is its job's to list and register: listed here, a map of
+        // the way there would be registered and rebalanced.
+        let resharding: Vec<String> = match self.store.running_reshards().await {
+            Ok(jobs) => jobs.into_iter().map(|job| job.stream).collect(),
+            Err(err) => {
+                tracing::debug!(%err, "cannot read the running reshards: no listing this round");
+                return;
+            }
+        };
         let (streams, _) = self.streams(None, usize::MAX);
-        for stream in streams.into_iter().filter(|s| s.watch) {
+        let watched = streams.into_iter().filter(|s| s.watch);
+        for stream in watched.filter(|s| !resharding.contains(&s.name)) {
             match self.claim_sync(&stream.name, watch).await {
                 Ok(true) => self.sync_stream(stream.name, stream.primary, watch).await,
                 Ok(false) => {}

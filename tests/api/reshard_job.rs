@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use keyspread::config::ServeConfig;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -23,10 +24,16 @@ const HOLD_FOR: Duration = Duration::from_secs(2);
 
 /// A keyspread reaching kinesalite through `proxy`, with [`ACCOUNTS`] accounts.
 pub(crate) async fn app_behind(proxy: &Proxy) -> TestApp {
+    app_behind_with(proxy, |_| {}).await
+}
+
+/// [`app_behind`], configured further by `configure`.
+async fn app_behind_with(proxy: &Proxy, configure: impl FnOnce(&mut ServeConfig)) -> TestApp {
     let endpoint = proxy.endpoint.clone();
     let app = spawn_app_with(|c| {
         c.kinesis_endpoint = Some(endpoint);
         c.kinesis_region = Some("us-east-1".into());
+        configure(c);
     })
     .await;
     for i in 0..ACCOUNTS {
@@ -217,7 +224,14 @@ async fn reshard_moves(app: &TestApp, stream: &str) -> Vec<Value> {
 async fn a_watched_stream_is_resharded_2_to_5_to_9_with_one_rebalance_each() {
     let kinesalite = Kinesalite::start().await;
     let proxy = Proxy::start(kinesalite.api.endpoint()).await;
-    let app = app_behind(&proxy).await;
+    // Listed every second while each job's first call is held for two, with the loop on:
+    // the watch must leave a stream being resharded to its job, or it registers and
+    // rebalances a map of the way there.
+    let app = app_behind_with(&proxy, |c| {
+        c.stream_sync_interval_s = 1;
+        c.controller.auto_rebalance = true;
+    })
+    .await;
     watch(&app, &kinesalite.api, "orders", 2).await;
 
     let mut rebalances = Vec::new();
@@ -241,6 +255,16 @@ async fn a_watched_stream_is_resharded_2_to_5_to_9_with_one_rebalance_each() {
         }
     }
     assert_eq!(rebalances, [1, 2], "one rebalance at the end of each job");
+    // The watch listed the stream between the jobs and after, and found every change
+    // already registered: while a job ran, it left the stream to the job.
+    let syncs = app
+        .metric("keyspread_stream_syncs_total{stream=\"orders\"}")
+        .await;
+    let changes = app
+        .metric("keyspread_stream_sync_changes_total{stream=\"orders\"}")
+        .await;
+    assert!(syncs > 0.0);
+    assert_eq!(changes, 0.0, "the watch registered a map of a job's way");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
