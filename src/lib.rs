@@ -119,8 +119,10 @@ impl AppState {
             rebalance_after_ms = Some(*controller.switch_after_ms.get_or_insert(lifetime_ms));
             registry.control(controller);
         }
+        // One Kinesis client for the watch and the reshards: one connection pool, one look
+        // at the credential chain.
         let watch = Arc::new(registry::Watch::new(
-            kinesis::KinesisLink::new(config.kinesis_config()),
+            Arc::clone(&kinesis),
             Duration::from_secs(config.stream_sync_interval_s),
             rebalance_after_ms,
         ));

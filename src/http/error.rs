@@ -283,6 +283,7 @@ impl From<KinesisError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "kinesis-stream-in-use", said)
             }
             KinesisError::Unreachable(_)
+            | KinesisError::Failed(_)
             | KinesisError::LimitExceeded(_)
             | KinesisError::Other(_) => {
                 tracing::warn!(%said, "a Kinesis call failed");

@@ -257,6 +257,7 @@ fn kinesis_problem(err: KinesisError) -> ApiError {
         | KinesisError::MissingCredentials
         | KinesisError::Throttled(_)
         | KinesisError::LimitExceeded(_)
+        | KinesisError::Failed(_)
         | KinesisError::Unreachable(_) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "kinesis-unavailable",

@@ -1,5 +1,6 @@
 //! What a Kinesis call can end in, told apart so callers can act on it.
 
+use aws_sdk_kinesis::config::http::HttpResponse;
 use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
 /// Why a Kinesis call failed. Messages never hold credentials.
@@ -27,6 +28,10 @@ pub enum KinesisError {
     /// The stream is not ACTIVE (being created, updated or deleted).
     #[error("{0}")]
     InUse(String),
+    /// Kinesis failed on its side (an HTTP 5xx answer, such as InternalFailure): the call may
+    /// or may not have been made.
+    #[error("Kinesis failed: {0}")]
+    Failed(String),
     /// No answer: connection refused, a timeout, a broken connection.
     #[error("Kinesis is unreachable: {0}")]
     Unreachable(String),
@@ -36,10 +41,9 @@ pub enum KinesisError {
 
 impl KinesisError {
     /// The error of `call` (an action name, for messages) as the SDK reported it.
-    pub(super) fn from_sdk<E, R>(call: &str, err: SdkError<E, R>) -> KinesisError
+    pub(super) fn from_sdk<E>(call: &str, err: SdkError<E, HttpResponse>) -> KinesisError
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-        R: std::fmt::Debug,
     {
         match &err {
             SdkError::TimeoutError(_) => KinesisError::Unreachable(format!("{call} timed out")),
@@ -51,6 +55,11 @@ impl KinesisError {
                     DisplayErrorContext(&err).to_string()
                 }
             )),
+            SdkError::ServiceError(service) if service.raw().status().is_server_error() => {
+                let code = service.err().code().unwrap_or("an unnamed error");
+                let message = service.err().message().unwrap_or("");
+                KinesisError::Failed(format!("{call}: {code}: {message}"))
+            }
             SdkError::ServiceError(service) => {
                 let service = service.err();
                 Self::from_code(
@@ -89,6 +98,7 @@ impl KinesisError {
             KinesisError::NotFound(_) => "not_found",
             KinesisError::LimitExceeded(_) => "limit_exceeded",
             KinesisError::InUse(_) => "in_use",
+            KinesisError::Failed(_) => "failed",
             KinesisError::Unreachable(_) => "unreachable",
             KinesisError::Other(_) => "other",
         }

@@ -228,7 +228,7 @@ impl Kinesis {
     }
 
     /// SplitShard: `shard_id` becomes two shards, the upper starting at
-    /// `new_starting_hash_key`.
+    /// `new_starting_hash_key`. Sent once: see [`once`].
     pub async fn split_shard(
         &self,
         stream: &str,
@@ -240,13 +240,16 @@ impl Kinesis {
             .stream_name(stream)
             .shard_to_split(shard_id)
             .new_starting_hash_key(new_starting_hash_key.to_string())
+            .customize()
+            .config_override(once())
             .send()
             .await
             .map_err(|e| KinesisError::from_sdk("SplitShard", e))?;
         Ok(())
     }
 
-    /// MergeShards: `shard_id` and the shard whose range follows it become one.
+    /// MergeShards: `shard_id` and the shard whose range follows it become one. Sent once:
+    /// see [`once`].
     pub async fn merge_shards(
         &self,
         stream: &str,
@@ -258,6 +261,8 @@ impl Kinesis {
             .stream_name(stream)
             .shard_to_merge(shard_id)
             .adjacent_shard_to_merge(adjacent_shard_id)
+            .customize()
+            .config_override(once())
             .send()
             .await
             .map_err(|e| KinesisError::from_sdk("MergeShards", e))?;
@@ -276,6 +281,13 @@ impl Kinesis {
             Err(e) => Err(KinesisError::from_sdk("DescribeLimits", e)),
         }
     }
+}
+
+/// A call sent once, not retried: a SplitShard or MergeShards whose answer was lost may
+/// have been made, and sent again it would split or merge a shard closed by the first. The
+/// reshard's next look at the stream finds out what was made.
+fn once() -> aws_sdk_kinesis::config::Builder {
+    aws_sdk_kinesis::config::Builder::default().retry_config(RetryConfig::disabled())
 }
 
 /// One SDK shard as list-shards prints it, for the list-shards reader to check.

@@ -22,7 +22,7 @@ const MAX_COUNTED: usize = 1000;
 /// listings did.
 #[derive(Debug)]
 pub struct Watch {
-    link: KinesisLink,
+    link: Arc<KinesisLink>,
     interval: Duration,
     /// With `--auto-rebalance`: a changed primary map is rebalanced, its moves staged to
     /// switch this long after.
@@ -52,7 +52,11 @@ enum Synced {
 impl Watch {
     /// Streams listed through `link` every `interval`; with `rebalance_after_ms`
     /// (`--auto-rebalance`), a changed primary map is rebalanced too.
-    pub fn new(link: KinesisLink, interval: Duration, rebalance_after_ms: Option<i64>) -> Watch {
+    pub fn new(
+        link: Arc<KinesisLink>,
+        interval: Duration,
+        rebalance_after_ms: Option<i64>,
+    ) -> Watch {
         Watch {
             link,
             interval,

@@ -460,3 +460,31 @@ async fn a_throttled_job_says_so_and_goes_on() {
         4
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_answer_is_lost_is_not_sent_again() {
+    let kinesalite = Kinesalite::start().await;
+    let proxy = Proxy::start(kinesalite.api.endpoint()).await;
+    let app = app_behind(&proxy).await;
+    watch(&app, &kinesalite.api, "orders", 2).await;
+    // Made in Kinesis and answered 500: sent again, a SplitShard would split a closed shard
+    // (which kinesalite allows) or be refused; the next look at the stream finds it made.
+    proxy.set(Rules {
+        lose: Some(1),
+        ..Rules::default()
+    });
+    assert_eq!(start(&app, "orders", 4).await.status, 202);
+    let job = ended(&app.client, &app.url(""), "orders").await;
+    assert_eq!(job["state"], "done", "{job}");
+    let calls = proxy.calls();
+    let made = check_calls(&calls);
+    let sent = (calls.iter())
+        .filter(|c| matches!(c.action.as_str(), "SplitShard" | "MergeShards"))
+        .count();
+    assert_eq!(sent, made, "every call sent once: {calls:?}");
+    assert_eq!(job["done"], made, "{job}");
+    assert_eq!(
+        check_map(&app.client, &app.url(""), &kinesalite.api, "orders").await,
+        4
+    );
+}

@@ -27,6 +27,9 @@ pub(crate) struct Rules {
     /// The answer of this call (1-based, counting SplitShard and MergeShards made) is held
     /// until [`Proxy::release`]: made in Kinesis, unknown to its caller.
     pub(crate) hold: Option<usize>,
+    /// The answer of this call (1-based, as `hold` counts) is lost: made in Kinesis, its
+    /// caller is answered 500 InternalFailure, which the SDK would retry.
+    pub(crate) lose: Option<usize>,
 }
 
 /// One Kinesis action as the proxy saw it.
@@ -177,7 +180,7 @@ async fn forward(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         }),
         _ => None,
     };
-    let (status, mut answer) = match own {
+    let (mut status, mut answer) = match own {
         Some(own) => own,
         None => upstream(&shared, &headers, body).await,
     };
@@ -190,14 +193,19 @@ async fn forward(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         body: request,
         status,
     };
-    let hold = {
+    let (hold, lost) = {
         let mut seen = shared.seen.lock().unwrap();
         let reshaped = call.reshaped();
         seen.calls.push(call);
         let made = seen.calls.iter().filter(|c| c.reshaped()).count();
         let hold = reshaped && rules.hold == Some(made);
-        hold.then(|| (Arc::clone(&seen.held), Arc::clone(&seen.release)))
+        let lost = reshaped && rules.lose == Some(made);
+        let hold = hold.then(|| (Arc::clone(&seen.held), Arc::clone(&seen.release)));
+        (hold, lost)
     };
+    if lost {
+        (status, answer) = (500, json!({"__type": "InternalFailure"}));
+    }
     if let Some((held, release)) = hold {
         held.notify_one();
         let _ = tokio::time::timeout(HOLD_AT_MOST, release.notified()).await;
