@@ -59,7 +59,7 @@ async fn the_rust_mirror_producer_puts_every_record_where_shard_of_says_in_order
         .call(
             reqwest::Method::PUT,
             &format!("/streams/{STREAM}"),
-            Some(json!({"shard_count": SHARDS})),
+            Some(json!({"shard_count": SHARDS, "primary": true})),
         )
         .await;
     assert!(put.status < 300, "{}", put.body);
@@ -138,6 +138,7 @@ async fn the_rust_mirror_producer_puts_every_record_where_shard_of_says_in_order
     }
     let mut next: HashMap<(String, String), usize> = HashMap::new();
     let mut read = 0;
+    let mut read_by_shard: HashMap<String, usize> = HashMap::new();
     for shard in &shards {
         for (partition_key, data) in kinesis.read_shard(STREAM, &shard.shard_id).await {
             let text = String::from_utf8(data).unwrap();
@@ -154,10 +155,39 @@ async fn the_rust_mirror_producer_puts_every_record_where_shard_of_says_in_order
             assert_eq!(n, *expected, "{text}: out of order or twice");
             *expected += 1;
             read += 1;
+            *read_by_shard.entry(shard.shard_id.clone()).or_default() += 1;
         }
     }
     assert_eq!(read, total, "every record read back once");
     assert!(next.values().all(|&n| n == PER_SUB_KEY));
+
+    // The producer reported what it sent before it exited: each shard's share of the
+    // producers' load is its share of the records read.
+    let load = app.get(&format!("/load?stream={STREAM}")).await;
+    assert_eq!(load.status, 200, "{}", load.body);
+    let rates: HashMap<String, f64> = (load.body["shards"].as_array().unwrap().iter())
+        .map(|s| {
+            let id = s["shard_id"].as_str().unwrap().to_owned();
+            (id, s["records_per_s"].as_f64().unwrap())
+        })
+        .collect();
+    let sum: f64 = rates.values().sum();
+    assert!(sum > 0.0, "the producer reported nothing: {}", load.body);
+    for shard in load.body["shards"].as_array().unwrap() {
+        let id = shard["shard_id"].as_str().unwrap();
+        let share_read = read_by_shard.get(id).copied().unwrap_or(0) as f64 / total as f64;
+        assert!(
+            (rates[id] / sum - share_read).abs() < 0.01,
+            "{id}: {share_read} of the records read: {}",
+            load.body
+        );
+        let source = if share_read > 0.0 {
+            json!("producers")
+        } else {
+            json!(null)
+        };
+        assert_eq!(shard["source"], source, "{}", load.body);
+    }
     println!("{stdout}{read} records read back in order from {SHARDS} shards");
 }
 

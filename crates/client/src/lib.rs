@@ -285,9 +285,17 @@ impl Mirror {
     pub fn record(&self, account: &str, sub_key: &str, size: u64) -> Result<Option<String>, Error> {
         let key = self.key_for(account, sub_key)?;
         if let Some(key) = &key {
-            self.tally.count(account, key, size);
+            self.sent(account, key, size);
         }
         Ok(key)
+    }
+
+    /// Counts one record of `size` bytes sent to `account` under `key`, for producers that
+    /// pick among [`Mirror::lookup`]'s keys themselves (holding records back before a
+    /// switch, resending failed ones): reported with the next report, as
+    /// [`Mirror::record`]'s are.
+    pub fn sent(&self, account: &str, key: &str, size: u64) {
+        self.tally.count(account, key, size);
     }
 
     /// Stops following the log and reports what was counted since the last report (the

@@ -14,6 +14,10 @@
 //! 2. At most one record per account key in a PutRecords call.
 //! 3. A failed record is resent before that key's next one (it stays at its queue's head).
 //!
+//! Every record Kinesis took is counted under its key and reported to keyspread's
+//! `POST /load/producers` (every 10 s and at the end), so the closed loop sees what the
+//! producer sends.
+//!
 //! Credentials and region as the AWS SDK reads them (AWS_ACCESS_KEY_ID, AWS_REGION...).
 
 use std::collections::{HashSet, VecDeque};
@@ -138,13 +142,14 @@ async fn run() -> Result<(), String> {
             if !used.insert((account.clone(), index)) {
                 continue; // one record per account key in a call
             }
+            let key = lookup.keys[index].clone();
             let entry = PutRecordsRequestEntry::builder()
                 .data(Blob::new(data.clone()))
                 .partition_key(account.chars().take(256).collect::<String>())
-                .explicit_hash_key(lookup.keys[index].clone())
+                .explicit_hash_key(key.clone())
                 .build()
                 .map_err(|e| e.to_string())?;
-            heads.push(i);
+            heads.push((i, key));
             entries.push(entry);
             if heads.len() == MAX_RECORDS_PER_CALL {
                 break;
@@ -165,15 +170,19 @@ async fn run() -> Result<(), String> {
                     aws_sdk_kinesis::error::DisplayErrorContext(e)
                 )
             })?;
-        for (i, result) in heads.into_iter().zip(answer.records()) {
+        for ((i, key), result) in heads.into_iter().zip(answer.records()) {
             if result.error_code().is_some() {
                 resent += 1;
             } else {
-                queues[i].1.pop_front();
+                let ((account, _), queue) = &mut queues[i];
+                let data = queue.pop_front().unwrap_or_default();
+                mirror.sent(account, &key, data.len() as u64);
                 sent += 1;
             }
         }
     }
+    // What was sent since the last report reaches keyspread's load before the exit.
+    mirror.close().await;
     println!("sent {sent} records, {resent} resent after a failure");
     Ok(())
 }
