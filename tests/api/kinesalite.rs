@@ -193,14 +193,21 @@ impl KinesisApi {
 
     /// `PutRecords` of empty records, each `(partition key, explicit hash key)` (at most 500):
     /// answers the ShardId each landed on, in order.
-    pub(crate) async fn put_records(&self, stream: &str, records: &[(String, String)]) -> Vec<String> {
+    pub(crate) async fn put_records(
+        &self,
+        stream: &str,
+        records: &[(String, String)],
+    ) -> Vec<String> {
         let entries: Vec<Value> = (records.iter())
             .map(|(partition, key)| {
                 json!({"PartitionKey": partition, "ExplicitHashKey": key, "Data": ""})
             })
             .collect();
         let out = self
-            .call("PutRecords", json!({"StreamName": stream, "Records": entries}))
+            .call(
+                "PutRecords",
+                json!({"StreamName": stream, "Records": entries}),
+            )
             .await;
         assert_eq!(out["FailedRecordCount"], 0, "PutRecords: {out}");
         (out["Records"].as_array().expect("Records").iter())

@@ -40,7 +40,8 @@ pub(crate) async fn resize(kinesis: &KinesisApi, stream: &str, target: usize) ->
             Ordering::Equal => {}
             Ordering::Greater => {
                 let highest = top_or(&stack, &lower);
-                let [_, upper] = split(kinesis, stream, &lower, target_pct, &highest, &mut slept).await;
+                let [_, upper] =
+                    split(kinesis, stream, &lower, target_pct, &highest, &mut slept).await;
                 stack.push(upper);
             }
             Ordering::Less => {
@@ -49,12 +50,14 @@ pub(crate) async fn resize(kinesis: &KinesisApi, stream: &str, target: usize) ->
                 if soft_compare(lower.pct + higher.pct, target_pct) == Ordering::Greater {
                     // Cut the rest of a target's width off the next shard and merge it down.
                     let offset = target_pct - lower.pct;
-                    let [cut, upper] = split(kinesis, stream, &higher, offset, &highest, &mut slept).await;
+                    let [cut, upper] =
+                        split(kinesis, stream, &higher, offset, &highest, &mut slept).await;
                     stack.push(upper);
                     let highest = top_or(&stack, &higher);
                     merge(kinesis, stream, &lower, &cut, &highest, &mut slept).await;
                 } else {
-                    let merged = merge(kinesis, stream, &lower, &higher, &highest, &mut slept).await;
+                    let merged =
+                        merge(kinesis, stream, &lower, &higher, &highest, &mut slept).await;
                     stack.push(merged);
                 }
             }
