@@ -136,7 +136,7 @@ struct Load {
 
 impl Load {
     /// Account ranks as a seeded permutation of the names (rank r carries r^-s ÷ H of the
-    /// records, as tests/python/load_proof.py's generator does), and the records drawn.
+    /// records, as examples/load_generator.py does), and the records drawn.
     fn zipf(seed: u64) -> Load {
         let mut rng = Rng::new(seed);
         let mut ranks: Vec<usize> = (1..=ACCOUNTS).collect();
@@ -198,18 +198,17 @@ async fn compare(kinesalite: &Kinesalite, load: &Load, fanned: bool) -> [Row; 3]
         c.kinesis_region = Some("us-east-1".into());
     })
     .await;
-    let ours = format!("keyspread-{tag}");
-    watch(&app, &kinesalite.api, &ours, CREATED).await;
+    let stream = format!("keyspread-{tag}");
+    watch(&app, &kinesalite.api, &stream, CREATED).await;
     allocate(&app, load, fanned).await;
     // What both anchors keep: they never change a key.
     let before = table(&app).await;
     let theirs = format!("scaling-utils-{tag}");
     kinesalite.api.create_stream(&theirs, CREATED).await;
 
-    let ours_name = ours;
-    let ours = reshard(&app, kinesalite, &proxy, &ours_name, load).await;
+    let ours = reshard(&app, kinesalite, &proxy, &stream, load).await;
     if fanned {
-        check_spread(&app, &ours_name, load).await;
+        check_spread(&app, &stream, load).await;
     }
     let split = scaling_utils(kinesalite, &theirs, load, &before).await;
     let uniform = uniform_map(TARGET);
