@@ -35,10 +35,11 @@ test: test-deps
 	$(PYTHON) tests/run $(TEST_ARGS)
 
 ## The proofs one at a time, with their figures, on SQLite then on Postgres: ordering and
-## leases on kinesalite, leases through three replicas, hot accounts on kinesalite, the crash
-## test, and the closed loop on kinesalite at full length (three runs of 180 s, SQLite;
-## writes docs/load_proof.svg).
-PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: crash:: load_kinesis::
+## leases on kinesalite, leases through three replicas, hot accounts on kinesalite, a reshard
+## beside the anchors (scaling-utils' split, UNIFORM_SCALING; SQLite), the crash test, and the
+## closed loop on kinesalite at full length (three runs of 180 s, SQLite; writes
+## docs/load_proof.svg).
+PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: anchors_kinesis:: crash:: load_kinesis::
 
 proofs: test-deps
 	KEYSPREAD_PROOF_FULL=1 $(PYTHON) tests/run --api -- $(PROOFS) --nocapture --test-threads=1

@@ -90,6 +90,15 @@ pub(crate) struct KinesisApi {
 }
 
 impl KinesisApi {
+    /// A client of the Kinesis endpoint at `endpoint` (a recording proxy in front of
+    /// kinesalite, say).
+    pub(crate) fn at(endpoint: &str) -> KinesisApi {
+        KinesisApi {
+            client: reqwest::Client::new(),
+            endpoint: endpoint.to_owned(),
+        }
+    }
+
     /// Where kinesalite listens, for other Kinesis clients (boto3).
     pub(crate) fn endpoint(&self) -> &str {
         &self.endpoint
@@ -180,6 +189,35 @@ impl KinesisApi {
         }
         let out: PutRecord = parse(&self.post("PutRecord", record).await);
         out.shard_id
+    }
+
+    /// `PutRecords` of empty records, each `(partition key, explicit hash key)` (at most 500):
+    /// answers the ShardId each landed on, in order.
+    pub(crate) async fn put_records(
+        &self,
+        stream: &str,
+        records: &[(String, String)],
+    ) -> Vec<String> {
+        let entries: Vec<Value> = (records.iter())
+            .map(|(partition, key)| {
+                json!({"PartitionKey": partition, "ExplicitHashKey": key, "Data": ""})
+            })
+            .collect();
+        let out = self
+            .call(
+                "PutRecords",
+                json!({"StreamName": stream, "Records": entries}),
+            )
+            .await;
+        assert_eq!(out["FailedRecordCount"], 0, "PutRecords: {out}");
+        (out["Records"].as_array().expect("Records").iter())
+            .map(|r| r["ShardId"].as_str().expect("ShardId").to_owned())
+            .collect()
+    }
+
+    /// Any action, answered 200: its JSON answer.
+    pub(crate) async fn call(&self, action: &str, body: Value) -> Value {
+        parse(&self.post(action, body).await)
     }
 
     /// Every record of one shard from its start, oldest first: (partition key, data).

@@ -6,6 +6,7 @@ mod replay;
 mod skip;
 
 mod abuse;
+mod anchors_kinesis;
 mod attacks;
 mod audit;
 mod backup;
@@ -69,6 +70,7 @@ mod restore_proof;
 mod retention;
 pub mod roles;
 mod rust_client;
+mod scaling_utils;
 mod schemathesis;
 pub mod secrets;
 mod shards;
