@@ -110,6 +110,7 @@ impl Kinesis {
     /// endpoint and no credentials in the chain, signs with dummy ones instead.
     pub async fn connect(config: &KinesisConfig) -> Result<Kinesis, KinesisError> {
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(https_client())
             .timeout_config(
                 TimeoutConfig::builder()
                     .connect_timeout(CONNECT_TIMEOUT)
@@ -281,6 +282,15 @@ impl Kinesis {
             Err(e) => Err(KinesisError::from_sdk("DescribeLimits", e)),
         }
     }
+}
+
+/// The SDK's HTTPS client, on rustls with ring (the SDK's default crypto, aws-lc, is a C
+/// library that costs a cold build minutes); for the credential chain's calls too.
+fn https_client() -> aws_sdk_kinesis::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .build_https()
 }
 
 /// A call sent once, not retried: a SplitShard or MergeShards whose answer was lost may

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 use keyspread_client::{Mirror, now_ms};
 use tokio::io::AsyncBufReadExt;
 
@@ -81,7 +82,11 @@ async fn run() -> Result<(), String> {
     let mirror = Mirror::start(&args.keyspread)
         .await
         .map_err(|e| format!("{e}"))?;
-    let mut config = aws_config::from_env();
+    // HTTPS on rustls with ring, as keyspread's own Kinesis client.
+    let https = aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    let mut config = aws_config::from_env().http_client(https);
     if let Some(url) = &args.endpoint_url {
         config = config.endpoint_url(url);
     }
