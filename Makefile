@@ -36,9 +36,11 @@ test: test-deps
 
 ## The proofs one at a time, with their figures, on SQLite then on Postgres: ordering and
 ## leases on kinesalite, leases through three replicas, hot accounts on kinesalite, the crash
-## test, and the closed loop on kinesalite at full length (three runs of 180 s, SQLite;
-## writes docs/load_proof.svg).
-PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: crash:: load_kinesis::
+## test, the closed loop on kinesalite at full length (three runs of 180 s, SQLite;
+## writes docs/load_proof.svg), and the loop fed by producers' reports alone through an
+## outside split and a reshard with the server killed (300 s; the SQLite pass writes
+## docs/producers_proof.svg).
+PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: crash:: load_kinesis:: producers_kinesis::
 
 proofs: test-deps
 	KEYSPREAD_PROOF_FULL=1 $(PYTHON) tests/run --api -- $(PROOFS) --nocapture --test-threads=1
