@@ -36,10 +36,12 @@ test: test-deps
 
 ## The proofs one at a time, with their figures, on SQLite then on Postgres: ordering and
 ## leases on kinesalite, leases through three replicas, hot accounts on kinesalite, a reshard
-## beside the anchors (scaling-utils' split, UNIFORM_SCALING; SQLite), the crash test, and the
+## beside the anchors (scaling-utils' split, UNIFORM_SCALING; SQLite), the crash test, the
 ## closed loop on kinesalite at full length (three runs of 180 s, SQLite; writes
-## docs/load_proof.svg).
-PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: anchors_kinesis:: crash:: load_kinesis::
+## docs/load_proof.svg), and the loop fed by producers' reports alone through an outside
+## split and a reshard with the server killed (300 s; the SQLite pass writes
+## docs/producers_proof.svg).
+PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: anchors_kinesis:: crash:: load_kinesis:: producers_kinesis::
 
 proofs: test-deps
 	KEYSPREAD_PROOF_FULL=1 $(PYTHON) tests/run --api -- $(PROOFS) --nocapture --test-threads=1

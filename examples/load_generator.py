@@ -16,6 +16,11 @@ producer, so an account may fan out to 4 keys. A record's data is
 `{"a": account, "s": sub_key, "n": number}`, numbered from 0 per (account, sub-key): what a
 consumer needs to check order, loss and duplicates.
 
+`--mirror` takes the keys from a mirror of keyspread's table (clients/python) instead of
+lookups, and the mirror reports what was sent to keyspread every `--report-interval-s`
+(`POST /load/producers`): load reaches keyspread from the producer, with no consumer
+reporting it.
+
 `--md5` sends no ExplicitHashKey at all (Kinesis places each record by the MD5 of its
 PartitionKey, the account): the scheme keyspread is measured against. Otherwise the
 accounts must be allocated first (`POST /keys/{account}` or `/keys/batch`).
@@ -24,11 +29,12 @@ Usage:
 
     load_generator.py --keyspread http://127.0.0.1:8080 --stream orders \\
         [--endpoint-url http://127.0.0.1:4567] [--seconds 180] [--accounts 300] [--zipf 1.1] \\
-        [--rate 160] [--rotate-at 90] [--seed 1] [--md5]
+        [--rate 160] [--rotate-at 90] [--seed 1] [--md5 | --mirror [--report-interval-s 10]]
 
-prints one JSON line when done: when it started and rotated (Unix seconds), the ranks
-before and after, how many records it numbered per account and sub-key, and the
-producer's figures (records sent, resent after a failure, the most ever queued).
+prints `started` as it starts writing, and one JSON line when done: when it started and
+rotated (Unix seconds), the ranks before and after, how many records it numbered per
+account and sub-key, and the producer's figures (records sent, resent after a failure, the
+most ever queued).
 """
 
 import argparse
@@ -193,24 +199,38 @@ def main():
     parser.add_argument("--rotate-at", type=float, help="seconds in (default: the midpoint)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--md5", action="store_true", help="no ExplicitHashKey: MD5 of the account name")
+    parser.add_argument("--mirror", action="store_true",
+                        help="keys from a mirror of keyspread's table, which reports what was sent")
+    parser.add_argument("--report-interval-s", type=float, default=10,
+                        help="with --mirror: seconds between its load reports (default 10)")
     args = parser.parse_args()
     if not args.md5 and not args.keyspread:
         parser.error("--keyspread is needed unless --md5")
 
     kinesis = kinesis_client(args.endpoint_url)
+    mirror = None
     if args.md5:
         producer = OrderSafeProducer(WithoutExplicitKeys(kinesis), args.stream, None)
         producer.lookups = PartitionKeyOnly()
+    elif args.mirror:
+        from keyspread_client import Mirror
+
+        mirror = Mirror(args.keyspread, report_interval_s=args.report_interval_s)
+        producer = OrderSafeProducer(kinesis, args.stream, mirror=mirror)
     else:
         from keyspread_api import Client
 
         producer = OrderSafeProducer(kinesis, args.stream, Client(base_url=args.keyspread, timeout=10))
     generator = LoadGenerator(producer, account_names(args.accounts), args.rate, args.zipf, args.seed)
     rotate_at = args.seconds / 2 if args.rotate_at is None else args.rotate_at
+    print("started", flush=True)
     try:
         figures = generator.run(args.seconds, rotate_at)
     except LookupError as e:
         sys.exit(f"{e}\n(allocate the accounts first: POST /keys/batch)")
+    finally:
+        if mirror is not None:
+            mirror.close()  # reports what was sent since its last report
     print(json.dumps(figures), flush=True)
 
 

@@ -20,9 +20,14 @@ of X reaches B. A consumer that reads history (from TRIM_HORIZON, say) gives
 `--after-event ID` to learn the moves of the event log (`GET /events`) from there on, the
 switched ones too.
 
-The account of a record is its PartitionKey (what order_safe_producer.py sends). The shard
-set is read once: reading the children of a split after their parents is left to the
-Kinesis Client Library, or to keyspread's consumer leases.
+The account of a record is its PartitionKey (what order_safe_producer.py sends). A move is
+kept by its keys, not its shards, so it holds through splits and merges: its old key's
+records are read far enough once the open shard that holds that key now is (its parents
+are read to their end before it), and a record waits when its shard's range holds the new
+key. Reading the children of a split after their parents is left to the Kinesis Client
+Library, keyspread's consumer leases, or the readers that hand batches to `take`, which
+tell the consumer the stream's shards with `follow`; `poll` reads the shards listed at the
+start.
 
 Usage:
 
@@ -46,24 +51,47 @@ from keyspread_api.models import EventKind, EventPage, MovesPage
 
 
 class Shards:
-    """A stream's shards in hash-key order, to name the shard of a key."""
+    """A stream's shards, closed ones too: which open shard holds a key now, and whether a
+    shard's range holds a key."""
 
     def __init__(self, listed):
-        self.shards = sorted(listed, key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+        self.ranges = {s["ShardId"]: (int(s["HashKeyRange"]["StartingHashKey"]),
+                                      int(s["HashKeyRange"]["EndingHashKey"])) for s in listed}
+        self.parents = {s["ShardId"]: [p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p]
+                        for s in listed}
+        opened = [s for s in listed if "EndingSequenceNumber" not in s.get("SequenceNumberRange", {})]
+        self.shards = sorted(opened, key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
         self.starts = [int(s["HashKeyRange"]["StartingHashKey"]) for s in self.shards]
 
     def of(self, key):
+        """The open shard that holds `key`."""
         return self.shards[bisect.bisect_right(self.starts, int(key)) - 1]["ShardId"]
 
+    def holds(self, shard, key):
+        """Whether `shard`'s hash key range holds `key` (false for a shard not listed)."""
+        low, high = self.ranges.get(shard, (1, 0))
+        return low <= int(key) <= high
+
+    def ancestors(self, shard):
+        """The shards `shard` descends from by splits and merges (read to their end before it)."""
+        found, todo = set(), list(self.parents.get(shard, ()))
+        while todo:
+            parent = todo.pop()
+            if parent not in found:
+                found.add(parent)
+                todo += self.parents.get(parent, ())
+        return found
+
     def ids(self):
+        """The open shards, in hash key order."""
         return [s["ShardId"] for s in self.shards]
 
 
 class Move:
-    """Account `account` moved from shard `source` to shard `target`, switching at `switch_at`."""
+    """Account `account`'s records go under `to_key` instead of `from_key` from `switch_at` on."""
 
-    def __init__(self, event_id, account, source, target, applied_at, switch_at):
-        self.event_id, self.account, self.source, self.target = event_id, account, source, target
+    def __init__(self, event_id, account, from_key, to_key, applied_at, switch_at):
+        self.event_id, self.account, self.from_key, self.to_key = event_id, account, from_key, to_key
         self.applied_at, self.switch_at = applied_at, switch_at
 
 
@@ -81,10 +109,10 @@ class OrderAwareConsumer:
         self.shards = Shards(listed)
         # With `read` off, others read the shards and hand each batch to `take`.
         self.iterators = {
-            shard: kinesis.get_shard_iterator(
-                StreamName=stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+            shard["ShardId"]: kinesis.get_shard_iterator(
+                StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
             )["ShardIterator"]
-            for shard in (self.shards.ids() if read else ())
+            for shard in (listed if read else ())
         }
         # How far each shard has been read: the newest arrival time handed on or held, and
         # when it was last read to its tip (Unix seconds).
@@ -112,8 +140,8 @@ class OrderAwareConsumer:
             for m in page.items:
                 # A new key of a fanout raised by load takes sub-keys from every key the
                 # account sends until the switch: wait for each of their shards.
-                for source in m.from_keys or [m.from_]:
-                    self.remember(m.event_id, m.account, source, m.to, m.applied_at, m.switch_at)
+                for from_key in m.from_keys or [m.from_]:
+                    self.remember(m.event_id, m.account, from_key, m.to, m.applied_at, m.switch_at)
             if not page.next_:
                 return
             after = page.next_
@@ -129,33 +157,34 @@ class OrderAwareConsumer:
                 elif e.kind == EventKind.ALLOCATE and e.switch_at:
                     # A new key of a fanout raised by load: the log does not say which keys
                     # its sub-keys come from, so every other shard is read to the switch.
-                    for source in self.shards.ids():
-                        self.remember(e.id, e.account, None, e.key_after, e.at, e.switch_at,
-                                      source_shard=source)
+                    for start in self.shards.starts:
+                        self.remember(e.id, e.account, start, e.key_after, e.at, e.switch_at)
             self.after_event = page.next_
             if len(page.events) < 1000:
                 return
 
-    def remember(self, event_id, account, from_key, to_key, applied_at, switch_at, source_shard=None):
-        source = source_shard if source_shard is not None else self.shards.of(from_key)
-        if any(m.event_id == event_id and m.source == source for m in self.moves.get(account, ())):
+    def remember(self, event_id, account, from_key, to_key, applied_at, switch_at):
+        if any(m.event_id == event_id and m.from_key == from_key for m in self.moves.get(account, ())):
             return
         self.moves[account].append(Move(
-            event_id, account, source, self.shards.of(to_key),
-            applied_at.timestamp(), switch_at.timestamp(),
+            event_id, account, from_key, to_key, applied_at.timestamp(), switch_at.timestamp(),
         ))
+
+    def follow(self, listed):
+        """Takes the stream's shards as ListShards now answers them (after a split or merge)."""
+        self.shards = Shards(listed)
 
     def read_past(self, shard, moment):
         """Whether every record `shard` got up to arrival time `moment` has been read."""
         return self.read_to[shard] > moment or self.tip_at[shard] > moment + self.skew
 
     def blocking(self, account, shard, arrival):
-        """The moves of `account` into `shard` whose old shard is not read far enough."""
+        """The moves of `account` into `shard` whose old key's shard is not read far enough."""
         return [
             m for m in self.moves.get(account, ())
-            if m.target == shard and m.source != shard
+            if self.shards.holds(shard, m.to_key) and not self.shards.holds(shard, m.from_key)
             and arrival >= m.applied_at - self.skew
-            and not self.read_past(m.source, m.switch_at + self.skew)
+            and not self.read_past(self.shards.of(m.from_key), m.switch_at + self.skew)
         ]
 
     def poll(self):
@@ -163,7 +192,7 @@ class OrderAwareConsumer:
         self.learn_moves()
         # Each round starts at the next shard, so that none is always read first: like
         # workers reading shards side by side, at their own pace.
-        ids = self.shards.ids()
+        ids = list(self.iterators)
         self.rounds += 1
         start = self.rounds % len(ids)
         for shard in ids[start:] + ids[:start]:
@@ -185,7 +214,7 @@ class OrderAwareConsumer:
             account = r["PartitionKey"]
             record = {"shard": shard, "account": account, "arrival": arrival,
                       "sequence": r["SequenceNumber"], "data": r["Data"].decode(), **extra}
-            if self.held.get((account, shard)) or self.blocking(account, shard, arrival):
+            if self.behind(account, shard) or self.blocking(account, shard, arrival):
                 self.held[(account, shard)].append(record)
                 self.held_back += 1
             else:
@@ -194,16 +223,26 @@ class OrderAwareConsumer:
             self.tip_at[shard] = started
         self.release()
 
+    def behind(self, account, shard):
+        """Whether records of `account` are held on `shard` or on a shard it descends from: a
+        record held for a move of one of the account's keys holds the account's later ones
+        on that shard and on its children, whichever key they went under."""
+        return bool(self.held.get((account, shard))) or any(
+            self.held.get((account, parent)) for parent in self.shards.ancestors(shard))
+
     def release(self):
-        """Hands on held records whose moves' old shards are read far enough."""
+        """Hands on held records whose moves' old shards are read far enough, a shard's after
+        those held on the shards it descends from (held first, so handed on first here)."""
         for (account, shard), records in list(self.held.items()):
-            if records and not self.blocking(account, shard, records[0]["arrival"]):
+            waiting = any(self.held.get((account, parent)) for parent in self.shards.ancestors(shard))
+            if records and not waiting and not self.blocking(account, shard, records[0]["arrival"]):
                 for record in records:
                     self.hand_on(record)
                 del self.held[(account, shard)]
         # Moves whose boundary is behind us need no more looking at.
         for account, moves in list(self.moves.items()):
-            moves[:] = [m for m in moves if not self.read_past(m.source, m.switch_at + self.skew)]
+            moves[:] = [m for m in moves
+                        if not self.read_past(self.shards.of(m.from_key), m.switch_at + self.skew)]
             if not moves:
                 del self.moves[account]
 

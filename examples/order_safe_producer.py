@@ -22,7 +22,10 @@ Usage as a library (boto3 + the generated client, see examples/python_client.md)
 
 With a mirror (clients/python: the whole table in this process, following keyspread's log;
 no lookup round trips, and sending goes on while keyspread is away, until the mirror is
-stale), the same rules with the mirror's keys:
+stale), the same rules with the mirror's keys; each record's key comes from the mirror's
+`record`, which counts it for the mirror's load reports (`POST /load/producers`), so
+keyspread balances by what was sent. A record without a sub-key goes under its account's
+name as sub-key (one key of the account, as `key_for` picks it):
 
     producer = OrderSafeProducer(kinesis, "orders", mirror=Mirror("http://127.0.0.1:8080"))
 
@@ -136,6 +139,7 @@ class OrderSafeProducer:
         self.kinesis = kinesis
         self.stream = stream
         self.lookups = MirrorLookups(mirror, clock) if mirror else Lookups(client, clock)
+        self.mirror = mirror
         # (account, index) -> records waiting, oldest first; the head goes next.
         self.queues = collections.OrderedDict()
         self.sent = 0
@@ -143,6 +147,8 @@ class OrderSafeProducer:
 
     def put(self, account, data, sub_key=None):
         """Queues `data` for `account` (under `sub_key`'s key, if the account has several)."""
+        if sub_key is None and self.mirror is not None:
+            sub_key = account  # the mirror counts records by sub-key (`record`)
         self.queues.setdefault((account, sub_key), collections.deque()).append(data)
 
     def pending(self):
@@ -165,12 +171,15 @@ class OrderSafeProducer:
             index = sub_key_index(sub_key, len(keys)) if sub_key is not None and len(keys) > 1 else 0
             if (account, index) in used:
                 continue  # one record per account key in a call
+            key = self.key(account, sub_key, keys[index], len(queue[0]))
+            if key is None:
+                continue
             used.add((account, index))
             heads.append((account, sub_key))
             entries.append({
                 "Data": queue[0],
                 "PartitionKey": account[:256],
-                "ExplicitHashKey": keys[index],
+                "ExplicitHashKey": key,
             })
             if len(heads) == MAX_RECORDS_PER_CALL:
                 break
@@ -189,6 +198,19 @@ class OrderSafeProducer:
         for key in [k for k, q in self.queues.items() if not q]:
             del self.queues[key]
         return taken
+
+    def key(self, account, sub_key, key, size):
+        """The key to send a record of `size` bytes with: `key`, or with a mirror the key its
+        `record` answers and counts (the same one, unless the mirror went stale meanwhile:
+        `None`, the record waits)."""
+        if self.mirror is None:
+            return key
+        from keyspread_client import Stale
+
+        try:
+            return self.mirror.record(account, sub_key, size)
+        except Stale:
+            return None
 
     def flush(self, timeout=30.0):
         """Sends until every queued record is in, or raises after `timeout` seconds."""

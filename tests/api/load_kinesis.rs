@@ -21,16 +21,16 @@ use crate::python_client::{assert_success, generate, tool};
 use crate::skip::sqlite_only;
 
 /// The loop's bound on busiest ÷ mean.
-const BOUND: f64 = 1.15;
+pub(crate) const BOUND: f64 = 1.15;
 /// Lookups cached this long: a move switches this long after it is applied.
-const MAX_AGE_S: u64 = 3;
+pub(crate) const MAX_AGE_S: u64 = 3;
 /// Records a second the generator writes, all accounts together.
-const RATE: f64 = 160.0;
+pub(crate) const RATE: f64 = 160.0;
 /// The per-shard write limit scaled to that rate over 8 shards (a mean utilisation of 0.8).
 const SHARD_RECORDS_PER_S: u64 = 25;
 /// Keys heavier than this share of a shard's limit are worth another key.
 const HOT_ACCOUNT_SHARE: &str = "0.35";
-const MAX_MOVES_PER_ROUND: u64 = 16;
+pub(crate) const MAX_MOVES_PER_ROUND: u64 = 16;
 /// The controller's band, tighter than the default 0.10: a 10-s window of about 200 records
 /// a shard wobbles by several percent, so the loop aims at 1.05 to stay within 1.15.
 const LOAD_TOLERANCE: &str = "0.05";
@@ -73,27 +73,44 @@ impl Shape {
 
     /// The loop's server settings, as environment (each flag's `KEYSPREAD_…` twin).
     fn loop_env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("KEYSPREAD_AUTO_REBALANCE", "true".into()),
-            (
-                "KEYSPREAD_AUTO_REBALANCE_INTERVAL_S",
-                self.interval_s.to_string(),
-            ),
-            ("KEYSPREAD_LOAD_HALF_LIFE_S", self.half_life_s.to_string()),
-            (
-                "KEYSPREAD_SHARD_RECORDS_PER_S",
-                SHARD_RECORDS_PER_S.to_string(),
-            ),
-            ("KEYSPREAD_SHARD_BYTES_PER_S", "100000".into()),
-            ("KEYSPREAD_HOT_ACCOUNT_SHARE", HOT_ACCOUNT_SHARE.into()),
-            (
-                "KEYSPREAD_MAX_MOVES_PER_ROUND",
-                MAX_MOVES_PER_ROUND.to_string(),
-            ),
-            ("KEYSPREAD_MOVE_COOLDOWN_S", self.cooldown_s.to_string()),
-            ("KEYSPREAD_LOAD_TOLERANCE", LOAD_TOLERANCE.into()),
-        ]
+        loop_env(
+            self.interval_s,
+            self.half_life_s,
+            self.cooldown_s,
+            SHARD_RECORDS_PER_S,
+        )
     }
+}
+
+/// The loop's server settings, as environment (each flag's `KEYSPREAD_…` twin): a round
+/// every `interval_s`, load smoothed over `half_life_s`, an account moved again only after
+/// `cooldown_s`, a shard's write limit scaled to `shard_records_per_s`.
+pub(crate) fn loop_env(
+    interval_s: u64,
+    half_life_s: u64,
+    cooldown_s: u64,
+    shard_records_per_s: u64,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("KEYSPREAD_AUTO_REBALANCE", "true".into()),
+        (
+            "KEYSPREAD_AUTO_REBALANCE_INTERVAL_S",
+            interval_s.to_string(),
+        ),
+        ("KEYSPREAD_LOAD_HALF_LIFE_S", half_life_s.to_string()),
+        (
+            "KEYSPREAD_SHARD_RECORDS_PER_S",
+            shard_records_per_s.to_string(),
+        ),
+        ("KEYSPREAD_SHARD_BYTES_PER_S", "100000".into()),
+        ("KEYSPREAD_HOT_ACCOUNT_SHARE", HOT_ACCOUNT_SHARE.into()),
+        (
+            "KEYSPREAD_MAX_MOVES_PER_ROUND",
+            MAX_MOVES_PER_ROUND.to_string(),
+        ),
+        ("KEYSPREAD_MOVE_COOLDOWN_S", cooldown_s.to_string()),
+        ("KEYSPREAD_LOAD_TOLERANCE", LOAD_TOLERANCE.into()),
+    ]
 }
 
 /// One run of `scheme` on a fresh server and stream; answers its figures.
@@ -151,7 +168,7 @@ async fn prove(
 }
 
 /// Busiest ÷ mean of `what` ("shard" or "worker") in each window `judged` picks.
-fn ratios(figures: &Value, what: &str, judged: bool) -> Vec<(u64, f64)> {
+pub(crate) fn ratios(figures: &Value, what: &str, judged: bool) -> Vec<(u64, f64)> {
     figures["windows"]
         .as_array()
         .expect("windows")
@@ -167,7 +184,7 @@ fn ratios(figures: &Value, what: &str, judged: bool) -> Vec<(u64, f64)> {
 }
 
 /// Every record handed on once, in order, none lost.
-fn assert_in_order_and_whole(figures: &Value) {
+pub(crate) fn assert_in_order_and_whole(figures: &Value) {
     for figure in ["inversions", "duplicates", "lost"] {
         assert_eq!(figures[figure], 0, "{figure}: {figures}");
     }

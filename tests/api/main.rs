@@ -55,6 +55,7 @@ mod paging;
 mod pause;
 mod pipes;
 mod producers;
+mod producers_kinesis;
 mod python_client;
 mod python_mirror;
 mod rate;

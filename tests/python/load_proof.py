@@ -79,7 +79,7 @@ class Keyspread:
 
 
 class Gate:
-    """The order-aware consumer's logic shared by the workers: one lock around it, and the
+    """The order-aware consumer's logic shared by the readers: one lock around it, and the
     moves learnt twice a second."""
 
     def __init__(self, consumer):
@@ -94,14 +94,23 @@ class Gate:
             self.consumer.take(shard, answer, started, **extra)
 
     def learn(self):
+        import httpx
+
         while not self.stop.wait(0.5):
             with self.lock:
-                self.consumer.learn_moves()
+                try:
+                    self.consumer.learn_moves()
+                except (httpx.HTTPError, RuntimeError):
+                    pass  # keyspread restarting: its moves are learnt at the next look
                 self.consumer.release()
 
     def held(self):
         with self.lock:
             return sum(len(r) for r in self.consumer.held.values())
+
+    def follow(self, listed):
+        with self.lock:
+            self.consumer.follow(listed)
 
 
 def prepare(args, keyspread, kinesis):
@@ -281,8 +290,9 @@ def run(args):
 
 
 def observed(keyspread, stream):
-    """`GET /load` in brief: shards reported, their records/s summed, and utilisation per
-    record/s of the busiest (1 / the per-shard limit)."""
+    """`GET /load` in brief: shards reported, their records/s summed, utilisation per
+    record/s of the busiest (1 / the per-shard limit), and how many shards' figures come
+    from each source (consumers' or producers' reports)."""
     load = keyspread.call("GET", f"/load?stream={urllib.parse.quote(stream)}")
     shards = load["shards"]
     busiest = max(shards, key=lambda s: s["records_per_s"])
@@ -290,7 +300,8 @@ def observed(keyspread, stream):
             "records_per_s": round(sum(s["records_per_s"] for s in shards), 1),
             "utilisation_per_record_per_s": round(busiest["utilisation"] / busiest["records_per_s"], 4)
             if busiest["records_per_s"] else None,
-            "max_over_mean": load.get("max_over_mean")}
+            "max_over_mean": load.get("max_over_mean"),
+            "sources": dict(collections.Counter(s["source"] for s in shards))}
 
 
 def hottest(keyspread, produced, scheme):
@@ -301,8 +312,9 @@ def hottest(keyspread, produced, scheme):
     return {a: keyspread.call("GET", f"/keys/{urllib.parse.quote(a)}").get("fanout") for a in names}
 
 
-COLOURS = {"md5": "#c0392b", "plain": "#e67e22", "loop": "#2471a3"}
-LABELS = {"md5": "MD5 of the account names", "plain": "keyspread without the loop", "loop": "keyspread with the loop"}
+COLOURS = {"md5": "#c0392b", "plain": "#e67e22", "loop": "#2471a3", "producers": "#2471a3"}
+LABELS = {"md5": "MD5 of the account names", "plain": "keyspread without the loop", "loop": "keyspread with the loop",
+          "producers": "keyspread, load reported by the producers"}
 
 
 def plot(args):
@@ -311,6 +323,17 @@ def plot(args):
     for path in args.figures:
         with open(path) as f:
             runs.append(json.load(f))
+    rotated = next((r["rotated_at_s"] for r in runs if r.get("rotated_at_s")), None)
+    draw(runs, args.svg, "Busiest shard ÷ mean records per 10-s window (dashed: busiest of 4 workers)",
+         "300 accounts at Zipf(1.1) rates, 8 shards on kinesalite",
+         [(rotated, "hot accounts rotate")] if rotated else [])
+    table(runs)
+
+
+def draw(runs, svg, title, subtitle, marks):
+    """Writes `svg` (standard library only): busiest shard / mean per window of each run (a
+    line, and a dashed one for workers where the windows have them), the 1.15 bound, and a
+    dotted line at each of `marks` (seconds, label)."""
     width, height, left, right, top, bottom = 760, 400, 60, 20, 50, 70
     seconds = max(r["seconds"] for r in runs)
     highest = max([w["shard"] or 0 for r in runs for w in r["windows"]] + [2.0])
@@ -325,10 +348,8 @@ def plot(args):
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
              f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="14">Busiest shard ÷ mean records '
-             f'per 10-s window (dashed: busiest of 4 workers)</text>',
-             f'<text x="{width / 2}" y="34" text-anchor="middle" fill="#555">300 accounts at Zipf(1.1) rates, '
-             f'8 shards on kinesalite</text>']
+             f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="14">{title}</text>',
+             f'<text x="{width / 2}" y="34" text-anchor="middle" fill="#555">{subtitle}</text>']
     v = 1.0
     while v <= y_max + 1e-9:
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
@@ -339,29 +360,28 @@ def plot(args):
     parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(1.15):.1f}" y2="{y(1.15):.1f}" '
                  f'stroke="#27ae60" stroke-dasharray="6 4"/>')
     parts.append(f'<text x="{width - right}" y="{y(1.15) - 4:.1f}" text-anchor="end" fill="#27ae60">1.15</text>')
-    rotated = next((r["rotated_at_s"] for r in runs if r.get("rotated_at_s")), None)
-    if rotated:
-        parts.append(f'<line x1="{x(rotated):.1f}" x2="{x(rotated):.1f}" y1="{top}" y2="{height - bottom}" '
+    for i, (at, label) in enumerate(marks):
+        parts.append(f'<line x1="{x(at):.1f}" x2="{x(at):.1f}" y1="{top}" y2="{height - bottom}" '
                      f'stroke="#888" stroke-dasharray="2 3"/>')
-        parts.append(f'<text x="{x(rotated) + 4:.1f}" y="{top + 12}" fill="#555">hot accounts rotate</text>')
+        parts.append(f'<text x="{x(at) + 4:.1f}" y="{top + 12 + 14 * i}" fill="#555">{label}</text>')
     for i, r in enumerate(runs):
         colour = COLOURS.get(r["scheme"], "#000")
         points = [(x(w["t"] + WINDOW / 2), y(w["shard"])) for w in r["windows"] if w["shard"] is not None]
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
                      + " ".join(f"{px:.1f},{py:.1f}" for px, py in points) + '"/>')
         parts += [f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{colour}"/>' for px, py in points]
-        by_worker = [(x(w["t"] + WINDOW / 2), y(w["worker"])) for w in r["windows"] if w["worker"] is not None]
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" stroke-dasharray="5 4" points="'
-                     + " ".join(f"{px:.1f},{py:.1f}" for px, py in by_worker) + '"/>')
+        by_worker = [(x(w["t"] + WINDOW / 2), y(w["worker"])) for w in r["windows"] if w.get("worker") is not None]
+        if by_worker:
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" stroke-dasharray="5 4" '
+                         f'points="' + " ".join(f"{px:.1f},{py:.1f}" for px, py in by_worker) + '"/>')
         lx = left + i * 230
         parts.append(f'<line x1="{lx}" x2="{lx + 24}" y1="{height - 22}" y2="{height - 22}" stroke="{colour}" '
                      f'stroke-width="2"/><text x="{lx + 30}" y="{height - 18}">{LABELS.get(r["scheme"], r["scheme"])}</text>')
     parts.append("</svg>")
-    os.makedirs(os.path.dirname(os.path.abspath(args.svg)), exist_ok=True)
-    with open(args.svg, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(svg)), exist_ok=True)
+    with open(svg, "w") as f:
         f.write("\n".join(parts) + "\n")
-    print(f"wrote {args.svg}")
-    table(runs)
+    print(f"wrote {svg}")
 
 
 def table(runs):
