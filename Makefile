@@ -39,8 +39,7 @@ test: test-deps
 ## beside the anchors (scaling-utils' split, UNIFORM_SCALING; SQLite), the crash test, the
 ## closed loop on kinesalite at full length (three runs of 180 s, SQLite; writes
 ## docs/load_proof.svg), and the loop fed by producers' reports alone through an outside
-## split and a reshard with the server killed (300 s; the SQLite pass writes
-## docs/producers_proof.svg).
+## split and a reshard with the server killed (300 s, SQLite; writes docs/producers_proof.svg).
 PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: anchors_kinesis:: crash:: load_kinesis:: producers_kinesis::
 
 proofs: test-deps
