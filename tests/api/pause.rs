@@ -165,8 +165,9 @@ async fn changes_refused_around_a_pause_are_never_made() {
                         )
                     }
                 };
+                let sent = Instant::now();
                 let status = send(&client, format!("{base}{path}"), method, body).await;
-                answered.push((asked, status));
+                answered.push((asked, status, sent));
             }
             answered
         });
@@ -177,6 +178,7 @@ async fn changes_refused_around_a_pause_are_never_made() {
     let resumed = Resume(&server);
     tokio::time::sleep(PAUSE).await;
     drop(resumed);
+    let resumed_at = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
     let mut answered = Vec::new();
@@ -187,12 +189,17 @@ async fn changes_refused_around_a_pause_are_never_made() {
     let table = table(&api).await;
     let mut counts: BTreeMap<u16, usize> = BTreeMap::new();
     let mut wrong = Vec::new();
-    for (asked, status) in &answered {
+    for (asked, status, sent) in &answered {
         *counts.entry(*status).or_default() += 1;
         let made = made(asked, &table);
         match status {
             200..=299 if !made => wrong.push(format!("answered {status} but not made: {asked:?}")),
             503 | 408 if made => wrong.push(format!("answered {status} but made: {asked:?}")),
+            // A request that reached an idle keep-alive connection of the stopped server
+            // may be dropped unread when it resumes (its idle timer fires first): no
+            // answer, which a client must take as unknown, never as a refusal.
+            0 if *sent < resumed_at => {}
+            0 => wrong.push(format!("no answer, sent after the pause: {asked:?}")),
             _ => {}
         }
     }
@@ -212,10 +219,7 @@ async fn changes_refused_around_a_pause_are_never_made() {
         refused > 0,
         "no change was in flight during the pause: {counts:?}"
     );
-    assert!(
-        !counts.contains_key(&500) && !counts.contains_key(&0),
-        "{counts:?}"
-    );
+    assert!(!counts.contains_key(&500), "{counts:?}");
 }
 
 /// Sends SIGCONT to a server stopped with SIGSTOP when dropped, so that a failing test does
