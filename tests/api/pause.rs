@@ -242,16 +242,7 @@ async fn a_release_refused_on_a_paused_replica_never_undoes_a_later_allocation()
     let dir = tempfile::tempdir().unwrap();
     let (url, _postgres) = fresh_database(dir.path()).await;
     let client = patient_client();
-    let mut servers = Vec::new();
-    for name in ["a", "b"] {
-        let mut server = Server::spawn(&url, &dir.path().join(format!("{name}.log")));
-        server.wait_ready(&client).await;
-        servers.push(server);
-    }
-    let api = Api::new(
-        client.clone(),
-        servers.iter().map(|s| s.url.clone()).collect(),
-    );
+    let (servers, api) = two_replicas(&url, dir.path(), &client).await;
     const ACCOUNTS: usize = 30;
     for i in 0..ACCOUNTS {
         let (status, body) = api
@@ -322,16 +313,7 @@ async fn a_resumed_replica_never_answers_from_the_table_it_had_before_the_pause(
     let dir = tempfile::tempdir().unwrap();
     let (url, _postgres) = fresh_database(dir.path()).await;
     let client = patient_client();
-    let mut servers = Vec::new();
-    for name in ["a", "b"] {
-        let mut server = Server::spawn(&url, &dir.path().join(format!("{name}.log")));
-        server.wait_ready(&client).await;
-        servers.push(server);
-    }
-    let api = Api::new(
-        client.clone(),
-        servers.iter().map(|s| s.url.clone()).collect(),
-    );
+    let (servers, api) = two_replicas(&url, dir.path(), &client).await;
     for round in 0..5 {
         let (old, new) = (format!("old-{round}"), format!("new-{round}"));
         let (status, body) = api
@@ -384,4 +366,23 @@ async fn a_resumed_replica_never_answers_from_the_table_it_had_before_the_pause(
              (its key now {new}'s)"
         );
     }
+}
+
+/// Replicas `a` and `b` on the database at `url`, ready, and an [`Api`] over them.
+async fn two_replicas(
+    url: &str,
+    dir: &std::path::Path,
+    client: &reqwest::Client,
+) -> (Vec<Server>, Api) {
+    let mut servers = Vec::new();
+    for name in ["a", "b"] {
+        let mut server = Server::spawn(url, &dir.join(format!("{name}.log")));
+        server.wait_ready(client).await;
+        servers.push(server);
+    }
+    let api = Api::new(
+        client.clone(),
+        servers.iter().map(|s| s.url.clone()).collect(),
+    );
+    (servers, api)
 }
