@@ -165,8 +165,9 @@ async fn changes_refused_around_a_pause_are_never_made() {
                         )
                     }
                 };
+                let sent = Instant::now();
                 let status = send(&client, format!("{base}{path}"), method, body).await;
-                answered.push((asked, status));
+                answered.push((asked, status, sent));
             }
             answered
         });
@@ -177,6 +178,7 @@ async fn changes_refused_around_a_pause_are_never_made() {
     let resumed = Resume(&server);
     tokio::time::sleep(PAUSE).await;
     drop(resumed);
+    let resumed_at = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
     let mut answered = Vec::new();
@@ -187,12 +189,17 @@ async fn changes_refused_around_a_pause_are_never_made() {
     let table = table(&api).await;
     let mut counts: BTreeMap<u16, usize> = BTreeMap::new();
     let mut wrong = Vec::new();
-    for (asked, status) in &answered {
+    for (asked, status, sent) in &answered {
         *counts.entry(*status).or_default() += 1;
         let made = made(asked, &table);
         match status {
             200..=299 if !made => wrong.push(format!("answered {status} but not made: {asked:?}")),
             503 | 408 if made => wrong.push(format!("answered {status} but made: {asked:?}")),
+            // A request that reached an idle keep-alive connection of the stopped server
+            // may be dropped unread when it resumes (its idle timer fires first): no
+            // answer, which a client must take as unknown, never as a refusal.
+            0 if *sent < resumed_at => {}
+            0 => wrong.push(format!("no answer, sent after the pause: {asked:?}")),
             _ => {}
         }
     }
@@ -212,10 +219,7 @@ async fn changes_refused_around_a_pause_are_never_made() {
         refused > 0,
         "no change was in flight during the pause: {counts:?}"
     );
-    assert!(
-        !counts.contains_key(&500) && !counts.contains_key(&0),
-        "{counts:?}"
-    );
+    assert!(!counts.contains_key(&500), "{counts:?}");
 }
 
 /// Sends SIGCONT to a server stopped with SIGSTOP when dropped, so that a failing test does
@@ -238,16 +242,7 @@ async fn a_release_refused_on_a_paused_replica_never_undoes_a_later_allocation()
     let dir = tempfile::tempdir().unwrap();
     let (url, _postgres) = fresh_database(dir.path()).await;
     let client = patient_client();
-    let mut servers = Vec::new();
-    for name in ["a", "b"] {
-        let mut server = Server::spawn(&url, &dir.path().join(format!("{name}.log")));
-        server.wait_ready(&client).await;
-        servers.push(server);
-    }
-    let api = Api::new(
-        client.clone(),
-        servers.iter().map(|s| s.url.clone()).collect(),
-    );
+    let (servers, api) = two_replicas(&url, dir.path(), &client).await;
     const ACCOUNTS: usize = 30;
     for i in 0..ACCOUNTS {
         let (status, body) = api
@@ -318,16 +313,7 @@ async fn a_resumed_replica_never_answers_from_the_table_it_had_before_the_pause(
     let dir = tempfile::tempdir().unwrap();
     let (url, _postgres) = fresh_database(dir.path()).await;
     let client = patient_client();
-    let mut servers = Vec::new();
-    for name in ["a", "b"] {
-        let mut server = Server::spawn(&url, &dir.path().join(format!("{name}.log")));
-        server.wait_ready(&client).await;
-        servers.push(server);
-    }
-    let api = Api::new(
-        client.clone(),
-        servers.iter().map(|s| s.url.clone()).collect(),
-    );
+    let (servers, api) = two_replicas(&url, dir.path(), &client).await;
     for round in 0..5 {
         let (old, new) = (format!("old-{round}"), format!("new-{round}"));
         let (status, body) = api
@@ -380,4 +366,23 @@ async fn a_resumed_replica_never_answers_from_the_table_it_had_before_the_pause(
              (its key now {new}'s)"
         );
     }
+}
+
+/// Replicas `a` and `b` on the database at `url`, ready, and an [`Api`] over them.
+async fn two_replicas(
+    url: &str,
+    dir: &std::path::Path,
+    client: &reqwest::Client,
+) -> (Vec<Server>, Api) {
+    let mut servers = Vec::new();
+    for name in ["a", "b"] {
+        let mut server = Server::spawn(url, &dir.join(format!("{name}.log")));
+        server.wait_ready(client).await;
+        servers.push(server);
+    }
+    let api = Api::new(
+        client.clone(),
+        servers.iter().map(|s| s.url.clone()).collect(),
+    );
+    (servers, api)
 }
