@@ -335,8 +335,8 @@ impl From<&registry::Error> for ApiError {
                 ),
             ),
             E::Unavailable => ApiError::unavailable(
-                "the database cannot take changes right now (unreachable, or held up by \
-                 another writer): send the change again later",
+                "the database cannot take changes right now (unreachable, read-only while it \
+                 fails over, or held up by another writer): send the change again later",
             )
             .away(),
             E::NotMade => ApiError::unavailable(format!("{err}: send it again later")),

@@ -167,6 +167,10 @@ impl From<StoreError> for Error {
                 tracing::warn!(%cause, "database unreachable");
                 Error::Unavailable
             }
+            StoreError::ReadOnly => {
+                tracing::warn!("the database takes no writes (read-only, or in recovery)");
+                Error::Unavailable
+            }
             StoreError::OutcomeUnknown(cause) => {
                 tracing::warn!(%cause, "a commit's outcome is unknown");
                 Error::OutcomeUnknown(cause)

@@ -11,6 +11,7 @@ pub mod leases;
 pub mod load;
 pub mod packed;
 mod pg_commit;
+mod pg_writable;
 mod postgres;
 mod queries;
 mod raw_sqlite;
@@ -542,6 +543,9 @@ pub enum StoreError {
     /// A COMMIT was sent and its result can no longer be known (see `pg_commit`).
     #[error("the outcome of a commit is unknown: {0}")]
     OutcomeUnknown(String),
+    /// The server takes no writes now: a standby, a demoted primary, read-only sessions.
+    #[error("the database takes no writes now (read-only, or in recovery)")]
+    ReadOnly,
 }
 
 /// The SQLite URL of `raw` when it looks like a bare file path (`/var/lib/k.db`, `k.db`):
@@ -570,7 +574,13 @@ fn changed_one(rows_affected: u64) -> Result<()> {
 }
 
 impl From<sqlx::Error> for StoreError {
+    /// Every statement's error passes here: one that met a Postgres server taking no
+    /// writes retires the connections to it (see [`pg_writable`]).
     fn from(err: sqlx::Error) -> Self {
+        pg_writable::note(&err);
+        if pg_writable::read_only(&err) {
+            return StoreError::ReadOnly;
+        }
         match &err {
             sqlx::Error::Database(db)
                 if db.is_unique_violation() || refused_pending_key(db.as_ref()) =>

@@ -9,6 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection as _, PgPool, Postgres};
 
 use super::pg_commit::PgTx;
+use super::pg_writable;
 
 super::queries::queries!(Postgres);
 
@@ -45,7 +46,24 @@ pub async fn insert_many(
 /// write lock, provided the log is still `seen` (the same log, ending at the same event);
 /// answers the event ids in the order of `new`. One round trip: migration 0018's
 /// `keyspread_allocate_keys_in` does it all.
+///
+/// Refused as read-only, it is tried once more on a fresh connection (see [`begin`]): the
+/// refused statement made nothing.
 pub async fn insert_if_current(
+    pool: &PgPool,
+    seen: super::LogEnd,
+    new: &[KeyRow],
+    by: Actors<'_>,
+    at: i64,
+) -> Result<Vec<i64>> {
+    match insert_if_current_once(pool, seen, new, by, at).await {
+        Err(StoreError::ReadOnly) => insert_if_current_once(pool, seen, new, by, at).await,
+        done => done,
+    }
+}
+
+/// One try of [`insert_if_current`].
+async fn insert_if_current_once(
     pool: &PgPool,
     seen: super::LogEnd,
     new: &[KeyRow],
@@ -225,6 +243,8 @@ pub async fn connect(url: &str) -> Result<PgPool> {
         .after_release(|conn, _| {
             Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) })
         })
+        // A connection that may lead to a server taking no writes is not lent again.
+        .before_acquire(|_, meta| Box::pin(async move { Ok(!pg_writable::retired(meta.age)) }))
         .connect_with(options.options(session_settings()))
         .await?)
 }
@@ -357,25 +377,36 @@ pub async fn clock_ms(conn: &mut Conn) -> Result<i64> {
     Ok(sqlx::query_scalar(NOW).fetch_one(&mut *conn).await?)
 }
 
-/// A write transaction holding the cluster-wide write lock.
+/// A write transaction holding the cluster-wide write lock, on a server that takes writes.
 ///
 /// The lock is taken by a statement of its own, inside a transaction sqlx knows it
 /// began: when the lock is refused (its timeout, a cancelled statement), dropping the
 /// transaction rolls it back before the connection goes back to the pool. Sent together
 /// with `BEGIN` as one query, a refused lock left the connection in an aborted
 /// transaction that failed every later statement on it.
+///
+/// A session opened while the server took no writes may stay read-only after it takes
+/// them again: a transaction found read-only retires its connection, and one fresh
+/// connection says whether the server takes writes now ([`StoreError::ReadOnly`] if not).
 pub async fn begin(pool: &PgPool) -> Result<PgTx> {
-    let mut tx = start(pool, None).await?;
-    let row = sqlx::Executor::fetch_one(&mut *tx, LOCK_WRITES).await?;
-    let pid: i32 = row.try_get(0)?;
-    Ok(PgTx::new(tx, Some(pid), pool.connect_options()))
+    for _ in 0..2 {
+        let mut tx = start(pool, None).await?;
+        let row = sqlx::Executor::fetch_one(&mut *tx, LOCK_WRITES).await?;
+        let (pid, read_only): (i32, bool) = (row.try_get(0)?, row.try_get(1)?);
+        if !read_only {
+            return Ok(PgTx::new(tx, Some(pid), pool.connect_options()));
+        }
+        pg_writable::met_now();
+    }
+    Err(StoreError::ReadOnly)
 }
 
 /// Takes the write lock, and names the backend that holds it (to ask after it while its
-/// COMMIT is under way). Without arguments it goes as a simple query: nothing to prepare,
-/// one message, and the lock is taken as soon as it arrives.
-const LOCK_WRITES: &str =
-    "SELECT pg_backend_pid() FROM (SELECT pg_advisory_xact_lock(7738725071420810593)) AS l";
+/// COMMIT is under way) and whether its transaction is read-only. Without arguments it
+/// goes as a simple query: nothing to prepare, one message, and the lock is taken as soon
+/// as it arrives.
+const LOCK_WRITES: &str = "SELECT pg_backend_pid(), current_setting('transaction_read_only')::bool \
+     FROM (SELECT pg_advisory_xact_lock(7738725071420810593)) AS l";
 
 const _: () = assert!(WRITE_LOCK == 7_738_725_071_420_810_593);
 

@@ -1,6 +1,7 @@
 //! One integration-test binary: the real server, on port 0, over a fresh database per test.
 
 mod helpers;
+mod pg_cluster;
 mod process;
 mod replay;
 mod skip;
@@ -17,6 +18,7 @@ mod crash;
 mod cross_site;
 mod documents;
 mod errors;
+mod failover;
 mod fanout;
 mod fanout_kinesis;
 mod fold;
