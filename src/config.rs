@@ -77,7 +77,7 @@ pub struct ServeConfig {
     #[arg(long, env = "KEYSPREAD_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
 
-    /// `open`: reads need no token. `token`: every read but /healthz and /readyz (and
+    /// `open`: reads need no token. `token`: every read but /healthz and /readyz[/writes] (and
     /// /metrics, which has --metrics-token) needs a token of any role, the page included
     /// (a browser asks for it: any user name, the token as the password).
     #[arg(long, env = "KEYSPREAD_READ_ACCESS", value_enum, default_value_t = ReadAccess::Open)]

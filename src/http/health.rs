@@ -11,14 +11,13 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Problem};
 use crate::AppState;
-
-/// Longest `/readyz` waits for the database.
-const READY_TIMEOUT: Duration = Duration::from_secs(2);
+use crate::store::Unwritable;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
+        .routes(routes!(readyz_writes))
 }
 
 /// Health summary.
@@ -39,26 +38,58 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
     })
 }
 
-/// Readiness: the database answers and takes writes, and this replica follows its log.
+/// Readiness: this replica answers lookups truthfully (in touch with the database, or out of
+/// touch for less than the lookups' max-age), so a balancer keeps it through a database blip.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
-        (status = 200, description = "Ready", body = Health),
-        (status = 503, description = "The database does not answer, or does not take writes (a full disk), or this replica cannot apply the event log", body = Problem, content_type = "application/problem+json",
+        (status = 200, description = "Ready: lookups are answered truthfully", body = Health),
+        (status = 503, description = "This replica has been out of touch with the database for longer than lookups may be cached, or cannot apply the event log", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before asking again"))),
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    // A database that takes this long to answer a ping (a cut network drops packets
-    // rather than refuse them) is not ready; the balancer must hear so in time.
-    let answered = tokio::time::timeout(READY_TIMEOUT, state.registry.ready()).await;
-    if answered.unwrap_or(false) {
+    // Bounded within: each look at the database has its own timeout.
+    let max_age = Duration::from_secs(state.lookup_cache.lifetime());
+    if state.registry.ready(max_age).await {
         Ok(Json(Health {
             status: "ready",
             accounts: state.registry.len(),
         }))
     } else {
         Err(ApiError::unavailable(
-            "the database does not answer, or does not take writes, or this replica cannot \
-             apply the event log (see its log)",
+            "this replica cannot vouch for its lookups: out of touch with the database for \
+             longer than they may be cached, or it cannot apply the event log (see its log)",
         ))
+    }
+}
+
+/// Write readiness: whether a change can commit now (a writable primary; a SQLite disk with
+/// room), so that writers can be routed to replicas that can make changes.
+#[utoipa::path(get, path = "/readyz/writes", tag = "health",
+    responses(
+        (status = 200, description = "A change can commit now", body = Health),
+        (status = 503, description = "No change can commit now: the problem's `reason` says why (`unreachable`, `read_only`, `in_recovery`, `disk_full`)", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before asking again"))),
+    ))]
+async fn readyz_writes(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    match state.registry.writes_ready().await {
+        Ok(()) => Ok(Json(Health {
+            status: "writable",
+            accounts: state.registry.len(),
+        })),
+        Err(reason) => Err(ApiError::unavailable(format!(
+            "no change can commit now: {}",
+            describe(reason)
+        ))
+        .with("reason", reason.as_str())),
+    }
+}
+
+/// What `reason` means, for the problem's detail.
+fn describe(reason: Unwritable) -> &'static str {
+    match reason {
+        Unwritable::Unreachable => "the database does not answer",
+        Unwritable::ReadOnly => "the database is read-only (no writable primary)",
+        Unwritable::InRecovery => "the database is a standby in recovery (no writable primary)",
+        Unwritable::DiskFull => "the disk holding the database is full, or failing",
     }
 }

@@ -25,6 +25,7 @@ pub const OPERATIONS: &[(&str, &str, Need)] = &[
     ("GET", "/ui", R(Read)),
     ("GET", "/healthz", Nothing),
     ("GET", "/readyz", Nothing),
+    ("GET", "/readyz/writes", Nothing),
     ("GET", "/metrics", MetricsToken),
     ("GET", "/events", R(Read)),
     ("GET", "/snapshot", R(Read)),

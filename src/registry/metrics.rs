@@ -1,12 +1,13 @@
 //! What the registry counts: the changes this process commits, the tree, the database's
 //! latency, and how far this process trails the event log.
 
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use super::ticket::{self, Ticket};
 use super::{Registry, Writer, now_ms};
 use crate::metrics::{Counter, Gauge, Histogram, header, single};
-use crate::store::{StoreError, Tx};
+use crate::store::{StoreError, Tx, Unwritable};
 
 /// The registry's counters, gauges and histograms.
 #[derive(Debug, Default)]
@@ -31,6 +32,44 @@ pub struct Metrics {
     pub(super) controller_rounds: Counter,
     pub(super) controller_moves: Counter,
     pub(super) controller_fanouts: Counter,
+    pub(super) outages: Outages,
+}
+
+/// Time without a writable database, by the reason a look at it found.
+#[derive(Debug, Default)]
+pub(super) struct Outages {
+    /// When the database was last looked at, and why it took no writes then, if it did not.
+    last: std::sync::Mutex<Option<(Instant, Option<Unwritable>)>>,
+    /// Milliseconds, by [`Unwritable::ALL`]'s order.
+    ms: [Counter; Unwritable::ALL.len()],
+}
+
+impl Outages {
+    /// Counts the time since the last look to what that look found, and remembers `found`.
+    pub(super) fn note(&self, found: Result<(), Unwritable>) {
+        let now = Instant::now();
+        let mut last = self.last.lock().expect("outages lock poisoned");
+        if let Some((at, Some(reason))) = *last {
+            let ms = now.duration_since(at).as_millis() as u64;
+            self.ms[reason as usize].add(ms);
+        }
+        *last = Some((now, found.err()));
+    }
+
+    fn render(&self, out: &mut String) {
+        const NAME: &str = "keyspread_database_unwritable_seconds_total";
+        header(
+            out,
+            NAME,
+            "counter",
+            "Seconds without a database that takes writes, by what GET /readyz/writes found \
+             (unreachable, read_only, in_recovery, disk_full).",
+        );
+        for reason in Unwritable::ALL {
+            let seconds = self.ms[reason as usize].get() as f64 / 1e3;
+            let _ = writeln!(out, "{NAME}{{reason=\"{}\"}} {seconds}", reason.as_str());
+        }
+    }
 }
 
 /// Commits `tx` at the commit point of the changes `tickets` stand for, timing the COMMIT
@@ -326,6 +365,7 @@ impl Registry {
         );
         m.follow_delay
             .render(out, "keyspread_replica_delay_seconds", "");
+        m.outages.render(out);
         single(
             out,
             "keyspread_replica_last_delay_seconds",

@@ -6,13 +6,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{ControllerConfig, DEFAULT_JOIN_BATCH_MS, LoadConfig};
 use crate::keyspace::{self, AccountId, Allocator, HashKey, Keyspace};
 use crate::store::{
     Actor, Actors, Assignment, Change, Event, HashKeys, KeyRow, LogEnd, LogId, MoveReason, Store,
-    StoreError, Switch,
+    StoreError, Switch, Unwritable,
 };
 
 mod accounts;
@@ -1102,16 +1102,35 @@ impl Registry {
         self.store.change_timeout()
     }
 
-    /// Whether the database answers and takes writes, and this replica follows its log
-    /// (one that cannot apply it for [`follow::FOLLOW_GRACE`] would answer a past state).
-    pub async fn ready(&self) -> bool {
+    /// Whether this replica answers lookups truthfully: it follows the log, or has been out
+    /// of touch with the database for no longer than `max_age` (lookups' own rule, see
+    /// [`Registry::vouch`]). One that cannot apply the log while the database answers
+    /// would answer a past state: not ready after [`follow::FOLLOW_GRACE`].
+    pub async fn ready(&self, max_age: Duration) -> bool {
         let failing = *self.follow_failing.lock().expect("follow lock poisoned");
         if failing.is_some_and(|since| since.elapsed() >= follow::FOLLOW_GRACE) {
-            return false;
+            let answers = tokio::time::timeout(vouch::VOUCH, self.store.ping()).await;
+            if matches!(answers, Ok(Ok(()))) {
+                return false;
+            }
         }
-        self.store.ready().await.is_ok()
+        self.vouch(max_age).await.is_ok()
+    }
+
+    /// Whether a change can commit now, counted in the metrics by what was found. A
+    /// database that takes longer than [`WRITABLE_WAIT`] to say (a cut network drops
+    /// packets rather than refuse them) counts as unreachable.
+    pub async fn writes_ready(&self) -> Result<(), Unwritable> {
+        let found = tokio::time::timeout(WRITABLE_WAIT, self.store.writable())
+            .await
+            .unwrap_or(Err(Unwritable::Unreachable));
+        self.metrics.outages.note(found);
+        found
     }
 }
+
+/// Longest [`Registry::writes_ready`] waits for the database: a balancer must hear in time.
+const WRITABLE_WAIT: Duration = Duration::from_secs(2);
 
 /// Runs a change on its own task, so a client that disconnects or times out cannot cancel
 /// it between the database commit and the in-memory update.

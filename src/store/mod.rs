@@ -633,6 +633,39 @@ pub enum Store {
     Postgres(PgPool),
 }
 
+/// Why a change cannot commit now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unwritable {
+    /// The database does not answer.
+    Unreachable,
+    /// The server takes no writes: its sessions are read-only (a demoted primary).
+    ReadOnly,
+    /// The server is a standby, replaying another's log.
+    InRecovery,
+    /// The SQLite file's disk is full, or failing.
+    DiskFull,
+}
+
+impl Unwritable {
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [Unwritable; 4] = [
+        Unwritable::Unreachable,
+        Unwritable::ReadOnly,
+        Unwritable::InRecovery,
+        Unwritable::DiskFull,
+    ];
+
+    /// The reason as a word, for answers and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unwritable::Unreachable => "unreachable",
+            Unwritable::ReadOnly => "read_only",
+            Unwritable::InRecovery => "in_recovery",
+            Unwritable::DiskFull => "disk_full",
+        }
+    }
+}
+
 /// Rows [`Tx::scan_assignments`] hands over at a time.
 pub const SCAN_BATCH: usize = 16_384;
 
@@ -785,13 +818,19 @@ impl Store {
         on_backend!(self, c => ping())
     }
 
-    /// Whether the database takes requests: it answers, and on SQLite, after a write met
-    /// a full disk or an I/O error, a write commits again (tried here, so readiness comes
-    /// back by itself once space is freed).
-    pub async fn ready(&self) -> Result<()> {
+    /// Whether a change can commit now. On SQLite, after a write met a full disk or an I/O
+    /// error, a write is tried here, so the answer comes back by itself once space is
+    /// freed; on Postgres, the server must be a primary that takes writes.
+    pub async fn writable(&self) -> Result<(), Unwritable> {
         match self {
-            Store::Sqlite(pools) => sqlite::ready(pools).await,
-            Store::Postgres(_) => self.ping().await,
+            Store::Sqlite(pools) => sqlite::writable(pools).await.map_err(|_| {
+                if pools.health.failing().is_some() {
+                    Unwritable::DiskFull
+                } else {
+                    Unwritable::Unreachable
+                }
+            }),
+            Store::Postgres(pool) => postgres::writable(pool).await,
         }
     }
 

@@ -401,6 +401,35 @@ pub async fn begin(pool: &PgPool) -> Result<PgTx> {
     Err(StoreError::ReadOnly)
 }
 
+/// Whether the server takes writes now, as [`begin`] finds out: a connection found
+/// read-only or in recovery is retired, and one fresh connection asked again.
+pub async fn writable(pool: &PgPool) -> std::result::Result<(), super::Unwritable> {
+    use super::Unwritable;
+    const ASK: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')::bool";
+    let mut found = Unwritable::ReadOnly;
+    for _ in 0..2 {
+        let asked = async {
+            let mut conn = pool.acquire().await?;
+            sqlx::query_as::<_, (bool, bool)>(ASK)
+                .fetch_one(&mut *conn)
+                .await
+        };
+        match asked.await {
+            Err(_) => return Err(Unwritable::Unreachable),
+            Ok((false, false)) => return Ok(()),
+            Ok((recovering, _)) => {
+                pg_writable::met_now();
+                found = if recovering {
+                    Unwritable::InRecovery
+                } else {
+                    Unwritable::ReadOnly
+                };
+            }
+        }
+    }
+    Err(found)
+}
+
 /// Takes the write lock, and names the backend that holds it (to ask after it while its
 /// COMMIT is under way) and whether its transaction is read-only. Without arguments it
 /// goes as a simple query: nothing to prepare, one message, and the lock is taken as soon

@@ -312,9 +312,9 @@ async fn idle(conn: &mut SqliteConnection) -> std::result::Result<bool, sqlx::Er
 }
 
 /// Round-trips the file, and while [`Health::failing`], checks that its disk has
-/// [`HEADROOM`] free and that a write commits: readiness says whether the file takes
-/// writes, and finds out by itself when it does again.
-pub async fn ready(pools: &Pools) -> Result<()> {
+/// [`HEADROOM`] free and that a write commits: says whether the file takes writes, and
+/// finds out by itself when it does again.
+pub async fn writable(pools: &Pools) -> Result<()> {
     let Some(failure) = pools.health.failing() else {
         let mut conn = pools.reads.acquire().await?;
         return ping(&mut conn).await;

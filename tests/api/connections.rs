@@ -286,16 +286,23 @@ async fn a_full_disk_refuses_writes_with_503_until_space_is_freed_without_a_rest
     assert_eq!(refused, 3, "the disk never filled");
     let single = app.post("/keys/one-more", None).await;
     assert_eq!(single.status, 503, "{}", single.body);
+    let writes = app.get("/readyz/writes").await;
+    assert_eq!(
+        writes.status, 503,
+        "writable while writes fail: {}",
+        writes.body
+    );
+    assert_eq!(writes.body["reason"], "disk_full");
     let ready = app.get("/readyz").await;
-    assert_eq!(ready.status, 503, "ready while writes fail: {}", ready.body);
+    assert_eq!(ready.status, 200, "lookups are answered: {}", ready.body);
     // Lookups still answer from memory.
     assert_eq!(app.get("/keys/before-3").await.status, 200);
 
-    // Space back: readiness returns by itself (no write has come to prove it), and
+    // Space back: write readiness returns by itself (no write has come to prove it), and
     // writes with it, without a restart.
     std::fs::remove_file(filler).unwrap();
-    let ready = app.get("/readyz").await;
-    assert_eq!(ready.status, 200, "{}", ready.body);
+    let writes = app.get("/readyz/writes").await;
+    assert_eq!(writes.status, 200, "{}", writes.body);
     let back = app.post("/keys/after-freeing", None).await;
     assert_eq!(back.status, 201, "{}", back.body);
     let released = app.delete("/keys/before-4").await;

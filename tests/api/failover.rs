@@ -110,11 +110,22 @@ async fn writes_answer_503_while_the_database_is_read_only_and_resume_without_a_
         (200, Some(key.as_str()))
     );
     assert_eq!(app.get("/readyz").await.status, 200, "lookups are answered");
+    let writes = app.get("/readyz/writes").await;
+    assert_eq!(writes.status, 503, "{}", writes.body);
+    assert_eq!(writes.body["reason"], "read_only", "{}", writes.body);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(app.get("/readyz/writes").await.status, 503);
+    let read_only_s = app
+        .metric("keyspread_database_unwritable_seconds_total{reason=\"read_only\"}")
+        .await;
+    assert!(read_only_s >= 0.5, "{read_only_s} s read-only counted");
     // Reads of the table, many at once, open connections while the server is read-only.
     let read = together((0..16).map(|_| app.client.get(app.url("/keys")))).await;
     assert!(read.iter().all(|(s, _)| *s == 200), "{read:?}");
 
     set_read_only(&cluster, "keyspread", false).await;
+    let writes = app.get("/readyz/writes").await;
+    assert_eq!(writes.status, 200, "{}", writes.body);
     for round in 0..3 {
         let made = allocate_together(&app, &format!("after-{round}")).await;
         assert!(

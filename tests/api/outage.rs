@@ -187,8 +187,12 @@ async fn lookups_survive_a_database_outage_and_readiness_recovers() {
     let key = app.allocate("before").await;
 
     proxy.cut().await;
-    let noticed = wait_for(&app, "/readyz", 503, Duration::from_secs(10)).await;
-    assert_problem(&app.get("/readyz").await, 503, "database");
+    let noticed = wait_for(&app, "/readyz/writes", 503, Duration::from_secs(10)).await;
+    let unwritable = app.get("/readyz/writes").await;
+    assert_problem(&unwritable, 503, "database");
+    assert_eq!(unwritable.body["reason"], "unreachable");
+    // Out of touch for less than the lookups' max-age: still ready for lookups.
+    assert_eq!(app.get("/readyz").await.status, 200);
     // Lookups answer from memory.
     let looked_up = app.get("/keys/before").await;
     assert_eq!(
@@ -208,7 +212,7 @@ async fn lookups_survive_a_database_outage_and_readiness_recovers() {
     assert!(refused_in < Duration::from_secs(5), "took {refused_in:?}");
 
     proxy.restore();
-    let recovered = wait_for(&app, "/readyz", 200, Duration::from_secs(15)).await;
+    let recovered = wait_for(&app, "/readyz/writes", 200, Duration::from_secs(15)).await;
     assert_eq!(app.post("/keys/after", None).await.status, 201);
     assert_eq!(
         app.get("/keys/during").await.status,
@@ -216,7 +220,7 @@ async fn lookups_survive_a_database_outage_and_readiness_recovers() {
         "the refused change left nothing"
     );
     println!(
-        "outage: readyz 503 after {noticed:?}, change refused in {refused_in:?}, readyz 200 {recovered:?} after the database returned"
+        "outage: readyz/writes 503 after {noticed:?}, change refused in {refused_in:?}, readyz/writes 200 {recovered:?} after the database returned"
     );
     drop(db);
 }
@@ -325,8 +329,8 @@ async fn a_change_behind_a_held_write_lock_is_refused_in_time_and_leaves_nothing
 
 /// Two replicas on one Postgres database; A reaches it through a proxy that turns into a
 /// black hole just after A's release has taken the cluster's write lock. B's changes are
-/// refused in time (503, not 408) while A's dead session holds the lock, A reports itself
-/// unready, and the database ends A's session so that B writes again within 30 s while A
+/// refused in time (503, not 408) while A's dead session holds the lock, A reports that it
+/// cannot write (`/readyz/writes`), and the database ends A's session so that B writes again within 30 s while A
 /// stays cut off. A's release is rolled back with its session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_inside_a_write_holds_up_no_other() {
@@ -351,8 +355,12 @@ async fn a_replica_cut_off_inside_a_write_holds_up_no_other() {
 
     let refused = timed(b.client.clone(), Method::POST, b.url("/keys/elsewhere")).await;
     assert_refused(&refused, Duration::from_secs(5));
-    let unready = wait_for(&a, "/readyz", 503, Duration::from_secs(10)).await;
-    assert_eq!(b.get("/readyz").await.status, 200, "B reaches the database");
+    let unready = wait_for(&a, "/readyz/writes", 503, Duration::from_secs(10)).await;
+    assert_eq!(
+        b.get("/readyz/writes").await.status,
+        200,
+        "B reaches the database"
+    );
 
     let mut tries = 0;
     loop {

@@ -368,7 +368,7 @@ async fn closed_reads_need_a_token_but_probes_do_not() {
         .await
         .unwrap();
     assert_eq!(change.status(), 401);
-    for probe in ["/healthz", "/readyz"] {
+    for probe in ["/healthz", "/readyz", "/readyz/writes"] {
         assert_eq!(get(probe).send().await.unwrap().status(), 200, "{probe}");
     }
     assert_eq!(get("/metrics").send().await.unwrap().status(), 401);
