@@ -2,10 +2,15 @@
 //! (a demoted primary, a standby), changes are refused with 503 and `Retry-After`, never
 //! 500, lookups go on, and writes resume on their own once it takes writes again.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
+use sqlx::Connection;
+use tokio::net::{TcpListener, TcpStream};
+
 use crate::helpers::{TestApp, spawn_app_with};
-use crate::pg_cluster::Cluster;
+use crate::pg_cluster::{Cluster, path};
 
 /// Makes every session of the cluster read-only, or writable again, as a demotion and a
 /// promotion do, with no connection ended: `ALTER SYSTEM` reaches open sessions at their
@@ -141,5 +146,168 @@ async fn writes_answer_503_while_the_database_is_read_only_and_resume_without_a_
         "refused, so not made"
     );
     drop(app);
+    drop(cluster);
+}
+
+/// A TCP proxy whose upstream can be switched, as a failover's virtual address moves to the
+/// promoted server; connections open at the switch stay with the server they reached.
+struct Switch {
+    addr: std::net::SocketAddr,
+    upstream: Arc<AtomicU16>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Switch {
+    async fn start(port: u16) -> Switch {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let upstream = Arc::new(AtomicU16::new(port));
+        let to = Arc::clone(&upstream);
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(("127.0.0.1", port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Switch {
+            addr,
+            upstream,
+            accept,
+        }
+    }
+
+    fn to(&self, port: u16) {
+        self.upstream.store(port, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Polls `check` every 100 ms until it holds, failing after `limit`.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> F,
+) -> Duration {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_resume_through_a_switch_to_a_promoted_standby_and_nothing_acknowledged_is_lost() {
+    const TEST: &str =
+        "writes_resume_through_a_switch_to_a_promoted_standby_and_nothing_acknowledged_is_lost";
+    if crate::skip::postgres_only(TEST).is_none() {
+        return;
+    }
+    let Some(cluster) = Cluster::start(TEST) else {
+        return;
+    };
+    cluster.create_database("keyspread").await;
+    let standby = cluster.beside("standby");
+    let port = cluster.port.to_string();
+    cluster.run(
+        "pg_basebackup",
+        &[
+            "-D",
+            path(&standby),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            // At once, not after a spread checkpoint (a minute and more).
+            "--checkpoint=fast",
+            "--no-sync",
+        ],
+    );
+    let standby_port = crate::pg_cluster::free_port();
+    cluster.start_server(&standby, standby_port);
+
+    let switch = Switch::start(cluster.port).await;
+    let url = Cluster::url_on(switch.addr.port(), "keyspread");
+    let a = spawn_app_with(|c| c.database_url = url.clone()).await;
+    let b = spawn_app_with(|c| c.database_url = url.clone()).await;
+    let mut acknowledged = Vec::new();
+    for i in 0..20 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let account = format!("before-{i}");
+        acknowledged.push((account.clone(), app.allocate(&account).await));
+    }
+
+    // The primary goes (a clean stop sends the standby all it wrote), the address moves to
+    // the standby before it is promoted: writes meet a server in recovery.
+    cluster.stop_server(&cluster.data);
+    switch.to(standby_port);
+    let in_recovery = eventually(
+        "/readyz/writes in_recovery",
+        Duration::from_secs(15),
+        || async { a.get("/readyz/writes").await.body["reason"] == "in_recovery" },
+    )
+    .await;
+    let (status, retry) = change(&a, reqwest::Method::POST, "/keys/during").await;
+    assert_eq!(status, 503, "a change on a standby");
+    assert!(retry.is_some(), "503 without Retry-After");
+    assert_eq!(a.get("/readyz").await.status, 200, "lookups are answered");
+
+    cluster.run("pg_ctl", &["-D", path(&standby), "-w", "promote"]);
+    let resumed = eventually("writes resume", Duration::from_secs(30), || async {
+        let (status, _) = change(&a, reqwest::Method::POST, "/keys/after-a").await;
+        assert!(matches!(status, 201 | 503), "a change answered {status}");
+        status == 201
+    })
+    .await;
+    assert_eq!(a.get("/readyz/writes").await.status, 200);
+    b.allocate("after-b").await;
+
+    // Each replica follows the other's changes on the new primary.
+    eventually("A follows B", Duration::from_secs(10), || async {
+        a.get("/keys/after-b").await.status == 200
+    })
+    .await;
+    eventually("B follows A", Duration::from_secs(10), || async {
+        b.get("/keys/after-a").await.status == 200
+    })
+    .await;
+    let mut db = sqlx::PgConnection::connect(&Cluster::url_on(standby_port, "keyspread"))
+        .await
+        .expect("connect to the new primary");
+    for (account, key) in &acknowledged {
+        let stored: Vec<u8> =
+            sqlx::query_scalar("SELECT hash_key FROM assignments WHERE account = $1")
+                .bind(account)
+                .fetch_one(&mut db)
+                .await
+                .unwrap_or_else(|e| panic!("{account} lost in the failover: {e}"));
+        let stored = u128::from_be_bytes(stored.try_into().expect("16 bytes"));
+        assert_eq!(stored.to_string(), *key, "{account}");
+        assert_eq!(b.get(&format!("/keys/{account}")).await.status, 200);
+    }
+    assert_eq!(
+        a.get("/keys/during").await.status,
+        404,
+        "refused, so not made"
+    );
+    println!(
+        "failover: /readyz/writes in_recovery {in_recovery:?} after the switch, writes back \
+         {resumed:?} after the promotion"
+    );
+    drop((a, b, switch));
     drop(cluster);
 }

@@ -134,6 +134,17 @@ impl Cluster {
         command
     }
 
+    /// Where a data directory named `name` goes, beside the primary's.
+    pub fn beside(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Stops the server of data directory `data` cleanly (`-m fast`): a standby connected
+    /// to it receives everything it wrote first.
+    pub fn stop_server(&self, data: &Path) {
+        self.run("pg_ctl", &["-D", path(data), "-m", "fast", "-w", "stop"]);
+    }
+
     /// Gives `dir` to the cluster's user.
     pub fn own(&self, dir: &Path) {
         if let Some(user) = self.user {
@@ -183,11 +194,11 @@ fn user_exists(name: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     probe.local_addr().expect("local address").port()
 }
 
-fn path(p: &Path) -> &str {
+pub fn path(p: &Path) -> &str {
     p.to_str().expect("a UTF-8 temporary path")
 }
