@@ -4,7 +4,7 @@ CARGO  ?= cargo
 PYTHON ?= python3
 VENV   := .venv
 
-.PHONY: help run test proofs load-proof soak test-deps rust-client mirror-producer crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
+.PHONY: help run test proofs load-proof soak ha-drill test-deps rust-client mirror-producer crash fmt lint openapi bench bench-load bench-check fuzz fuzz-check
 
 # `make` alone lists the targets; CI names the ones it runs.
 .DEFAULT_GOAL := help
@@ -49,6 +49,22 @@ proofs: test-deps
 ## with it, three runs of 180 s (SQLite); writes docs/load_proof.svg.
 load-proof: test-deps
 	KEYSPREAD_PROOF_FULL=1 $(CARGO) test --test api load_kinesis -- --nocapture
+
+## The failover drill, as root (a few minutes a mode): a highly available Postgres from
+## Debian's packages, installed if missing (etcd, three Postgres nodes under Patroni,
+## HAProxy: tests/ha/cluster.py), three replicas and a mirror under steady traffic, five
+## failovers of each kind (a switchover, the leader's Postgres killed, the leader cut off),
+## every answer judged by the history checker and the figures printed per kind; with
+## synchronous replication, then asynchronous (HA_MODE=sync or async runs one).
+HA_MODE ?= sync async
+ha-drill:
+	@command -v etcd >/dev/null && command -v patroni >/dev/null && command -v haproxy >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -q --no-install-recommends etcd-server patroni haproxy; }
+	$(CARGO) build --locked --quiet --workspace --bins --tests
+	for mode in $(HA_MODE); do \
+		$(PYTHON) tests/ha/cluster.py --mode $$mode -- \
+			$(CARGO) test --locked --test api history::a_failover_drill -- --ignored --nocapture || exit 1; \
+	done
 
 ## The history checker for 10 minutes on each backend instead of `make test`'s 90 s: random
 ## operations through replica processes with faults, every answer judged against the event

@@ -63,6 +63,15 @@ impl TestApp {
 }
 
 impl Db {
+    /// A direct connection to the database at `url`, or why not.
+    pub async fn try_connect(url: &str) -> Result<Db, sqlx::Error> {
+        Ok(if url.starts_with("postgres") {
+            Db::Postgres(sqlx::PgConnection::connect(url).await?)
+        } else {
+            Db::Sqlite(sqlx::SqliteConnection::connect(url).await?)
+        })
+    }
+
     /// A direct connection to the database at `url`.
     pub async fn connect(url: &str) -> Db {
         if url.starts_with("postgres") {

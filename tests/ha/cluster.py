@@ -10,7 +10,8 @@ Ctrl-C or SIGTERM. COMMAND's exit status is this script's. Its environment:
 
 - KEYSPREAD_HA_DATABASE_URL: the database through HAProxy (the leader, whichever it is);
 - KEYSPREAD_HA_PATRONICTL: a patronictl config file (`patronictl -c FILE switchover ...`);
-- KEYSPREAD_HA_NODES: JSON, per node: name, Postgres port, REST API URL, data directory;
+- KEYSPREAD_HA_NODES: JSON, per node: name, Postgres port, REST API URL, data directory,
+  and the PID of its Patroni (its Postgres' is the first line of `DATA/postmaster.pid`);
 - KEYSPREAD_HA_MODE: sync or async.
 
 Everything runs as the `postgres` user (initdb refuses root; nothing here needs it), on
@@ -100,9 +101,15 @@ class Cluster:
         return [runuser, "-u", self.user, "--", *command]
 
     def _spawn(self, name, command, log):
+        """Starts `command` as the cluster's user, in a session of its own: its PID is the
+        program's (a drill signals it)."""
         out = open(self.dir / log, "ab")
-        proc = subprocess.Popen(self._as_user(command), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.owner.pw_dir,
+               "LANG": "C.UTF-8"}
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=self.dir, start_new_session=True,
+                                user=self.owner.pw_uid, group=self.owner.pw_gid, extra_groups=[],
+                                env=env)
         self.procs[name] = proc
         return proc
 
@@ -208,8 +215,10 @@ class Cluster:
             for n in self.nodes)
         config = f"""global
     maxconn {MAX_CONNECTIONS * 2}
+    log stderr format short local0 info
 
 defaults
+    log global
     mode tcp
     timeout connect 2s
     timeout client 30m
@@ -302,7 +311,8 @@ listen primary
 
     def environment(self):
         nodes = [{"name": n["name"], "port": n["port"], "rest": f"http://127.0.0.1:{n['rest']}",
-                  "data": n["data"]} for n in self.nodes]
+                  "data": n["data"], "patroni_pid": self.procs[n["name"]].pid}
+                 for n in self.nodes]
         return {
             "KEYSPREAD_HA_DATABASE_URL": self.database_url,
             "KEYSPREAD_HA_PATRONICTL": self.patronictl_config(),
@@ -313,7 +323,7 @@ listen primary
 
     # -- tear-down -----------------------------------------------------------------------
 
-    def stop(self):
+    def stop(self, keep=False):
         # HAProxy first (no new sessions), then the Patroni nodes (each stops its Postgres),
         # then etcd.
         order = ["haproxy"] + [n["name"] for n in self.nodes] + ["etcd"]
@@ -334,7 +344,7 @@ listen primary
                 subprocess.run(self._as_user([str(postgres_bin() / "pg_ctl"), "-D", node["data"],
                                               "-m", "immediate", "stop"]),
                                capture_output=True)
-        if not self.keep:
+        if not (self.keep or keep):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -370,9 +380,12 @@ def main():
         print(f"--- interrupted ({e or 'SIGINT'}): stopping the cluster", flush=True)
         status = 130
     finally:
-        cluster.stop()
-        print(f"--- the HA cluster is stopped{'' if cluster.keep else ' and its files removed'}",
-              flush=True)
+        # A failed run keeps the cluster's logs (Patroni's, HAProxy's, etcd's) for its reader.
+        keep = status != 0
+        cluster.stop(keep)
+        print(f"--- the HA cluster is stopped" + (f"; its files are kept in {cluster.dir}"
+                                                  if cluster.keep or keep else
+                                                  " and its files removed"), flush=True)
     sys.exit(status)
 
 

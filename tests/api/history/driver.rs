@@ -16,6 +16,7 @@ mod workers;
 pub use pause::PAUSED_OP;
 
 use super::events::{Observed, Watcher};
+use super::failover::{self, Failover, Ha};
 use super::faults::{Replicas, hold_write_lock, terminate_backends};
 use super::{Call, Clock, Fault, MAX_OPS, Violation};
 use crate::process::Rng;
@@ -57,6 +58,21 @@ pub struct History {
     pub failures: Vec<Vec<String>>,
     /// The Idempotency-Keys the database kept an answer for at the end.
     pub kept_keys: std::collections::HashSet<String>,
+    /// A drill's failovers, in order.
+    pub failovers: Vec<Failover>,
+    /// Per replica at the end, the `/metrics` lines about the database's being away: seconds
+    /// unwritable, and answers 503 and 504.
+    pub away_metrics: Vec<Vec<String>>,
+}
+
+/// The lookups' Cache-Control in a drill.
+pub const DRILL_LOOKUP_CACHE: &str = "max-age=20";
+
+/// A drill's failovers of each kind: 5, or `KEYSPREAD_DRILL_FAILOVERS_PER_KIND`.
+pub fn failovers_per_kind() -> usize {
+    (std::env::var("KEYSPREAD_DRILL_FAILOVERS_PER_KIND").ok())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5)
 }
 
 struct Worker {
@@ -110,13 +126,25 @@ struct Driver {
     balance_unsettled: u32,
     /// How many pause faults so far: each names its accounts by its number.
     pauses: u32,
+    /// A drill's cluster, its failover under way, and those done.
+    ha: Option<Ha>,
+    failing_over: Option<tokio::task::JoinHandle<Failover>>,
+    failovers: Vec<Failover>,
 }
 
-pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History {
+/// Runs a history for `run_for` on the database at `url`; with `ha`, a drill: three
+/// replicas, every change with an Idempotency-Key, and failovers of the cluster
+/// ([`failovers_per_kind`] of each kind) as its only faults, until they are done.
+pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option<Ha>) -> History {
     let mut rng = Rng::new(seed);
     let postgres = url.starts_with("postgres");
-    let n = 2 + rng.below(2) as usize;
-    let fast = (postgres && rng.below(2) == 0).then(|| (n - 1, 2 + rng.below(4)));
+    let mut n = 2 + rng.below(2) as usize;
+    let mut fast = (postgres && rng.below(2) == 0).then(|| (n - 1, 2 + rng.below(4)));
+    if ha.is_some() {
+        n = 3;
+        fast = None;
+        KEY_EVERY_CHANGE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let primary_shards = 2 + rng.below(3);
     // The clock fault needs libfaketime: CI installs it; elsewhere the run says it went
     // without (the rest of the history still runs).
@@ -141,7 +169,14 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         .build()
         .unwrap();
     let fast_clock = (fast.zip(faketime)).map(|((r, secs), lib)| (r, ClockAhead::new(lib, secs)));
-    let replicas = Replicas::start(url, dir, n, fast_clock, &client).await;
+    // Lookups are answered while a replica is out of touch with the database for less than
+    // their max-age: a drill's lasts longer than a failover (the default is 60 s; 1 s
+    // elsewhere, so that the controller's moves switch within a history).
+    let more: &[(&str, &str)] = match ha {
+        Some(_) => &[("KEYSPREAD_LOOKUP_CACHE_CONTROL", DRILL_LOOKUP_CACHE)],
+        None => &[],
+    };
+    let replicas = Replicas::start(url, dir, n, fast_clock, more, &client).await;
     // Replica 0 keeps the host's clock (a fast one is the last): the mirror's clock.
     let mirror =
         (keyspread_client::Mirror::start(&replicas.urls[0]).await).expect("a mirror of replica 0");
@@ -195,6 +230,9 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         balance_judged: 0,
         balance_unsettled: 0,
         pauses: 0,
+        ha,
+        failing_over: None,
+        failovers: Vec::new(),
     };
     let body = json!({"shard_count": primary_shards, "primary": true});
     let (status, answer) = d
@@ -220,12 +258,16 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
     assert_eq!(status, 201, "{answer}");
 
     let end = now + run_for.as_millis() as i64;
-    while d.clock.now() < end && d.calls.len() < MAX_OPS {
+    while (d.clock.now() < end || d.drilling()) && d.calls.len() < MAX_OPS {
         d.heartbeats().await;
         d.report_load().await;
+        d.failover_done().await;
         let now = d.clock.now();
-        if now >= d.next_fault {
+        if now >= d.next_fault && d.failing_over.is_none() {
             d.fault().await;
+        } else if d.failing_over.is_some() {
+            // No quiet check while the cluster fails over: it reads the database.
+            d.step().await;
         } else if now >= d.next_quiet || d.quiet_at.is_some_and(|q| now >= q) {
             d.quiet().await;
         } else if let Some(r) = (0..n).find(|&r| d.returning[r] && now >= d.idle_until[r]) {
@@ -235,7 +277,30 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
             d.step().await;
         }
     }
+    if let Some(failing_over) = d.failing_over.take() {
+        let failover = failing_over.await.expect("the failover's task");
+        d.record_failover(failover);
+    }
     d.quiet().await;
+    d.settle_unknown_outcomes().await;
+    let mut away_metrics = Vec::new();
+    for url in &d.replicas.urls {
+        let text = match d.client.get(format!("{url}/metrics")).send().await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        away_metrics.push(
+            (text.lines())
+                .filter(|l| {
+                    !l.starts_with('#')
+                        && (l.contains("unwritable")
+                            || l.contains("status=\"503\"")
+                            || l.contains("status=\"504\""))
+                })
+                .map(str::to_owned)
+                .collect(),
+        );
+    }
     let end = d.clock.now();
     let events = d.watcher.stop().await;
     let kept_keys = crate::helpers::Db::connect(url).await.kept_keys().await;
@@ -274,6 +339,8 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration) -> History
         aborted,
         failures,
         kept_keys: kept_keys.into_iter().collect(),
+        failovers: d.failovers,
+        away_metrics,
     }
 }
 
@@ -524,9 +591,62 @@ impl Driver {
         }
     }
 
+    /// Whether a drill still has failovers to make or wait for.
+    fn drilling(&self) -> bool {
+        self.ha.is_some()
+            && (self.failing_over.is_some()
+                || self.failovers.len() < failover::KINDS.len() * failovers_per_kind())
+    }
+
+    /// Records a drill's failover once its task has ended, and when the next may come.
+    async fn failover_done(&mut self) {
+        if !(self.failing_over.as_ref()).is_some_and(|f| f.is_finished()) {
+            return;
+        }
+        let failover = (self.failing_over.take().unwrap())
+            .await
+            .expect("the failover's task");
+        self.record_failover(failover);
+    }
+
+    fn record_failover(&mut self, failover: Failover) {
+        self.faults.push(Fault {
+            kind: failover.kind,
+            replica: None,
+            from: failover.from,
+            until: failover.until,
+        });
+        self.failovers.push(failover);
+        let now = self.clock.now();
+        self.next_fault = now + 6_000 + self.faults_rng.below(6_000) as i64;
+        self.next_quiet = now + 1_000;
+    }
+
+    /// Sends every change answered 504 `outcome-unknown` again with its Idempotency-Key,
+    /// now that the cluster has a leader: its answer is the change's outcome (op `settle`).
+    async fn settle_unknown_outcomes(&mut self) {
+        let unknown: Vec<Call> = (self.calls.iter())
+            .filter(|c| c.status == 504 && c.key.is_some())
+            .cloned()
+            .collect();
+        for call in unknown {
+            let url = self.replicas.urls[call.replica].clone();
+            let settled = send_keyed(&self.client, self.clock, &url, &call).await;
+            self.calls.push(settled);
+        }
+    }
+
     async fn fault(&mut self) {
         let now = self.clock.now();
         self.next_fault = now + 4_000 + self.faults_rng.below(8_000) as i64;
+        if let Some(ha) = &self.ha {
+            let kind = failover::KINDS[self.failovers.len() % failover::KINDS.len()];
+            let (ha, url, clock) = (ha.clone(), self.url.clone(), self.clock);
+            self.failing_over = Some(tokio::spawn(async move {
+                ha.fail_over(kind, &url, clock).await
+            }));
+            return;
+        }
         let kinds: &[&str] = if self.postgres {
             &["lock", "terminate", "kill", "pause"]
         } else {
@@ -611,10 +731,12 @@ async fn send(
     if let Some(body) = &body {
         request = request.json(body);
     }
-    // Every other change names itself: the others take the one-statement allocation.
+    // Every other change names itself: the others take the one-statement allocation (in a
+    // drill every change does, so that each 504 is settled by its key).
+    let every = KEY_EVERY_CHANGE.load(std::sync::atomic::Ordering::Relaxed);
     let key = (method != Method::GET)
         .then(|| SENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-        .filter(|n| n % 2 == 0)
+        .filter(|n| every || n % 2 == 0)
         .map(|n| format!("h{}-{n}", clock.start()));
     if let Some(key) = &key {
         request = request.header("Idempotency-Key", key);
@@ -658,6 +780,38 @@ fn causes(error: &dyn std::error::Error) -> String {
 
 /// Changes sent so far (a key's serial number).
 static SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Whether every change carries an Idempotency-Key (a drill).
+static KEY_EVERY_CHANGE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `call` (a change with an Idempotency-Key) sent again with its key, as op `settle`.
+async fn send_keyed(client: &reqwest::Client, clock: Clock, url: &str, call: &Call) -> Call {
+    let mut request = client.request(call.method.clone(), format!("{url}{}", call.path));
+    if let Some(body) = &call.body {
+        request = request.json(body);
+    }
+    let key = call.key.clone().expect("a change with an Idempotency-Key");
+    request = request.header("Idempotency-Key", &key);
+    let sent = clock.now();
+    let (status, answer, retry_after) = match request.send().await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let retry = (response.headers()).contains_key(reqwest::header::RETRY_AFTER);
+            let text = response.text().await.unwrap_or_default();
+            let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            (status, body, retry)
+        }
+        Err(e) => (0, Value::String(causes(&e)), false),
+    };
+    Call {
+        op: "settle",
+        status,
+        answer,
+        retry_after,
+        sent,
+        received: clock.now(),
+        ..call.clone()
+    }
+}
 
 /// Unix milliseconds as RFC 3339, as the server writes `switch_at`.
 fn rfc3339_ms(ms: i64) -> String {

@@ -68,7 +68,14 @@ impl Watcher {
             while !*stopped.borrow() {
                 let began = clock.now();
                 if db.is_none() {
-                    db = Some(Db::connect(&url).await);
+                    // A failover may leave no server to connect to for a while.
+                    match Db::try_connect(&url).await {
+                        Ok(connected) => db = Some(connected),
+                        Err(_) => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    }
                 }
                 match page(db.as_mut().unwrap(), last).await {
                     Ok(rows) => {

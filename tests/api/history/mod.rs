@@ -11,8 +11,10 @@
 //! `KEYSPREAD_HISTORY_SEED=N` replays a run's choices; `KEYSPREAD_HISTORY_SECS` (90) bounds
 //! it (`make soak`: 600).
 
+mod drill;
 mod driver;
 mod events;
+mod failover;
 mod faults;
 mod leases;
 mod model;
@@ -134,7 +136,50 @@ async fn random_histories_keep_every_promise() {
     );
     println!("history on {backend}: seed {seed}; replay with: {replay}");
     let started = Instant::now();
-    let mut history = driver::run(seed, &url, dir.path(), run_for).await;
+    let history = driver::run(seed, &url, dir.path(), run_for, None).await;
+    conclude(history, backend, seed, &replay, dir.path(), started);
+}
+
+/// The failover drill (`make ha-drill`, on a cluster tests/ha/cluster.py starts): a history
+/// through three replicas on a highly available Postgres, five failovers of each kind its
+/// only faults, judged as every history is; prints per kind what clients saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the failover drill: `make ha-drill` starts an HA Postgres and runs it"]
+async fn a_failover_drill_keeps_every_promise() {
+    let ha = failover::Ha::from_env()
+        .expect("no HA Postgres in the environment: `make ha-drill` starts one and runs this");
+    let seed = seed();
+    let dir = tempfile::tempdir().unwrap();
+    let url = ha.database().await;
+    let backend = if ha.mode == "sync" {
+        "HA Postgres (synchronous)"
+    } else {
+        "HA Postgres (asynchronous)"
+    };
+    let replay = format!(
+        "KEYSPREAD_HISTORY_SEED={seed} make ha-drill{}",
+        if ha.mode == "sync" {
+            ""
+        } else {
+            " HA_MODE=async"
+        }
+    );
+    println!("drill on {backend}: seed {seed}; replay with: {replay}");
+    let started = Instant::now();
+    let history = driver::run(seed, &url, dir.path(), Duration::from_secs(30), Some(ha)).await;
+    drill::report(&history, backend);
+    conclude(history, backend, seed, &replay, dir.path(), started);
+}
+
+/// Judges `history` and prints what it did; panics on any broken promise.
+fn conclude(
+    mut history: driver::History,
+    backend: &str,
+    seed: u64,
+    replay: &str,
+    dir: &std::path::Path,
+    started: Instant,
+) {
     let mut violations = std::mem::take(&mut history.quiet_violations);
     let model = model::Model::fold(&history.events);
     let judged = model::judge(&history, &model);
@@ -206,11 +251,7 @@ async fn random_histories_keep_every_promise() {
         // The replicas' logs outlive the run, for whoever reads the failure.
         let kept = std::env::temp_dir().join(format!("keyspread-history-{backend}-{seed}"));
         let _ = std::fs::create_dir_all(&kept);
-        for entry in std::fs::read_dir(dir.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             if entry.path().extension().is_some_and(|e| e == "log") {
                 let _ = std::fs::copy(entry.path(), kept.join(entry.file_name()));
             }

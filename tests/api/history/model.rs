@@ -290,10 +290,8 @@ pub fn judge(history: &History, model: &Model) -> Judged {
         max_lag: 0,
     };
     let clock = &history.clock;
-    for call in history
-        .calls
-        .iter()
-        .filter(|c| c.path.starts_with("/keys/"))
+    // A settled outcome replays an answer of its time, not of when it was asked again.
+    for call in (history.calls.iter()).filter(|c| c.path.starts_with("/keys/") && c.op != "settle")
     {
         let Some(seen) = answered(call) else { continue };
         let account = call.path.trim_start_matches("/keys/");
