@@ -137,12 +137,13 @@ async fn random_histories_keep_every_promise() {
     println!("history on {backend}: seed {seed}; replay with: {replay}");
     let started = Instant::now();
     let history = driver::run(seed, &url, dir.path(), run_for, None).await;
-    conclude(history, backend, seed, &replay, dir.path(), started);
+    conclude(history, backend, seed, &replay, dir.path(), started, true);
 }
 
 /// The failover drill (`make ha-drill`, on a cluster tests/ha/cluster.py starts): a history
 /// through three replicas on a highly available Postgres, five failovers of each kind its
-/// only faults, judged as every history is; prints per kind what clients saw.
+/// only faults, judged as every history is; prints per kind what clients saw. With
+/// asynchronous replication, what a promotion lost is counted, not failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the failover drill: `make ha-drill` starts an HA Postgres and runs it"]
 async fn a_failover_drill_keeps_every_promise() {
@@ -151,6 +152,7 @@ async fn a_failover_drill_keeps_every_promise() {
     let seed = seed();
     let dir = tempfile::tempdir().unwrap();
     let url = ha.database().await;
+    let ha_mode = ha.mode.clone();
     let backend = if ha.mode == "sync" {
         "HA Postgres (synchronous)"
     } else {
@@ -168,7 +170,8 @@ async fn a_failover_drill_keeps_every_promise() {
     let started = Instant::now();
     let history = driver::run(seed, &url, dir.path(), Duration::from_secs(30), Some(ha)).await;
     drill::report(&history, backend);
-    conclude(history, backend, seed, &replay, dir.path(), started);
+    let strict = ha_mode == "sync";
+    conclude(history, backend, seed, &replay, dir.path(), started, strict);
 }
 
 /// Judges `history` and prints what it did; panics on any broken promise.
@@ -179,6 +182,7 @@ fn conclude(
     replay: &str,
     dir: &std::path::Path,
     started: Instant,
+    strict: bool,
 ) {
     let mut violations = std::mem::take(&mut history.quiet_violations);
     let model = model::Model::fold(&history.events);
@@ -260,6 +264,19 @@ fn conclude(
             "{backend} seed {seed}: the replicas' logs are kept in {}",
             kept.display()
         );
+    }
+    if !strict {
+        // Asynchronous replication: a promotion may lose what the old leader acknowledged
+        // last. What broke is the figure, counted above, not a failure.
+        println!(
+            "{backend}, seed {seed}: {} broken promise(s) measured ({})",
+            violations.len(),
+            (by_check.iter())
+                .map(|(c, l)| format!("{c}: {}", l.len()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return;
     }
     assert!(
         violations.is_empty(),
