@@ -140,7 +140,7 @@ class Cluster:
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"etcd1={peer}", "--initial-cluster-state", "new",
-            "--log-level", "warn",
+            "--log-level", "warn", "--enable-v2=true",
         ], "etcd.log")
 
     def _patroni_config(self, node):
@@ -152,7 +152,12 @@ class Cluster:
             "log": {"level": "INFO"},
             "restapi": {"listen": f"127.0.0.1:{node['rest']}",
                         "connect_address": f"127.0.0.1:{node['rest']}"},
-            "etcd3": {"host": f"127.0.0.1:{self.etcd_client}"},
+            # etcd's v2 API, not etcd3: Patroni before 3.0.3 (Debian 12 ships 3.0.2) lets a
+            # leader that was paused past its key's ttl write the key again over the new
+            # leader's on etcd3 (patroni#2689), and the new leader demotes itself: what it
+            # acknowledged is rewound away. The v2 API updates the key only if it is still
+            # this node's. The drill's "cut leader" found it.
+            "etcd": {"host": f"127.0.0.1:{self.etcd_client}"},
             "bootstrap": {
                 "dcs": {
                     "ttl": 10,
@@ -247,7 +252,7 @@ listen primary
         path = self.dir / "patronictl.yml"
         if not path.exists():
             self._write(path, json.dumps({"scope": SCOPE,
-                                          "etcd3": {"host": f"127.0.0.1:{self.etcd_client}"}}))
+                                          "etcd": {"host": f"127.0.0.1:{self.etcd_client}"}}))
         return str(path)
 
     def rest(self, node, path):

@@ -147,6 +147,17 @@ impl Ha {
     /// Injects a failover of `kind` now and waits until a new leader takes writes through
     /// `url` (the drill's database, behind HAProxy); `clock` dates it.
     pub async fn fail_over(&self, kind: &'static str, url: &str, clock: super::Clock) -> Failover {
+        // Each failover starts from a whole cluster: a leader, two standbys, one of them
+        // synchronous in sync mode.
+        let waited = Instant::now();
+        while !self.settled().await {
+            assert!(
+                waited.elapsed() < SETTLE_WITHIN,
+                "{kind}: the cluster did not settle within {SETTLE_WITHIN:?} before it: {}",
+                self.members().await
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         let old = self.leader().await.expect("a leader before the failover");
         let from = clock.now();
         let mut paused = Vec::new();
@@ -203,6 +214,21 @@ impl Ha {
             from,
             until,
         }
+    }
+
+    /// Patroni's view of the members, as its leader (or any node) says, for messages.
+    async fn members(&self) -> Value {
+        for node in &self.nodes {
+            let answer = self
+                .client
+                .get(format!("{}/cluster", node.rest))
+                .send()
+                .await;
+            if let Ok(answer) = answer {
+                return answer.json().await.unwrap_or_default();
+            }
+        }
+        Value::Null
     }
 
     /// A leader, both standbys replicating, and in sync mode one of them synchronous.
