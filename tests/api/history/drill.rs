@@ -68,8 +68,13 @@ pub fn report(history: &History, backend: &str) {
         let failed_mirror = (calls.iter())
             .filter(|c| c.op == "mirror" && !matches!(c.status, 200 | 404))
             .count();
+        let unknown: Vec<&String> = (calls.iter())
+            .filter(|c| c.status == 504 && c.op != "settle")
+            .filter_map(|c| c.key.as_ref())
+            .collect();
         let settled = (history.calls.iter())
-            .filter(|c| c.op == "settle" && inside(c) && c.status < 500)
+            .filter(|c| c.op == "settle" && c.status < 500)
+            .filter(|c| c.key.as_ref().is_some_and(|k| unknown.contains(&k)))
             .count();
         rows.insert(
             kind,
