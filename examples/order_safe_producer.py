@@ -171,9 +171,11 @@ class OrderSafeProducer:
             index = sub_key_index(sub_key, len(keys)) if sub_key is not None and len(keys) > 1 else 0
             if (account, index) in used:
                 continue  # one record per account key in a call
-            key = self.key(account, sub_key, keys[index], len(queue[0]))
-            if key is None:
-                continue
+            key = keys[index]
+            if self.mirror is not None:
+                key = self.recorded(account, sub_key, len(queue[0]))
+                if key is None:
+                    continue  # the mirror went stale: the record waits
             used.add((account, index))
             heads.append((account, sub_key))
             entries.append({
@@ -199,12 +201,9 @@ class OrderSafeProducer:
             del self.queues[key]
         return taken
 
-    def key(self, account, sub_key, key, size):
-        """The key to send a record of `size` bytes with: `key`, or with a mirror the key its
-        `record` answers and counts (the same one, unless the mirror went stale meanwhile:
-        `None`, the record waits)."""
-        if self.mirror is None:
-            return key
+    def recorded(self, account, sub_key, size):
+        """The key the mirror's `record` answers for a record of `size` bytes, counted for its
+        load reports (the key `lookups` gave, unless the mirror went stale meanwhile: `None`)."""
         from keyspread_client import Stale
 
         try:
