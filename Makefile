@@ -88,10 +88,11 @@ rust-client:
 
 ## Build the Rust producer of examples/mirror_producer (the mirror and the AWS SDK for Rust),
 ## which tests/api/mirror_kinesis.rs runs against kinesalite. Built with the workspace's
-## binaries, so the SDK's crates get the features the server's build gives them and are
-## compiled once for both (alone, the producer would ask for fewer and build them again).
+## binaries and tests, so the SDK's crates get the features `cargo test` gives them and are
+## compiled once for all (without the tests' dev-dependencies' features, or alone, the
+## producer would have them built a second time).
 mirror-producer:
-	$(CARGO) build --locked --quiet --workspace --bins
+	$(CARGO) build --locked --quiet --workspace --bins --tests
 
 ## Format the code.
 fmt:
