@@ -23,8 +23,9 @@ Usage as a library (boto3 + the generated client, see examples/python_client.md)
 With a mirror (clients/python: the whole table in this process, following keyspread's log;
 no lookup round trips, and sending goes on while keyspread is away, until the mirror is
 stale), the same rules with the mirror's keys; each record's key comes from the mirror's
-`record`, which counts it for the mirror's load reports (`POST /load/producers`), so
-keyspread balances by what was sent. A record without a sub-key goes under its account's
+`key_for`, and each record Kinesis took is counted with the mirror's `sent` for its load
+reports (`POST /load/producers`), once however often it was resent, so keyspread
+balances by what the stream carries. A record without a sub-key goes under its account's
 name as sub-key (one key of the account, as `key_for` picks it):
 
     producer = OrderSafeProducer(kinesis, "orders", mirror=Mirror("http://127.0.0.1:8080"))
@@ -173,11 +174,11 @@ class OrderSafeProducer:
                 continue  # one record per account key in a call
             key = keys[index]
             if self.mirror is not None:
-                key = self.recorded(account, sub_key, len(queue[0]))
+                key = self.mirror_key(account, sub_key)
                 if key is None:
                     continue  # the mirror went stale: the record waits
             used.add((account, index))
-            heads.append((account, sub_key))
+            heads.append((account, sub_key, key))
             entries.append({
                 "Data": queue[0],
                 "PartitionKey": account[:256],
@@ -189,11 +190,13 @@ class OrderSafeProducer:
             return 0
         answer = self.kinesis.put_records(StreamName=self.stream, Records=entries)
         taken = 0
-        for queue_key, result in zip(heads, answer["Records"]):
+        for (account, sub_key, key), result in zip(heads, answer["Records"]):
             if "ErrorCode" in result:
                 self.resent += 1
                 continue
-            self.queues[queue_key].popleft()
+            data = self.queues[(account, sub_key)].popleft()
+            if self.mirror is not None:
+                self.mirror.sent(account, key, len(data))
             taken += 1
         self.sent += taken
         # Keys with nothing left to send leave the rotation.
@@ -201,13 +204,13 @@ class OrderSafeProducer:
             del self.queues[key]
         return taken
 
-    def recorded(self, account, sub_key, size):
-        """The key the mirror's `record` answers for a record of `size` bytes, counted for its
-        load reports (the key `lookups` gave, unless the mirror went stale meanwhile: `None`)."""
+    def mirror_key(self, account, sub_key):
+        """The mirror's key for `sub_key` of `account` (the key `lookups` gave, unless the
+        mirror went stale meanwhile: `None`)."""
         from keyspread_client import Stale
 
         try:
-            return self.mirror.record(account, sub_key, size)
+            return self.mirror.key_for(account, sub_key)
         except Stale:
             return None
 
