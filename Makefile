@@ -31,7 +31,8 @@ run:
 ## clients, kinesalite; then the HTTP suite again on Postgres: the server
 ## KEYSPREAD_TEST_POSTGRES names, else a throwaway cluster when initdb and pg_ctl are here.
 ## Ends with what passed, failed and was skipped (and why); TEST_ARGS=FILTER runs fewer.
-test: test-deps
+test:
+	$(MAKE) --no-print-directory -j3 test-deps
 	$(PYTHON) tests/run $(TEST_ARGS)
 
 ## The proofs one at a time, with their figures, on SQLite then on Postgres: ordering and
@@ -42,7 +43,8 @@ test: test-deps
 ## split and a reshard with the server killed (300 s, SQLite; writes docs/producers_proof.svg).
 PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: anchors_kinesis:: crash:: load_kinesis:: producers_kinesis::
 
-proofs: test-deps
+proofs:
+	$(MAKE) --no-print-directory -j3 test-deps
 	KEYSPREAD_PROOF_FULL=1 $(PYTHON) tests/run --api -- $(PROOFS) --nocapture --test-threads=1
 
 ## The closed loop on kinesalite at full length alone: MD5, keyspread without the loop and
@@ -64,7 +66,8 @@ crash:
 
 ## What the tests drive besides the service: a venv with openapi-python-client, kinesalite,
 ## the TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5), and the
-## Rust client progenitor generates (built here, before the tests run beside it).
+## Rust client progenitor generates (built here, before the tests run beside it). `make test`
+## makes them three at a time: the downloads and the two builds' serial stretches overlap.
 test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed \
 	examples/typescript/node_modules/.installed rust-client mirror-producer
 
