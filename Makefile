@@ -31,7 +31,8 @@ run:
 ## clients, kinesalite; then the HTTP suite again on Postgres: the server
 ## KEYSPREAD_TEST_POSTGRES names, else a throwaway cluster when initdb and pg_ctl are here.
 ## Ends with what passed, failed and was skipped (and why); TEST_ARGS=FILTER runs fewer.
-test: test-deps
+test:
+	$(MAKE) --no-print-directory -j3 test-deps
 	$(PYTHON) tests/run $(TEST_ARGS)
 
 ## The proofs one at a time, with their figures, on SQLite then on Postgres: ordering and
@@ -42,7 +43,8 @@ test: test-deps
 ## split and a reshard with the server killed (300 s, SQLite; writes docs/producers_proof.svg).
 PROOFS := order_kinesis:: leases_kinesis:: leases_replicas:: fanout_kinesis:: anchors_kinesis:: crash:: load_kinesis:: producers_kinesis::
 
-proofs: test-deps
+proofs:
+	$(MAKE) --no-print-directory -j3 test-deps
 	KEYSPREAD_PROOF_FULL=1 $(PYTHON) tests/run --api -- $(PROOFS) --nocapture --test-threads=1
 
 ## The closed loop on kinesalite at full length alone: MD5, keyspread without the loop and
@@ -80,7 +82,8 @@ crash:
 
 ## What the tests drive besides the service: a venv with openapi-python-client, kinesalite,
 ## the TypeScript client's tools (openapi-typescript, openapi-fetch, TypeScript 5), and the
-## Rust client progenitor generates (built here, before the tests run beside it).
+## Rust client progenitor generates (built here, before the tests run beside it). `make test`
+## makes them three at a time: the downloads and the two builds' serial stretches overlap.
 test-deps: $(VENV)/.installed tests/kinesis/node_modules/.installed \
 	examples/typescript/node_modules/.installed rust-client mirror-producer
 
@@ -104,10 +107,11 @@ rust-client:
 
 ## Build the Rust producer of examples/mirror_producer (the mirror and the AWS SDK for Rust),
 ## which tests/api/mirror_kinesis.rs runs against kinesalite. Built with the workspace's
-## binaries, so the SDK's crates get the features the server's build gives them and are
-## compiled once for both (alone, the producer would ask for fewer and build them again).
+## binaries and tests, so the SDK's crates get the features `cargo test` gives them and are
+## compiled once for all (without the tests' dev-dependencies' features, or alone, the
+## producer would have them built a second time).
 mirror-producer:
-	$(CARGO) build --locked --quiet --workspace --bins
+	$(CARGO) build --locked --quiet --workspace --bins --tests
 
 ## Format the code.
 fmt:
@@ -150,9 +154,11 @@ bench-load:
 	$(CARGO) build --release
 	$(PYTHON) benches/load.py all --output $(BENCH_OUT)/bench-table.md
 
-## Compile every benchmark without running it (for CI).
+## Compile and link every benchmark without running it (for CI), in the debug profile whose
+## dependencies `make test` builds anyway: a release build would compile the AWS SDK again,
+## ten minutes of CI. `make bench` builds them in release.
 bench-check:
-	$(CARGO) bench --benches --no-run
+	$(CARGO) build --benches
 
 ## Fuzz every target in turn for FUZZ_SECONDS each (nightly and cargo-fuzz; see docs/FUZZING.md),
 ## one process pinned to CPU FUZZ_CPU; new inputs go to fuzz/corpus/<target>.

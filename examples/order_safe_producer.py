@@ -23,8 +23,9 @@ Usage as a library (boto3 + the generated client, see examples/python_client.md)
 With a mirror (clients/python: the whole table in this process, following keyspread's log;
 no lookup round trips, and sending goes on while keyspread is away, until the mirror is
 stale), the same rules with the mirror's keys; each record's key comes from the mirror's
-`record`, which counts it for the mirror's load reports (`POST /load/producers`), so
-keyspread balances by what was sent. A record without a sub-key goes under its account's
+`key_for`, and each record Kinesis took is counted with the mirror's `sent` for its load
+reports (`POST /load/producers`), once however often it was resent, so keyspread
+balances by what the stream carries. A record without a sub-key goes under its account's
 name as sub-key (one key of the account, as `key_for` picks it):
 
     producer = OrderSafeProducer(kinesis, "orders", mirror=Mirror("http://127.0.0.1:8080"))
@@ -171,11 +172,13 @@ class OrderSafeProducer:
             index = sub_key_index(sub_key, len(keys)) if sub_key is not None and len(keys) > 1 else 0
             if (account, index) in used:
                 continue  # one record per account key in a call
-            key = self.key(account, sub_key, keys[index], len(queue[0]))
-            if key is None:
-                continue
+            key = keys[index]
+            if self.mirror is not None:
+                key = self.mirror_key(account, sub_key)
+                if key is None:
+                    continue  # the mirror went stale: the record waits
             used.add((account, index))
-            heads.append((account, sub_key))
+            heads.append((account, sub_key, key))
             entries.append({
                 "Data": queue[0],
                 "PartitionKey": account[:256],
@@ -187,11 +190,13 @@ class OrderSafeProducer:
             return 0
         answer = self.kinesis.put_records(StreamName=self.stream, Records=entries)
         taken = 0
-        for queue_key, result in zip(heads, answer["Records"]):
+        for (account, sub_key, key), result in zip(heads, answer["Records"]):
             if "ErrorCode" in result:
                 self.resent += 1
                 continue
-            self.queues[queue_key].popleft()
+            data = self.queues[(account, sub_key)].popleft()
+            if self.mirror is not None:
+                self.mirror.sent(account, key, len(data))
             taken += 1
         self.sent += taken
         # Keys with nothing left to send leave the rotation.
@@ -199,16 +204,13 @@ class OrderSafeProducer:
             del self.queues[key]
         return taken
 
-    def key(self, account, sub_key, key, size):
-        """The key to send a record of `size` bytes with: `key`, or with a mirror the key its
-        `record` answers and counts (the same one, unless the mirror went stale meanwhile:
-        `None`, the record waits)."""
-        if self.mirror is None:
-            return key
+    def mirror_key(self, account, sub_key):
+        """The mirror's key for `sub_key` of `account` (the key `lookups` gave, unless the
+        mirror went stale meanwhile: `None`)."""
         from keyspread_client import Stale
 
         try:
-            return self.mirror.record(account, sub_key, size)
+            return self.mirror.key_for(account, sub_key)
         except Stale:
             return None
 

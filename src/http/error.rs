@@ -318,7 +318,7 @@ impl From<&registry::Error> for ApiError {
             }
             E::Keyspace(e) => e.clone().into(),
             E::StalePlan(_) => ApiError::new(StatusCode::CONFLICT, "stale-plan", err.to_string()),
-            E::Watched(_) | E::NotWatched(_) => {
+            E::Watched(_) | E::NotWatched(_) | E::Overtaken(_) => {
                 ApiError::new(StatusCode::CONFLICT, "stream-watched", err.to_string())
             }
             E::BadPlanId(_) | E::FanoutCap(_) | E::InvalidReport(_) => {

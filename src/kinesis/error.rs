@@ -55,18 +55,14 @@ impl KinesisError {
                     DisplayErrorContext(&err).to_string()
                 }
             )),
-            SdkError::ServiceError(service) if service.raw().status().is_server_error() => {
+            SdkError::ServiceError(service) => {
                 let code = service.err().code().unwrap_or("an unnamed error");
                 let message = service.err().message().unwrap_or("");
-                KinesisError::Failed(format!("{call}: {code}: {message}"))
-            }
-            SdkError::ServiceError(service) => {
-                let service = service.err();
-                Self::from_code(
-                    call,
-                    service.code().unwrap_or("an unnamed error"),
-                    service.message().unwrap_or(""),
-                )
+                if service.raw().status().is_server_error() {
+                    KinesisError::Failed(format!("{call}: {code}: {message}"))
+                } else {
+                    Self::from_code(call, code, message)
+                }
             }
             _ => KinesisError::Other(format!("{call}: {}", DisplayErrorContext(&err))),
         }

@@ -284,8 +284,8 @@ impl Kinesis {
     }
 }
 
-/// The SDK's HTTPS client, on rustls with ring (the SDK's default crypto, aws-lc, is a C
-/// library that costs a cold build minutes); for the credential chain's calls too.
+/// The SDK's HTTPS client, on rustls with ring rather than the SDK's default aws-lc (a
+/// larger C library to build); for the credential chain's calls too.
 fn https_client() -> aws_sdk_kinesis::config::SharedHttpClient {
     use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
     aws_smithy_http_client::Builder::new()

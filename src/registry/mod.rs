@@ -84,6 +84,11 @@ pub enum Error {
     Watched(String),
     #[error("stream {0:?} is no longer watched")]
     NotWatched(String),
+    /// A watch's listing that another registration, or a running reshard, overtook.
+    #[error(
+        "stream {0:?}'s map changed while Kinesis was listed, or a reshard of it runs: the listing is not registered"
+    )]
+    Overtaken(String),
     #[error("worker {worker:?} is not in stream {stream:?}'s group (it left, or expired)")]
     UnknownWorker { stream: String, worker: String },
     #[error("stream {stream:?}'s consumer group already has {max} workers, the most it may have")]

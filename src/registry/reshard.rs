@@ -418,7 +418,7 @@ impl Registry {
         if same {
             return Ok(());
         }
-        let (name, source) = (stream.name.clone(), Source::Synced(listed));
+        let (name, source) = (stream.name.clone(), Source::Resharding(listed));
         let by = Actor::new(Actor::KINESIS);
         let ticket = Ticket::unbounded();
         (self.put_stream_from(name, Some(listing), None, source, &by, &ticket)).await?;

@@ -57,14 +57,24 @@ pub enum Source {
     Unwatched,
     /// Listed from Kinesis at a client's request: watched from now on.
     Watched(KinesisStream),
-    /// Listed from Kinesis by the sync: registered only while the stream is watched.
-    Synced(KinesisStream),
+    /// Listed from Kinesis by the watch, claimed when the stream's map was at `claimed`
+    /// (its version): registered only while the stream is watched, no reshard of it runs,
+    /// and its map is still that one (a listing overtaken by another is left for the next).
+    Synced {
+        kinesis: KinesisStream,
+        claimed: i64,
+    },
+    /// Listed from Kinesis by the stream's reshard job: registered while it is watched.
+    Resharding(KinesisStream),
 }
 
 impl Source {
     /// Whether the map was listed from Kinesis just now.
     fn listed(&self) -> bool {
-        matches!(self, Source::Watched(_) | Source::Synced(_))
+        matches!(
+            self,
+            Source::Watched(_) | Source::Synced { .. } | Source::Resharding(_)
+        )
     }
 
     /// Who the log says made the change: Kinesis for a listing, else the client.
@@ -259,7 +269,13 @@ impl Registry {
                 (None, Some(old)) => old.stream_map(),
                 (None, None) => return Err(Error::UnknownStream(name)),
             };
-            if let (Source::Synced(_), Some(old)) = (&source, &old)
+            if let Source::Synced { claimed, .. } = source
+                && (old.as_ref().is_some_and(|o| o.version != claimed)
+                    || tx.reshard_runs_on(&name).await?)
+            {
+                return Err(Error::Overtaken(name));
+            }
+            if let (Source::Synced { .. }, Some(old)) = (&source, &old)
                 && !recreated
                 && old.holds(&map)
             {
@@ -475,12 +491,16 @@ fn watch_after(name: &str, old: Option<&Stream>, source: &Source) -> Result<Watc
         Source::Kept => Ok(kept(watched)),
         Source::Given if watched => Err(Error::Watched(name.to_owned())),
         Source::Given | Source::Unwatched => Ok(kept(false)),
-        Source::Synced(_) if !watched => Err(Error::NotWatched(name.to_owned())),
-        Source::Watched(now) | Source::Synced(now) => Ok(Watching {
-            watch: true,
-            recreated: known.as_ref().is_some_and(|was| was != now),
-            kinesis: Some(now.clone()),
-        }),
+        Source::Synced { .. } | Source::Resharding(_) if !watched => {
+            Err(Error::NotWatched(name.to_owned()))
+        }
+        Source::Watched(now) | Source::Synced { kinesis: now, .. } | Source::Resharding(now) => {
+            Ok(Watching {
+                watch: true,
+                recreated: known.as_ref().is_some_and(|was| was != now),
+                kinesis: Some(now.clone()),
+            })
+        }
     }
 }
 

@@ -157,7 +157,9 @@ impl Registry {
     }
 
     /// One round: what other replicas' listings found, then each watched stream whose
-    /// listing this replica claims, but for those being resharded.
+    /// listing this replica claims. A stream being resharded is not claimed: its job lists
+    /// and registers it (listed here, a map of the way there would be registered and
+    /// rebalanced).
     async fn sync_round(self: &Arc<Self>, watch: &Watch) {
         match self.store.sync_states().await {
             Ok(states) => {
@@ -167,21 +169,13 @@ impl Registry {
             }
             Err(err) => tracing::debug!(%err, "cannot read the watched streams' sync states"),
         }
-        // A stream being resharded is its job's to list and register: listed here, a map of
-        // the way there would be registered and rebalanced.
-        let resharding: Vec<String> = match self.store.running_reshards().await {
-            Ok(jobs) => jobs.into_iter().map(|job| job.stream).collect(),
-            Err(err) => {
-                tracing::debug!(%err, "cannot read the running reshards: no listing this round");
-                return;
-            }
-        };
         let (streams, _) = self.streams(None, usize::MAX);
-        let watched = streams.into_iter().filter(|s| s.watch);
-        for stream in watched.filter(|s| !resharding.contains(&s.name)) {
+        for stream in streams.into_iter().filter(|s| s.watch) {
             match self.claim_sync(&stream.name, watch).await {
-                Ok(true) => self.sync_stream(stream.name, stream.primary, watch).await,
-                Ok(false) => {}
+                Ok(Some(claimed)) => {
+                    (self.sync_stream(stream.name, stream.primary, claimed, watch)).await
+                }
+                Ok(None) => {}
                 Err(err) => {
                     tracing::warn!(stream = %stream.name, %err, "cannot claim a stream's listing")
                 }
@@ -189,25 +183,34 @@ impl Registry {
         }
     }
 
-    /// Whether this replica takes stream `name`'s listing this interval.
-    async fn claim_sync(&self, name: &str, watch: &Watch) -> Result<bool, Error> {
+    /// Whether this replica takes stream `name`'s listing this interval: if so, the
+    /// version of the stream's map it then found.
+    async fn claim_sync(&self, name: &str, watch: &Watch) -> Result<Option<i64>, Error> {
         let interval_ms = watch.interval.as_millis() as i64;
         let mut w = self.writer.lock().await;
         let (mut tx, at) = self.begin(&mut w).await?;
         // A little before the interval is up, so that ticks a few milliseconds early by the
         // database's clock still find their round (as the controller's rounds do).
         if !tx.claim_sync(name, at, interval_ms * 9 / 10).await? {
-            return Ok(false);
+            return Ok(None);
         }
+        let claimed = self.stream(name).map(|s| s.version);
         self.commit(&mut w, tx, Committed::Stream, &[]).await?;
-        Ok(true)
+        Ok(claimed)
     }
 
-    /// Lists stream `name` and registers what changed; a failure is recorded on the stream
-    /// (its last map stays), and throttling holds the next listing back, longer each time.
-    async fn sync_stream(self: &Arc<Self>, name: String, primary: bool, watch: &Watch) {
+    /// Lists stream `name`, whose map was at version `claimed`, and registers what changed;
+    /// a failure is recorded on the stream (its last map stays), and throttling holds the
+    /// next listing back, longer each time.
+    async fn sync_stream(
+        self: &Arc<Self>,
+        name: String,
+        primary: bool,
+        claimed: i64,
+        watch: &Watch,
+    ) {
         let synced = match watch.list(&name, self.keyspace).await {
-            Ok((kinesis, map)) => match self.register_listing(&name, kinesis, map).await {
+            Ok((kinesis, map)) => match self.register_listing(&name, kinesis, claimed, map).await {
                 Some(synced) => synced,
                 None => return,
             },
@@ -234,15 +237,17 @@ impl Registry {
         }
     }
 
-    /// Registers a listing of watched stream `name`: `None` when it was not (the watch
-    /// stopped or the stream was forgotten meanwhile, or the registration failed, logged).
+    /// Registers a listing of watched stream `name` claimed at version `claimed`: `None`
+    /// when it was not (the watch stopped, the stream was forgotten, registered again or
+    /// taken by a reshard meanwhile, or the registration failed, logged).
     async fn register_listing(
         self: &Arc<Self>,
         name: &str,
         kinesis: KinesisStream,
+        claimed: i64,
         map: StreamMap,
     ) -> Option<Synced> {
-        let source = Source::Synced(kinesis);
+        let source = Source::Synced { kinesis, claimed };
         let by = Actor::new(Actor::KINESIS);
         let unbounded = Ticket::unbounded();
         let change = self.register(name.to_owned(), Some(map), None, source, &by, &unbounded);
@@ -250,6 +255,10 @@ impl Registry {
             Ok(Some(change)) => Some(Synced::Changed(Box::new(change))),
             Ok(None) => Some(Synced::Unchanged),
             Err(Error::NotWatched(_) | Error::UnknownStream(_)) => None,
+            Err(Error::Overtaken(_)) => {
+                tracing::debug!(stream = %name, "a watched stream's listing was overtaken: the next lists it again");
+                None
+            }
             Err(err) => {
                 tracing::warn!(stream = %name, %err, "cannot register a watched stream's listing");
                 None

@@ -1076,7 +1076,8 @@ impl Tx {
 
     /// Claims the next listing of watched stream `name` from Kinesis at `now` (the
     /// database's clock, Unix ms) if the last was claimed at least `interval_ms` before
-    /// (a back-off may have claimed ahead): true when this transaction took it.
+    /// (a back-off may have claimed ahead), and no reshard of it runs (its job lists it):
+    /// true when this transaction took it.
     pub async fn claim_sync(&mut self, name: &str, now: i64, interval_ms: i64) -> Result<bool> {
         in_tx!(self, claim_sync(name, now, interval_ms))
     }

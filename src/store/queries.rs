@@ -463,7 +463,10 @@ macro_rules! queries {
         }
 
         pub async fn claim_sync(conn: &mut Conn, name: &str, now: i64, interval_ms: i64) -> Result<bool> {
-            let done = sqlx::query("UPDATE streams SET sync_claimed_at = $2 WHERE name = $1 AND watch AND sync_claimed_at <= $3")
+            let done = sqlx::query(
+                "UPDATE streams SET sync_claimed_at = $2 WHERE name = $1 AND watch AND sync_claimed_at <= $3 \
+                 AND NOT EXISTS (SELECT 1 FROM reshard_jobs WHERE stream = $1 AND state = 'running')",
+            )
                 .bind(name)
                 .bind(now)
                 .bind(now - interval_ms)

@@ -141,6 +141,16 @@ macro_rules! reshard_queries {
             row.map(decode).transpose()
         }
 
+        pub async fn runs_on(conn: &mut Conn, stream: &str) -> Result<bool> {
+            let running: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM reshard_jobs WHERE stream = $1 AND state = 'running'",
+            )
+            .bind(stream)
+            .fetch_optional(&mut *conn)
+            .await?;
+            Ok(running.is_some())
+        }
+
         pub async fn running(conn: &mut Conn) -> Result<Vec<ReshardJob>> {
             let rows: Vec<JobTuple> =
                 sqlx::query_as(&format!("{JOB} WHERE state = 'running' ORDER BY id"))
@@ -222,6 +232,11 @@ impl Tx {
     /// running job on the same stream makes it fail with [`StoreError::Conflict`].
     pub async fn start_reshard(&mut self, job: &ReshardJob) -> Result<i64> {
         in_job_tx!(self, start(job))
+    }
+
+    /// Whether a job of `stream` is running.
+    pub async fn reshard_runs_on(&mut self, stream: &str) -> Result<bool> {
+        in_job_tx!(self, runs_on(stream))
     }
 
     /// Takes job `id` for `holder` until `now + lease_ms` (Unix ms, the database's clock),

@@ -3,7 +3,8 @@
 //! write numbered records while a rebalance runs, 10 % of PutRecords entries fail on
 //! purpose, and examples/order_aware_consumer.py reads every shard. tests/python/
 //! order_proof.py is the harness and the checker; this runs it the right way, then shows the
-//! checker catching the wrong ways (and prints what a consumer ignoring moves does).
+//! checker catching the wrong ways (and, in `make proofs`, prints what a consumer ignoring
+//! moves does).
 
 use std::path::Path;
 
@@ -109,7 +110,10 @@ async fn staged_moves_keep_every_account_in_order_through_failures_on_kinesalite
     }
     // A consumer that ignores moves reorders only when it reads the new shard before the
     // old one's last records, which a slow machine's consumer, running behind, often does
-    // not: its inversions are a figure to read, not a promise.
+    // not: its inversions are a figure to read, not a promise, printed by `make proofs`.
+    if std::env::var_os("KEYSPREAD_PROOF_FULL").is_none() {
+        return;
+    }
     let blind = prove(
         &kinesalite,
         &client_dir,

@@ -54,6 +54,10 @@ fn once_each(what: &str, walked: &[String], throughout: &BTreeSet<String>) {
     );
 }
 
+/// Rounds of writes after which the writer rebalances: early, so that the rebalance falls
+/// inside the walks however slowly the machine writes.
+const REBALANCE_AT: u64 = 5;
+
 /// Allocations, releases and a rebalance whose moves stay pending, until `stop`.
 async fn writes(app: Arc<TestApp>, stop: Arc<AtomicBool>) -> u64 {
     let mut n = 0u64;
@@ -63,7 +67,7 @@ async fn writes(app: Arc<TestApp>, stop: Arc<AtomicBool>) -> u64 {
             let gone = app.delete(&format!("/keys/churn-{:05}", n - 3)).await;
             assert_eq!(gone.status, 204, "{}", gone.body);
         }
-        if n == 20 {
+        if n == REBALANCE_AT {
             rebalance(&app, 5).await;
         }
         n += 1;
@@ -140,8 +144,8 @@ async fn walks_of_keys_moves_and_events_list_each_item_once_while_writes_go_on()
     stop.store(true, Ordering::Relaxed);
     let written = writer.await.unwrap();
     assert!(
-        written > 20,
-        "the walks went on during {written} rounds of writes"
+        written > REBALANCE_AT,
+        "the walks ended after {written} rounds of writes, before the rebalance"
     );
 
     once_each("GET /keys", &keys, &stay);

@@ -56,6 +56,33 @@ async fn generated_python_client_drives_the_live_server() {
 
 const TOKEN: &str = "python-client-token-0123456789";
 
+/// examples/order_safe_producer.py's own tests (examples/test_order_safe_producer.py), with
+/// the generated client and the mirror's package (clients/python) on the path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_safe_producer_passes_its_tests() {
+    // No server: a mirror and a Kinesis of the test's own.
+    if !crate::skip::sqlite_only("the_order_safe_producer_passes_its_tests") {
+        return;
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = tool("KEYSPREAD_TEST_PYTHON", manifest.join(".venv/bin/python"));
+    let work = tempfile::tempdir().expect("temp dir");
+    let client_dir = generate(work.path()).await;
+    let path = std::env::join_paths([client_dir, manifest.join("clients/python")]).unwrap();
+    let run = Command::new(&python)
+        .args(["-m", "unittest", "-v", "test_order_safe_producer"])
+        .current_dir(manifest.join("examples"))
+        .env("PYTHONPATH", path)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run the order-safe producer's tests");
+    assert_success("examples/test_order_safe_producer.py", &run);
+    let report = String::from_utf8_lossy(&run.stderr);
+    assert!(report.contains("Ran 1 test"), "{report}");
+}
+
 /// Generates the Python client from the committed OpenAPI document under `work`; answers
 /// the directory that holds the package `keyspread_api` (for `PYTHONPATH`).
 pub async fn generate(work: &Path) -> PathBuf {

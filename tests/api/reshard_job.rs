@@ -2,6 +2,7 @@
 //! ends with the target's shards, keyspread's map is Kinesis', each call is made once on an
 //! open shard, and the primary stream gets one staged rebalance with reason `reshard`; what
 //! Kinesis would refuse is refused up front, and a shard limit met partway fails the job.
+//! The watch leaves a stream being resharded to its job, even a listing already on its way.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, assert_problem, spawn_app_with};
 use crate::kinesalite::{Kinesalite, KinesisApi};
-use crate::reshard_proxy::{Call, Proxy, Rules};
+use crate::reshard_proxy::{Call, ListingHold, Proxy, Rules};
 
 /// Accounts held while resharding: enough that every plan cuts between keys.
 const ACCOUNTS: usize = 90;
@@ -265,6 +266,103 @@ async fn a_watched_stream_is_resharded_2_to_5_to_9_with_one_rebalance_each() {
         .await;
     assert!(syncs > 0.0);
     assert_eq!(changes, 0.0, "the watch registered a map of a job's way");
+}
+
+/// The watch's listings of `stream` counted so far, and those that registered a change
+/// (none before the first is counted).
+async fn syncs(app: &TestApp, stream: &str) -> (f64, f64) {
+    let metrics = app.client.get(app.url("/metrics")).send().await;
+    let text = metrics.expect("GET /metrics sent").text().await.unwrap();
+    let count = |series: &str| {
+        let series = format!("{series}{{stream=\"{stream}\"}} ");
+        (text.lines())
+            .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let syncs = count("keyspread_stream_syncs_total");
+    (syncs, count("keyspread_stream_sync_changes_total"))
+}
+
+/// Waits (at most 30 s) until the watch has counted a listing of `stream` past `before`:
+/// the round of any listing held before then is over.
+async fn next_sync(app: &TestApp, stream: &str, before: f64) {
+    let started = Instant::now();
+    while syncs(app, stream).await.0 <= before {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no listing of {stream} in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A watch's listing that a reshard overtook on its way is not registered: one sent to
+/// Kinesis while a job runs (a map of the way there, which would be rebalanced), and one
+/// answered before a job that ended since (it would put the map from before the job back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_a_reshard_overtook_is_not_registered() {
+    let kinesalite = Kinesalite::start().await;
+    let proxy = Proxy::start(kinesalite.api.endpoint()).await;
+    let app = app_behind_with(&proxy, |c| {
+        c.stream_sync_interval_s = 1;
+        c.controller.auto_rebalance = true;
+    })
+    .await;
+    watch(&app, &kinesalite.api, "orders", 2).await;
+
+    // The watch's next listing waits to be sent until the job's first split is made in
+    // Kinesis (and its answer held: the job runs on).
+    proxy.set(Rules {
+        hold: Some(1),
+        hold_listing: Some(ListingHold::Request),
+        ..Rules::default()
+    });
+    proxy.listing_held().await;
+    let started = start(&app, "orders", 3).await;
+    assert_eq!(started.status, 202, "{started:?}");
+    proxy.held().await;
+    let (counted, _) = syncs(&app, "orders").await;
+    proxy.release_listing();
+    proxy.release();
+    assert_eq!(
+        ended(&app.client, &app.url(""), "orders").await["state"],
+        "done"
+    );
+    next_sync(&app, "orders", counted).await;
+    assert_eq!(
+        check_map(&app.client, &app.url(""), &kinesalite.api, "orders").await,
+        3
+    );
+
+    // The watch's next listing is answered (two open shards of three) and held until a
+    // job to four has ended.
+    proxy.set(Rules {
+        hold_listing: Some(ListingHold::Answer),
+        ..Rules::default()
+    });
+    proxy.listing_held().await;
+    let started = start(&app, "orders", 4).await;
+    assert_eq!(started.status, 202, "{started:?}");
+    assert_eq!(
+        ended(&app.client, &app.url(""), "orders").await["state"],
+        "done"
+    );
+    let (counted, _) = syncs(&app, "orders").await;
+    proxy.release_listing();
+    next_sync(&app, "orders", counted).await;
+    assert_eq!(
+        check_map(&app.client, &app.url(""), &kinesalite.api, "orders").await,
+        4
+    );
+
+    let (_, changes) = syncs(&app, "orders").await;
+    assert_eq!(
+        changes, 0.0,
+        "the watch registered a listing a reshard overtook"
+    );
+    // The last map was the job's; any move was its rebalance's (cut between the accounts'
+    // keys, the new shards need none).
+    reshard_moves(&app, "orders").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,18 @@ pub(crate) struct Rules {
     /// The answer of this call (1-based, as `hold` counts) is lost: made in Kinesis, its
     /// caller is answered 500 InternalFailure, which the SDK would retry.
     pub(crate) lose: Option<usize>,
+    /// The first ListShards is held until [`Proxy::release_listing`] (at most 60 s; the
+    /// SDK gives an attempt 5 s).
+    pub(crate) hold_listing: Option<ListingHold>,
+}
+
+/// Which half of a ListShards [`Rules::hold_listing`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListingHold {
+    /// The request, before it is sent on: its answer is Kinesis' map once released.
+    Request,
+    /// The answer: Kinesis' map when the request came, told once released.
+    Answer,
 }
 
 /// One Kinesis action as the proxy saw it.
@@ -66,6 +78,10 @@ struct Seen {
     throttled: usize,
     held: Arc<Notify>,
     release: Arc<Notify>,
+    /// Whether the ListShards [`Rules::hold_listing`] names came, and its signals.
+    listing_came: bool,
+    listing_held: Arc<Notify>,
+    listing_release: Arc<Notify>,
 }
 
 struct Shared {
@@ -135,6 +151,24 @@ impl Proxy {
     pub(crate) fn release(&self) {
         self.shared.seen.lock().unwrap().release.notify_one();
     }
+
+    /// Waits (at most 60 s) until the ListShards [`Rules::hold_listing`] names is held.
+    pub(crate) async fn listing_held(&self) {
+        let held = Arc::clone(&self.shared.seen.lock().unwrap().listing_held);
+        tokio::time::timeout(HOLD_AT_MOST, held.notified())
+            .await
+            .expect("no ListShards request within 60 s");
+    }
+
+    /// Lets the held ListShards go on.
+    pub(crate) fn release_listing(&self) {
+        self.shared
+            .seen
+            .lock()
+            .unwrap()
+            .listing_release
+            .notify_one();
+    }
 }
 
 impl Drop for Proxy {
@@ -152,6 +186,26 @@ async fn forward(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         .to_owned();
     let request: Value = serde_json::from_slice(&body).unwrap_or_default();
     let rules = shared.seen.lock().unwrap().rules.clone();
+    let listing_hold = match rules.hold_listing {
+        Some(half) if action == "ListShards" => {
+            let mut seen = shared.seen.lock().unwrap();
+            let first = !seen.listing_came;
+            seen.listing_came = true;
+            let signals = (
+                Arc::clone(&seen.listing_held),
+                Arc::clone(&seen.listing_release),
+            );
+            first.then_some((half, signals))
+        }
+        _ => None,
+    };
+    let hold_listing = async |half: ListingHold| {
+        if let Some((_, (held, release))) = listing_hold.as_ref().filter(|(h, _)| *h == half) {
+            held.notify_one();
+            let _ = tokio::time::timeout(HOLD_AT_MOST, release.notified()).await;
+        }
+    };
+    hold_listing(ListingHold::Request).await;
     let splits = |seen: &Seen| {
         (seen.calls.iter())
             .filter(|c| c.reshaped() && c.action == "SplitShard")
@@ -206,6 +260,7 @@ async fn forward(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
     if lost {
         (status, answer) = (500, json!({"__type": "InternalFailure"}));
     }
+    hold_listing(ListingHold::Answer).await;
     if let Some((held, release)) = hold {
         held.notify_one();
         let _ = tokio::time::timeout(HOLD_AT_MOST, release.notified()).await;

@@ -58,6 +58,10 @@ fn assert_hidden(out: &str, url: &str) {
 /// level, without the password, wherever the URL holds it.
 #[test]
 fn database_passwords_never_reach_the_log() {
+    // Its Postgres is an address nothing answers: the pass's backend plays no part.
+    if !crate::skip::sqlite_only("database_passwords_never_reach_the_log") {
+        return;
+    }
     for url in [
         format!("postgres://app:{PASSWORD}@127.0.0.1:1/keys"),
         "postgres://app:s3cr@t:pa55@127.0.0.1:1/keys".to_owned(),

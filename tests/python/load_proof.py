@@ -18,8 +18,9 @@ From what the consumers handed on it counts, per 10-s window from the generator'
 (by the records' arrival), the busiest shard's records over the mean, and the busiest
 worker's over the mean; per (account, sub-key), records out of order, twice or never; and
 from `GET /events`, the load moves by round and any account moved twice within the
-cooldown. A window is judged once it starts `--settle-s` after the start and after the
-rotation. Prints a line per window, then the figures as one JSON line (also to `--out`).
+cooldown. A window's shards are judged once it starts `--settle-s` after the start and
+after the rotation, its workers `--worker-settle-s` after them: the leases follow the
+shards' load as the workers report it, smoothed, so they settle later. Prints a line per window, then the figures as one JSON line (also to `--out`).
 
 `plot` draws the runs' figures as one SVG (standard library only): busiest shard over the
 mean, per window, for each run.
@@ -40,7 +41,6 @@ from order_check import check_order
 WINDOW = 10
 SHARDS = 8
 WORKERS = 4
-TTL = 6
 MAX_FANOUT = 4
 WEIGHT = 12  # the same for every account: divisible by every fanout up to 4
 
@@ -169,9 +169,17 @@ def ratios(counts, names):
     return round(max(values) / mean, 3) if mean else None
 
 
-def windows(handed, produced, shard_ids, workers, settle_s):
-    """Per full window: records per shard and per worker, their max / mean, and whether judged."""
+def windows(handed, produced, shard_ids, workers, settle_s, worker_settle_s):
+    """Per full window: records per shard and per worker, their max / mean, and whether each
+    is judged: shards `settle_s` after the start and after the rotation, workers
+    `worker_settle_s` after them (the leases follow the shards' smoothed load)."""
     start, rotated, end = produced["started"], produced["rotated_at"], produced["started"] + produced["seconds"]
+
+    def judged(t, settle):
+        after_rotation = rotated is not None and start + t >= rotated
+        return t >= settle and (not after_rotation or start + t >= rotated + settle) \
+            and (after_rotation or rotated is None or start + t + WINDOW <= rotated)
+
     by_window = collections.defaultdict(lambda: (collections.Counter(), collections.Counter(),
                                                  collections.defaultdict(set)))
     for r in handed:
@@ -183,11 +191,9 @@ def windows(handed, produced, shard_ids, workers, settle_s):
     for i in range(int((end - start) // WINDOW)):
         shards, by_worker, read_by = by_window[i]
         t = i * WINDOW
-        after_rotation = rotated is not None and start + t >= rotated
-        judged = t >= settle_s and (not after_rotation or start + t >= rotated + settle_s) \
-            and (after_rotation or rotated is None or start + t + WINDOW <= rotated)
         out.append({"t": t, "records": sum(shards.values()), "shard": ratios(shards, shard_ids),
-                    "worker": ratios(by_worker, workers), "judged": judged,
+                    "worker": ratios(by_worker, workers), "judged": judged(t, settle_s),
+                    "workers_judged": judged(t, worker_settle_s),
                     "per_shard": [shards.get(s, 0) for s in shard_ids],
                     "per_worker": [by_worker.get(w, 0) for w in workers],
                     "shards_read": [sorted(read_by.get(w, ())) for w in workers]})
@@ -238,7 +244,7 @@ def run(args):
                                   deliver=lambda shard, record: handed.append(record), read=False)
     gate = Gate(consumer)
     workers = [LeaseWorker(kinesis_client(args.kinesis), Client(base_url=args.keyspread, timeout=30),
-                           args.stream, f"w{i}", TTL, emit=lambda line: None,
+                           args.stream, f"w{i}", args.worker_ttl_s, emit=lambda line: None,
                            report_load=args.scheme == "loop", consumer=gate, pause_s=0.2)
                for i in range(WORKERS)]
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
@@ -271,7 +277,8 @@ def run(args):
         "resent": produced["resent"],
         "seconds": args.seconds,
         "rotated_at_s": round(produced["rotated_at"] - produced["started"], 1) if produced["rotated_at"] else None,
-        "windows": windows(handed, produced, shard_ids, [w.worker for w in workers], args.settle_s),
+        "windows": windows(handed, produced, shard_ids, [w.worker for w in workers], args.settle_s,
+                           args.worker_settle_s),
         **order(handed, produced),
         **moves(events, args.cooldown_s),
         "hottest": hottest(keyspread, produced, args.scheme),
@@ -279,8 +286,9 @@ def run(args):
         "harness_cpu_s": round(sum(cpu[:4]) - sum(cpu_before[:4]), 1),
     }
     for w in figures["windows"]:
-        print(f"{args.scheme:>5} t={w['t']:>3}s records={w['records']:>5} busiest shard/mean={w['shard']} "
-              f"busiest worker/mean={w['worker']}{' (judged)' if w['judged'] else ''} "
+        print(f"{args.scheme:>5} t={w['t']:>3}s records={w['records']:>5} busiest shard/mean={w['shard']}"
+              f"{' (judged)' if w['judged'] else ''} "
+              f"busiest worker/mean={w['worker']}{' (judged)' if w['workers_judged'] else ''} "
               f"per shard={w['per_shard']} per worker={w['per_worker']} shards read={w['shards_read']}",
               flush=True)
     if args.out:
@@ -415,6 +423,10 @@ def main():
     one.add_argument("--skew-ms", type=int, default=1000)
     one.add_argument("--settle-s", type=float, default=33,
                      help="windows starting this long after the start or the rotation are judged")
+    one.add_argument("--worker-ttl-s", type=int, default=6,
+                     help="the lease workers' ttl: they heartbeat every third of it")
+    one.add_argument("--worker-settle-s", type=float, default=57,
+                     help="the same for the workers: the leases follow the shards' smoothed load")
     one.add_argument("--cooldown-s", type=float, default=600, help="the server's --move-cooldown-s")
     one.add_argument("--out", help="also write the figures here")
     draw = sub.add_parser("plot", help="the SVG of several runs")

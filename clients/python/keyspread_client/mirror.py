@@ -143,8 +143,15 @@ class Mirror:
         report. ``None``, and nothing counted, when the table does not hold the account."""
         key = self.key_for(account, sub_key)
         if key is not None:
-            self._tally.count(account, key, size)
+            self.sent(account, key, size)
         return key
+
+    def sent(self, account, key, size):
+        """Counts one record of ``size`` bytes sent to ``account`` under ``key``, for
+        producers that pick among :meth:`lookup`'s keys themselves (holding records back
+        before a switch, resending failed ones, counting a record once Kinesis took it):
+        reported with the next report, as :meth:`record`'s are."""
+        self._tally.count(account, key, size)
 
     def lookup(self, account):
         """:class:`Lookup` of ``account`` (keys now, and the nearest switch still ahead), or

@@ -271,6 +271,18 @@ class Reports(Scripting):
         self.assertGreaterEqual(body["window_ms"], 100)
         self.assertIsInstance(body["seq"], int)
 
+    def test_sent_counts_a_record_under_the_key_given_as_record_does(self):
+        mirror, handler = self.started([EMPTY], head=STREAM_HEAD, report_interval_s=0,
+                                       producer="p-1")
+        mirror.record("a", "order-1", 10)
+        mirror.sent("a", "10", 5)
+        mirror.sent("a", "99", 7)
+        mirror.close()
+        [(status, body)] = handler.reports
+        self.assertEqual(sorted(body["keys"], key=lambda k: k["hash_key"]),
+                         [{"account": "a", "hash_key": "10", "records": 2, "bytes": 15},
+                          {"account": "a", "hash_key": "99", "records": 1, "bytes": 7}])
+
     def test_a_producer_id_the_server_would_refuse_is_refused_at_once(self):
         for producer in ("", "a b", "p" * 129):
             with self.assertRaisesRegex(ValueError, "producer"):
