@@ -230,9 +230,9 @@ impl Registry {
             let (mut tx, at) = this.begin(&mut w).await?;
             // Claimed a little before the interval is up, so that a replica's own ticks,
             // a few milliseconds early by the database's clock, still find their round.
-            if !tx.claim_round(&name, at, interval_ms * 9 / 10).await? {
+            let Some(round) = tx.claim_round(&name, at, interval_ms * 9 / 10).await? else {
                 return Ok(None);
-            }
+            };
             // How long each account has been cold is the claiming round's to keep.
             let cold: HashMap<String, i64> = tx.fanout_cold().await?.into_iter().collect();
             let decided = fanout_targets(
@@ -245,6 +245,9 @@ impl Registry {
             );
             tx.set_fanout_cold(&decided.cold).await?;
             this.commit(&mut w, tx, Committed::Moves(0), &[]).await?;
+            // Which replica ran which round, for whoever reads the replicas' logs: no number
+            // is claimed twice.
+            tracing::info!(round, at, stream = %name, "load controller: round claimed");
             Ok::<_, Error>(Some(decided.changes))
         })
         .await?;

@@ -1035,9 +1035,14 @@ impl Tx {
 
     /// Claims the load controller's next round on `stream` at `now` (the database's clock,
     /// Unix milliseconds) if the last was claimed at least `interval_ms` before: true when
-    /// this transaction took it (one replica per round; a second waits for the first's
-    /// commit and then finds the round taken).
-    pub async fn claim_round(&mut self, stream: &str, now: i64, interval_ms: i64) -> Result<bool> {
+    /// this transaction took it, the round's number (one replica per round; a second waits
+    /// for the first's commit and then finds the round taken).
+    pub async fn claim_round(
+        &mut self,
+        stream: &str,
+        now: i64,
+        interval_ms: i64,
+    ) -> Result<Option<i64>> {
         in_tx!(self, claim_round(stream, now, interval_ms))
     }
 

@@ -269,20 +269,19 @@ macro_rules! queries {
             .await?)
         }
 
-        pub async fn claim_round(conn: &mut Conn, stream: &str, now: i64, interval_ms: i64) -> Result<bool> {
+        pub async fn claim_round(conn: &mut Conn, stream: &str, now: i64, interval_ms: i64) -> Result<Option<i64>> {
             sqlx::query("INSERT INTO controller_rounds (stream, round, at_ms) VALUES ($1, 0, 0) ON CONFLICT (stream) DO NOTHING")
                 .bind(stream)
                 .execute(&mut *conn)
                 .await?;
-            let done = sqlx::query(
-                "UPDATE controller_rounds SET round = round + 1, at_ms = $2 WHERE stream = $1 AND at_ms <= $3",
+            Ok(sqlx::query_scalar(
+                "UPDATE controller_rounds SET round = round + 1, at_ms = $2 WHERE stream = $1 AND at_ms <= $3 RETURNING round",
             )
             .bind(stream)
             .bind(now)
             .bind(now - interval_ms)
-            .execute(&mut *conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
+            .fetch_optional(&mut *conn)
+            .await?)
         }
 
         pub async fn moved_by_load_since(conn: &mut Conn, since: i64) -> Result<Vec<String>> {
