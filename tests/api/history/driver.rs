@@ -54,6 +54,9 @@ pub struct History {
     pub already_held: Vec<usize>,
     /// Per replica, log lines saying a pooled connection was left in an aborted transaction.
     pub aborted: Vec<usize>,
+    /// Per replica, the load controller's rounds it claimed (its log): number, and the
+    /// database's clock it claimed by (Unix ms).
+    pub rounds_claimed: Vec<Vec<(i64, i64)>>,
     /// Per replica, the first log lines of requests that failed with a 5xx (their cause).
     pub failures: Vec<Vec<String>>,
     /// The Idempotency-Keys the database kept an answer for at the end.
@@ -118,10 +121,11 @@ struct Driver {
     recent: VecDeque<String>,
     locks: Vec<std::thread::JoinHandle<()>>,
     watcher: Watcher,
-    /// A producer's mirror (crates/client) following replica 0: asked with every lookup
-    /// and judged as that replica's answers are (op `mirror`), and at every quiet check;
-    /// started anew when replica 0 is restarted (its address changes).
-    mirror: keyspread_client::Mirror,
+    /// Producers' mirrors (crates/client), mirror i following replica i (one; two in a
+    /// drill): asked with every lookup and judged as that replica's answers are (op
+    /// `mirror`), and at every quiet check; started anew when their replica is restarted
+    /// (its address changes).
+    mirrors: Vec<keyspread_client::Mirror>,
     quiet_violations: Vec<Violation>,
     quiet_checks: u32,
     balance_judged: u32,
@@ -179,9 +183,12 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
         None => &[],
     };
     let replicas = Replicas::start(url, dir, n, fast_clock, more, &client).await;
-    // Replica 0 keeps the host's clock (a fast one is the last): the mirror's clock.
-    let mirror =
-        (keyspread_client::Mirror::start(&replicas.urls[0]).await).expect("a mirror of replica 0");
+    // Replica 0 keeps the host's clock (a fast one is the last, and a drill has none): the
+    // mirrors' clock.
+    let mut mirrors = Vec::new();
+    for url in &replicas.urls[..if ha.is_some() { 2 } else { 1 }] {
+        mirrors.push((keyspread_client::Mirror::start(url).await).expect("a mirror of a replica"));
+    }
     let clock = Clock::new();
     let now = clock.now();
     let mut d = Driver {
@@ -226,7 +233,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
         recent: VecDeque::new(),
         locks: Vec::new(),
         watcher: Watcher::start(url, clock),
-        mirror,
+        mirrors,
         quiet_violations: Vec::new(),
         quiet_checks: 0,
         balance_judged: 0,
@@ -310,6 +317,20 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
     let follow_errors = lines("cannot follow");
     let already_held = lines("already held");
     let aborted = lines("transaction is aborted");
+    // A number a log line gives as ` name=N`.
+    let field = |line: &str, name: &str| -> Option<i64> {
+        let (_, rest) = line.split_once(&format!(" {name}="))?;
+        rest.split(' ').next()?.parse().ok()
+    };
+    let rounds_claimed = (0..n)
+        .map(|r| {
+            (d.replicas
+                .log_matching(r, "load controller: round claimed", usize::MAX))
+            .iter()
+            .filter_map(|l| Some((field(l, "round")?, field(l, "at")?)))
+            .collect()
+        })
+        .collect();
     // The causes of 5xx answers, which the server logs and never sends.
     let failures = (0..n)
         .map(|r| {
@@ -339,6 +360,7 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
         follow_errors,
         already_held,
         aborted,
+        rounds_claimed,
         failures,
         kept_keys: kept_keys.into_iter().collect(),
         failovers: d.failovers,
@@ -462,11 +484,17 @@ impl Driver {
         }
     }
 
-    /// Asks the mirror for `account` and records its answer as replica 0's would be
+    /// Asks each mirror for `account` and records its answer as its replica's would be
     /// (status 0 when it refused to answer: stale).
     fn mirror_lookup(&mut self, account: &str) {
+        for replica in 0..self.mirrors.len() {
+            self.mirror_lookup_of(replica, account);
+        }
+    }
+
+    fn mirror_lookup_of(&mut self, replica: usize, account: &str) {
         let sent = self.clock.now();
-        let (status, answer) = match self.mirror.lookup(account) {
+        let (status, answer) = match self.mirrors[replica].lookup(account) {
             Ok(Some(lookup)) => (
                 200,
                 json!({
@@ -481,7 +509,7 @@ impl Driver {
             Err(e) => (0, json!(e.to_string())),
         };
         self.calls.push(Call {
-            replica: 0,
+            replica,
             op: "mirror",
             method: Method::GET,
             path: format!("/keys/{account}"),
@@ -695,8 +723,9 @@ impl Driver {
             _ => {
                 let r = self.faults_rng.below(self.replicas.len() as u64) as usize;
                 let refused = self.replicas.kill_and_restart(r, &self.client).await;
-                if r == 0 {
-                    self.mirror = (keyspread_client::Mirror::start(&self.replicas.urls[r]).await)
+                if r < self.mirrors.len() {
+                    self.mirrors[r] = (keyspread_client::Mirror::start(&self.replicas.urls[r])
+                        .await)
                         .expect("a mirror of the restarted replica");
                 }
                 for why in refused {

@@ -165,3 +165,44 @@ async fn page(db: &mut Db, after: i64) -> Result<Vec<Row>, sqlx::Error> {
         Db::Postgres(c) => sqlx::query_as(SQL).bind(after).fetch_all(c).await,
     }
 }
+
+/// One load controller round at a time: every round was claimed by one replica, once, and
+/// each at least `min_gap_ms` after the one before it by the database's clock it was claimed
+/// by, as the claim's own condition says (`rounds_claimed`: per replica, the (number, time)
+/// of each round its log says it claimed). A claim lost with a commit (a promotion that lost
+/// what the old primary acknowledged) lets a second replica claim its number again, acting
+/// beside the first; a claim that did not hold would come too soon.
+pub fn judge_rounds(rounds_claimed: &[Vec<(i64, i64)>], min_gap_ms: i64) -> Vec<super::Violation> {
+    const CHECK: &str = "(h) one controller round at a time";
+    let mut by: std::collections::BTreeMap<i64, Vec<(usize, i64)>> = Default::default();
+    for (r, rounds) in rounds_claimed.iter().enumerate() {
+        for &(round, at) in rounds {
+            by.entry(round).or_default().push((r, at));
+        }
+    }
+    let mut out = Vec::new();
+    let mut before: Option<(i64, i64)> = None;
+    for (round, claims) in by {
+        if claims.len() > 1 {
+            out.push(super::Violation {
+                check: CHECK,
+                what: format!("round {round} claimed more than once: (replica, at) {claims:?}"),
+            });
+        }
+        let at = claims.iter().map(|c| c.1).min().unwrap_or_default();
+        if let Some((previous, previous_at)) = before
+            && previous + 1 == round
+            && at - previous_at < min_gap_ms
+        {
+            out.push(super::Violation {
+                check: CHECK,
+                what: format!(
+                    "round {round} claimed {} ms after round {previous} (at least {min_gap_ms})",
+                    at - previous_at
+                ),
+            });
+        }
+        before = Some((round, claims.iter().map(|c| c.1).max().unwrap_or_default()));
+    }
+    out
+}

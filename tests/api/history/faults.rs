@@ -13,13 +13,17 @@ use crate::helpers::Db;
 use crate::process::Server;
 use crate::skip::ClockAhead;
 
+/// The load controller's interval in a history, for its flag and for the judge.
+const CONTROLLER_INTERVAL_S: &str = "1";
+pub const CONTROLLER_INTERVAL_MS: i64 = 1_000;
+
 /// The load controller on every replica, quick enough for a history to see it act: a round
 /// every second over load that halves in a second, a few moves a round, each switching a
 /// second on (the lookups' lifetime), and accounts that opted in fanning out when hot. A
 /// quiet check, a few half-lives after the last report, finds it stopped.
 const CONTROLLER: &[(&str, &str)] = &[
     ("KEYSPREAD_AUTO_REBALANCE", "true"),
-    ("KEYSPREAD_AUTO_REBALANCE_INTERVAL_S", "1"),
+    ("KEYSPREAD_AUTO_REBALANCE_INTERVAL_S", CONTROLLER_INTERVAL_S),
     ("KEYSPREAD_LOAD_HALF_LIFE_S", "1"),
     ("KEYSPREAD_LOAD_TOLERANCE", "0.05"),
     ("KEYSPREAD_LOAD_FLOOR", "0.05"),

@@ -6,7 +6,8 @@
 //! invocation and completion is recorded, then judged against a model folded from the
 //! event log: no key answered for two accounts, every replica equal to the database after
 //! 1 s of quiet, no two live workers told `held` for one shard, a hot account's keys (now
-//! and next) on distinct shards, no 5xx outside an injected fault.
+//! and next) on distinct shards, no 5xx outside an injected fault, no controller round
+//! claimed twice or sooner than its interval allows (the replicas' logs).
 //!
 //! `KEYSPREAD_HISTORY_SEED=N` replays a run's choices; `KEYSPREAD_HISTORY_SECS` (90) bounds
 //! it (`make soak`: 600).
@@ -192,6 +193,10 @@ fn conclude(
     violations.extend(leases::judge(&history));
     violations.extend(faults::judge(&history));
     violations.extend(events::judge_actors(&history.events));
+    violations.extend(events::judge_rounds(
+        &history.rounds_claimed,
+        faults::CONTROLLER_INTERVAL_MS * 9 / 10,
+    ));
     violations.extend(refusals::judge(&history));
 
     let mut ops: BTreeMap<&str, BTreeMap<u16, u64>> = BTreeMap::new();
@@ -225,13 +230,18 @@ fn conclude(
         history.aborted,
     );
     println!(
-        "history on {backend}: answers checked against the log {}, spreads checked {}, held periods {}, max lag seen {} ms, lease balances judged {} ({} not settled, not judged)",
+        "history on {backend}: answers checked against the log {}, spreads checked {}, held periods {}, max lag seen {} ms, lease balances judged {} ({} not settled, not judged), controller rounds claimed per replica {:?}",
         judged.checked,
         judged.spreads,
         leases::periods(&history).len(),
         judged.max_lag,
         history.balance_judged,
         history.balance_unsettled,
+        history
+            .rounds_claimed
+            .iter()
+            .map(Vec::len)
+            .collect::<Vec<_>>(),
     );
     let mut by_check: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for v in &violations {

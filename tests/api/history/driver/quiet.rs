@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use reqwest::Method;
 
-use super::super::Violation;
 use super::super::events::Observed;
 use super::super::model::{Model, View, answered, view};
+use super::super::{Clock, Violation};
 use super::balance::Balance;
 use super::{Driver, POOL};
 use crate::helpers::Db;
@@ -122,14 +122,19 @@ impl Driver {
                 }
             }
         }
-        found.extend(self.compare_mirror(&model, &names, &events, at).await);
+        for mirror in &self.mirrors {
+            found.extend(
+                Self::compare_mirror(mirror, &self.clock, &model, &names, &events, at).await,
+            );
+        }
         (found, events.len())
     }
 
-    /// (g) The producers' mirror, once it has followed the log to its last event, answers
+    /// (g) A producer's mirror, once it has followed the log to its last event, answers
     /// every account as the log does.
     async fn compare_mirror(
-        &self,
+        mirror: &keyspread_client::Mirror,
+        clock: &Clock,
         model: &Model,
         names: &[String],
         events: &[Observed],
@@ -140,26 +145,24 @@ impl Driver {
         // Caught up, and by a sync sent since (a long-poll sent before a pause of its
         // replica and answered after counts from when it was sent).
         let mut waited = 0;
-        while (self.mirror.event_id() < last || self.mirror.lag() > self.mirror.max_age())
-            && waited < 3_000
-        {
+        while (mirror.event_id() < last || mirror.lag() > mirror.max_age()) && waited < 3_000 {
             tokio::time::sleep(Duration::from_millis(20)).await;
             waited += 20;
         }
-        if self.mirror.event_id() < last {
+        if mirror.event_id() < last {
             return vec![Violation {
                 check: CHECK,
                 what: format!(
                     "quiet check at +{} ms: the mirror is at event {} of {last} after 3 s",
-                    self.clock.rel(at),
-                    self.mirror.event_id()
+                    clock.rel(at),
+                    mirror.event_id()
                 ),
             }];
         }
         let mut found = Vec::new();
         for name in names {
             let expected = model.now(name).map(|k| view(k, at));
-            let mirrored = match self.mirror.lookup(name) {
+            let mirrored = match mirror.lookup(name) {
                 Ok(lookup) => lookup.map(|l| View {
                     keys: l.keys.iter().map(|k| k.parse().unwrap()).collect(),
                     next: l
@@ -169,7 +172,7 @@ impl Driver {
                 Err(e) => {
                     found.push(Violation {
                         check: CHECK,
-                        what: format!("quiet check at +{} ms: {name}: {e}", self.clock.rel(at)),
+                        what: format!("quiet check at +{} ms: {name}: {e}", clock.rel(at)),
                     });
                     continue;
                 }
@@ -179,7 +182,7 @@ impl Driver {
                     check: CHECK,
                     what: format!(
                         "quiet check at +{} ms: the mirror answers {name} {mirrored:?}; the log says {expected:?}",
-                        self.clock.rel(at),
+                        clock.rel(at),
                     ),
                 });
             }
