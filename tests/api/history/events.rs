@@ -173,7 +173,7 @@ async fn page(db: &mut Db, after: i64) -> Result<Vec<Row>, sqlx::Error> {
 /// what the old primary acknowledged) lets a second replica claim its number again, acting
 /// beside the first; a claim that did not hold would come too soon.
 pub fn judge_rounds(rounds_claimed: &[Vec<(i64, i64)>], min_gap_ms: i64) -> Vec<super::Violation> {
-    const CHECK: &str = "(h) one controller round at a time";
+    const CHECK: &str = "(i) one controller round at a time";
     let mut by: std::collections::BTreeMap<i64, Vec<(usize, i64)>> = Default::default();
     for (r, rounds) in rounds_claimed.iter().enumerate() {
         for &(round, at) in rounds {
