@@ -43,7 +43,7 @@ impl Registry {
         w.tx_started = Some(started);
         let mut tx = loop {
             let mut tx = self.store.begin().await?;
-            match found(w, tx.log_end().await?) {
+            match found(w, tx.log_check(w.last_event).await?) {
                 Found::Same => break tx,
                 other => self.follow_anew(w, tx, other).await?,
             }
@@ -99,10 +99,10 @@ impl Registry {
             }
         }
         // Read after the events: a log renamed before they were read is found here.
-        if found(&w, self.store.log_end().await?) != Found::Same {
+        if found(&w, self.store.log_check(w.last_event).await?) != Found::Same {
             // Judged again under the write lock, where a rewound log is renamed.
             let mut tx = self.store.begin().await?;
-            let found = found(&w, tx.log_end().await?);
+            let found = found(&w, tx.log_check(w.last_event).await?);
             self.follow_anew(&mut w, tx, found).await?;
             self.synced.note(started);
             return Ok(events.len());
@@ -224,6 +224,7 @@ impl Registry {
         for event in events {
             fold(&mut w.alloc, &mut accounts, event.change, event.at)?;
             w.last_event = event.id;
+            w.last_at = event.at;
         }
         drop(accounts);
         self.count_applied(w, last);

@@ -3,7 +3,7 @@
 //! built from.
 
 use super::{Error, Registry, Writer, retention};
-use crate::store::{LogEnd, LogId, LogRead, LoggedEvent, Tx};
+use crate::store::{LogCheck, LogEnd, LogId, LogRead, LoggedEvent, Tx};
 
 /// Events of the log, read with the log's name in one consistent state of the database.
 #[derive(Debug)]
@@ -23,16 +23,23 @@ pub(super) enum Found {
     /// The same name, but it ends before the events memory applied: rewound (an older
     /// copy of a SQLite file; on Postgres a point-in-time restore).
     Rewound,
+    /// The same name, but the newest event memory applied is not there as it was applied:
+    /// the history lost it and has given its id to another since (on Postgres a promotion
+    /// after asynchronous replication, where the new primary never received what the old
+    /// one acknowledged last and other replicas have written since).
+    Diverged,
 }
 
-/// How the database's `end` stands to memory at `w`. (A Postgres timeline, once read with
-/// the end, belongs here too: a promotion after asynchronous replication is another history
-/// under the same name.)
-pub(super) fn found(w: &Writer, end: LogEnd) -> Found {
+/// How the database's log, as `check` found it, stands to memory at `w`.
+pub(super) fn found(w: &Writer, check: LogCheck) -> Found {
+    let LogCheck { end, applied_at } = check;
     if end.log_id != w.log {
         Found::Other
     } else if end.end < w.last_event {
         Found::Rewound
+    } else if applied_at.is_some_and(|at| at != w.last_at) {
+        // (None: compacted away, which the horizon tells; or memory has applied nothing.)
+        Found::Diverged
     } else {
         Found::Same
     }
@@ -116,6 +123,17 @@ impl Registry {
                     "the event log ends before events this replica applied (an older copy of the database, or a restore): it is a new log now, and its readers start again from a snapshot"
                 );
                 "the event log was rewound"
+            }
+            Found::Diverged => {
+                let named = tx.rename_log(w.log, LogId::fresh()).await?;
+                tx.commit().await?;
+                tracing::warn!(
+                    applied = w.last_event,
+                    was = %w.log,
+                    now = %named,
+                    "the event log holds another event under an id this replica applied (a promotion that lost what the old primary acknowledged, or a restore): it is a new log now, and its readers start again from a snapshot"
+                );
+                "the event log lost events this replica applied"
             }
         };
         self.reload(w, why).await

@@ -215,6 +215,9 @@ struct Writer {
     /// The log memory follows, and the newest of its events applied.
     log: LogId,
     last_event: i64,
+    /// When that event was logged (its `at`; 0 before the first): a log that holds another
+    /// event under its id is another history (see `log::found`).
+    last_at: i64,
     /// The configured primary stream, until it is registered.
     pending_primary: Option<String>,
     /// When the open write transaction began.
@@ -332,6 +335,7 @@ struct Table {
     accounts: Accounts,
     log: LogId,
     last_event: i64,
+    last_at: i64,
     streams: Vec<crate::store::StreamRow>,
     schema: i64,
 }
@@ -367,6 +371,7 @@ impl Table {
             log_id: log,
             end: last_event,
         } = snapshot.log_end().await?;
+        let last_at = snapshot.event_at(last_event).await?.unwrap_or(0);
         let streams = snapshot.load_streams().await?;
         // Pending by the database's clock: only it ends a switch (see `follow::fold`).
         let now = snapshot.clock_ms().await?;
@@ -398,6 +403,7 @@ impl Table {
             accounts,
             log,
             last_event,
+            last_at,
             streams,
             schema,
         })
@@ -422,6 +428,7 @@ impl Registry {
             accounts,
             log,
             last_event,
+            last_at,
             streams,
             schema,
         } = Table::load(&store, keyspace).await?;
@@ -443,6 +450,7 @@ impl Registry {
                 alloc,
                 log,
                 last_event,
+                last_at,
                 pending_primary: None,
                 tx_started: None,
             }),
@@ -672,7 +680,8 @@ impl Registry {
     /// applied it: then memory is the database's current state. [`StoreError::LogMoved`]
     /// otherwise.
     async fn unmoved_since(&self, w: &Writer) -> Result<(), StoreError> {
-        if self.store.log_end().await? == position(w) {
+        let check = self.store.log_check(w.last_event).await?;
+        if check.end == position(w) && log::found(w, check) == log::Found::Same {
             Ok(())
         } else {
             Err(StoreError::LogMoved)

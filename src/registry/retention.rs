@@ -125,12 +125,14 @@ impl Registry {
             accounts,
             log,
             last_event,
+            last_at,
             streams,
             schema,
         } = Table::load(&self.store, self.keyspace).await?;
         w.alloc = alloc;
         w.log = log;
         w.last_event = last_event;
+        w.last_at = last_at;
         // Long-polls wait for ids of this log from now on, whether above the old ones or not.
         self.applied.send_modify(|head| {
             head.log = log;

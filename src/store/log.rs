@@ -49,6 +49,17 @@ impl LogEnd {
     }
 }
 
+/// Where a log is, and whether it still holds, as it was, the newest event a replica
+/// applied: a history that lost events (a promotion after asynchronous replication, a
+/// restore) may have given their ids to others since, and then its end alone says nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogCheck {
+    pub end: LogEnd,
+    /// When the log says the event the replica applied last was logged (its `at`); none
+    /// when the log does not hold it (compacted, never written, or lost).
+    pub applied_at: Option<i64>,
+}
+
 /// Events of the log after some id, as one state of the database held them with the log's
 /// name, its end and its horizon (events at or below it may be gone).
 #[derive(Debug)]
@@ -84,6 +95,12 @@ impl Store {
         on_backend!(self, c => log_end())
     }
 
+    /// The log's name and end, and when it says event `applied` was logged, all read in
+    /// one statement.
+    pub async fn log_check(&self, applied: i64) -> Result<LogCheck> {
+        on_backend!(self, c => log_check(applied))
+    }
+
     /// Up to `limit` events after `after`, oldest first, with the log's name, end and
     /// horizon, all read in one statement.
     pub async fn read_log(&self, after: i64, limit: i64) -> Result<LogRead> {
@@ -95,6 +112,16 @@ impl Tx {
     /// The log's name and newest event id, as this transaction sees them.
     pub async fn log_end(&mut self) -> Result<LogEnd> {
         in_tx!(self, log_end())
+    }
+
+    /// [`Store::log_check`], as this transaction sees the log.
+    pub async fn log_check(&mut self, applied: i64) -> Result<LogCheck> {
+        in_tx!(self, log_check(applied))
+    }
+
+    /// When event `id` was logged, if the log holds it, as this transaction sees it.
+    pub async fn event_at(&mut self, id: i64) -> Result<Option<i64>> {
+        in_tx!(self, event_at(id))
     }
 
     /// Gives log `from` the name `to`, unless another writer renamed it first; answers the

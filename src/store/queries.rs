@@ -148,6 +148,24 @@ macro_rules! queries {
             crate::store::LogEnd::decode(log_id, end)
         }
 
+        /// The log's name and end, with the time event `applied` was logged at if the log
+        /// holds it, in one statement.
+        pub async fn log_check(conn: &mut Conn, applied: i64) -> Result<crate::store::LogCheck> {
+            let (log_id, end, applied_at): (Option<String>, i64, Option<i64>) = sqlx::query_as(
+                "SELECT (SELECT value FROM meta WHERE name = 'log_id'), (SELECT COALESCE(MAX(id), 0) FROM events), \
+                 (SELECT at FROM events WHERE id = $1)",
+            )
+            .bind(applied)
+            .fetch_one(&mut *conn)
+            .await?;
+            Ok(crate::store::LogCheck { end: crate::store::LogEnd::decode(log_id, end)?, applied_at })
+        }
+
+        /// When event `id` was logged, if the log holds it.
+        pub async fn event_at(conn: &mut Conn, id: i64) -> Result<Option<i64>> {
+            Ok(sqlx::query_scalar("SELECT at FROM events WHERE id = $1").bind(id).fetch_optional(&mut *conn).await?)
+        }
+
         /// Up to `limit` events after `after` with the log's name, end and horizon, in one
         /// statement: one consistent state, and no transaction a reader that goes away could
         /// leave open on the connection.

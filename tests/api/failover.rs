@@ -191,6 +191,35 @@ impl Drop for Switch {
     }
 }
 
+/// A standby of `cluster`'s primary, streaming from it (asynchronously: the primary waits
+/// for it to receive nothing), running: its data directory and port.
+fn streaming_standby(cluster: &Cluster) -> (std::path::PathBuf, u16) {
+    let standby = cluster.beside("standby");
+    let port = cluster.port.to_string();
+    cluster.run(
+        "pg_basebackup",
+        &[
+            "-D",
+            path(&standby),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            // At once, not after a spread checkpoint (a minute and more).
+            "--checkpoint=fast",
+            "--no-sync",
+        ],
+    );
+    let standby_port = crate::pg_cluster::free_port();
+    cluster.start_server(&standby, standby_port);
+    (standby, standby_port)
+}
+
 /// Polls `check` every 100 ms until it holds, failing after `limit`.
 async fn eventually<F: std::future::Future<Output = bool>>(
     what: &str,
@@ -216,29 +245,7 @@ async fn writes_resume_through_a_switch_to_a_promoted_standby_and_nothing_acknow
         return;
     };
     cluster.create_database("keyspread").await;
-    let standby = cluster.beside("standby");
-    let port = cluster.port.to_string();
-    cluster.run(
-        "pg_basebackup",
-        &[
-            "-D",
-            path(&standby),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-U",
-            "postgres",
-            "-R",
-            "-X",
-            "stream",
-            // At once, not after a spread checkpoint (a minute and more).
-            "--checkpoint=fast",
-            "--no-sync",
-        ],
-    );
-    let standby_port = crate::pg_cluster::free_port();
-    cluster.start_server(&standby, standby_port);
+    let (standby, standby_port) = streaming_standby(&cluster);
 
     let switch = Switch::start(cluster.port).await;
     let url = Cluster::url_on(switch.addr.port(), "keyspread");
@@ -309,5 +316,119 @@ async fn writes_resume_through_a_switch_to_a_promoted_standby_and_nothing_acknow
          {resumed:?} after the promotion"
     );
     drop((a, b, switch));
+    drop(cluster);
+}
+
+/// What `sql` answers on the server at `port`, database `keyspread`.
+async fn scalar_on(port: u16, sql: &str) -> i64 {
+    let mut db = sqlx::PgConnection::connect(&Cluster::url_on(port, "keyspread"))
+        .await
+        .expect("connect");
+    sqlx::query_scalar(sql).fetch_one(&mut db).await.expect(sql)
+}
+
+/// The name of the log `app` serves.
+async fn log_id(app: &TestApp) -> String {
+    let page = app.get("/events?after=0&limit=1").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    page.body["log_id"].as_str().expect("log_id").to_owned()
+}
+
+/// Asynchronous replication loses what the old primary acknowledged and never sent, and the
+/// promoted standby hands the lost events' ids to new ones. A replica that applied the lost
+/// events finds the history it followed is gone even though the log has the same name and
+/// ends past its position: it gives the log a new name (so every reader, other replicas and
+/// mirrors, starts again from a snapshot) and reads the table again, instead of applying
+/// the new events on top of ones the database no longer holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_that_lost_acknowledged_events_is_another_log_to_every_reader() {
+    const TEST: &str = "a_promotion_that_lost_acknowledged_events_is_another_log_to_every_reader";
+    if crate::skip::postgres_only(TEST).is_none() {
+        return;
+    }
+    let Some(cluster) = Cluster::start(TEST) else {
+        return;
+    };
+    cluster.create_database("keyspread").await;
+    let (standby, standby_port) = streaming_standby(&cluster);
+    let switch = Switch::start(cluster.port).await;
+    let url = Cluster::url_on(switch.addr.port(), "keyspread");
+    let a = spawn_app_with(|c| c.database_url = url.clone()).await;
+    let mut kept = Vec::new();
+    for i in 0..10 {
+        let account = format!("kept-{i}");
+        kept.push((account.clone(), a.allocate(&account).await));
+    }
+    let before = log_id(&a).await;
+    eventually("the standby has the first events", Duration::from_secs(15), || async {
+        scalar_on(standby_port, "SELECT COUNT(*) FROM assignments").await == 10
+    })
+    .await;
+
+    // The standby stops receiving; the primary goes on acknowledging, then dies.
+    let mut on_standby = sqlx::PgConnection::connect(&Cluster::url_on(standby_port, "keyspread"))
+        .await
+        .expect("connect to the standby");
+    for sql in ["ALTER SYSTEM SET primary_conninfo = ''", "SELECT pg_reload_conf()"] {
+        sqlx::query(sql).execute(&mut on_standby).await.expect(sql);
+    }
+    drop(on_standby);
+    eventually("the standby stops receiving", Duration::from_secs(15), || async {
+        scalar_on(standby_port, "SELECT COUNT(*) FROM pg_stat_wal_receiver").await == 0
+    })
+    .await;
+    for i in 0..5 {
+        a.allocate(&format!("lost-{i}")).await;
+    }
+    let applied = scalar_on(cluster.port, "SELECT MAX(id) FROM events").await;
+    cluster.stop_server(&cluster.data);
+    cluster.run("pg_ctl", &["-D", path(&standby), "-w", "promote"]);
+
+    // Another replica writes on the new primary past the ids the lost events had, before
+    // the address moves and A looks again.
+    let c = spawn_app_with(|c| c.database_url = Cluster::url_on(standby_port, "keyspread")).await;
+    let mut after = Vec::new();
+    for i in 0.. {
+        if scalar_on(standby_port, "SELECT COALESCE(MAX(id), 0) FROM events").await > applied {
+            break;
+        }
+        let account = format!("after-{i}");
+        after.push((account.clone(), c.allocate(&account).await));
+    }
+    assert_eq!(
+        log_id(&c).await,
+        before,
+        "the promoted standby keeps the log's name"
+    );
+    switch.to(standby_port);
+
+    let moved = eventually("A reads the table again", Duration::from_secs(20), || async {
+        a.get("/keys/lost-0").await.status == 404
+    })
+    .await;
+    let renamed = log_id(&a).await;
+    assert_ne!(renamed, before, "readers of the old history are told it is another log");
+    eventually("C follows the new name", Duration::from_secs(10), || async {
+        log_id(&c).await == renamed
+    })
+    .await;
+    for i in 0..5 {
+        assert_eq!(a.get(&format!("/keys/lost-{i}")).await.status, 404, "lost-{i}");
+    }
+    for (account, key) in kept.iter().chain(&after) {
+        for (name, app) in [("A", &a), ("C", &c)] {
+            let answer = app.get(&format!("/keys/{account}")).await;
+            assert_eq!(answer.status, 200, "{name}: {account}");
+            assert_eq!(answer.body["hash_key"], key.as_str(), "{name}: {account}");
+        }
+    }
+    // And A writes again, on the table the database holds.
+    a.allocate("new-on-a").await;
+    eventually("C follows A", Duration::from_secs(10), || async {
+        c.get("/keys/new-on-a").await.status == 200
+    })
+    .await;
+    println!("lost promotion: A read the table again {moved:?} after the address moved");
+    drop((a, c, switch));
     drop(cluster);
 }

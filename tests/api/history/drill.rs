@@ -44,6 +44,13 @@ pub fn report(history: &History, backend: &str) {
                 .iter()
                 .filter(|c| c.method == Method::GET && c.path.starts_with("/keys/"))
         };
+        let mut counted: Vec<f64> = (history.failovers.iter().zip(&history.unwritable_s))
+            .filter(|(f, _)| f.kind == kind)
+            .map(|(_, &s)| s)
+            .collect();
+        counted.sort_by(f64::total_cmp);
+        let counted_median = counted.get(counted.len() / 2).copied().unwrap_or(0.0);
+        let counted_max = counted.last().copied().unwrap_or(0.0);
         let mut unavailable: Vec<i64> = (history.failovers.iter())
             .filter(|f| f.kind == kind)
             .map(|f| {
@@ -79,7 +86,7 @@ pub fn report(history: &History, backend: &str) {
         rows.insert(
             kind,
             format!(
-                "| {kind} | {} | {:.1} s | {:.1} s | {} | {} | {} | {} | {} | {settled} | {other_5xx} |",
+                "| {kind} | {} | {:.1} s | {:.1} s | {counted_median:.1} s | {counted_max:.1} s | {} | {} | {} | {} | {} | {settled} | {other_5xx} |",
                 windows.len(),
                 median as f64 / 1000.0,
                 max as f64 / 1000.0,
@@ -93,9 +100,11 @@ pub fn report(history: &History, backend: &str) {
     }
     println!("drill on {backend}, per kind of failover:");
     println!(
-        "| failover | times | writes refused, median | max | changes sent | 503 | 504 | lookups failed | mirror lookups failed | 504s settled by their key | other 5xx |"
+        "| failover | times | writes refused, median | max | unwritable seconds counted (metric), median | max | changes sent | 503 | 504 | lookups failed | mirror lookups failed | 504s settled by their key | other 5xx |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for row in rows.values() {
         println!("{row}");
     }

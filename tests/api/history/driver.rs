@@ -66,6 +66,10 @@ pub struct History {
     /// Per replica at the end, the `/metrics` lines about the database's being away: seconds
     /// unwritable, and answers 503 and 504.
     pub away_metrics: Vec<Vec<String>>,
+    /// Per failover of a drill, the seconds without a writable database that the replica
+    /// that counted most counted from its start to the next one's (or the drill's end), by
+    /// `keyspread_database_unwritable_seconds_total`.
+    pub unwritable_s: Vec<f64>,
 }
 
 /// The lookups' Cache-Control in a drill: above a failover (14 s at the most seen) plus a
@@ -136,6 +140,10 @@ struct Driver {
     ha: Option<Ha>,
     failing_over: Option<tokio::task::JoinHandle<Failover>>,
     failovers: Vec<Failover>,
+    /// A drill's health checks of `/readyz/writes` (as a load balancer routing writers
+    /// makes them), and each replica's unwritable seconds as at each failover's start.
+    writes_checks: Option<tokio::task::JoinHandle<()>>,
+    unwritable_marks: Vec<Vec<f64>>,
 }
 
 /// Runs a history for `run_for` on the database at `url`; with `ha`, a drill: three
@@ -189,6 +197,8 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
     for url in &replicas.urls[..if ha.is_some() { 2 } else { 1 }] {
         mirrors.push((keyspread_client::Mirror::start(url).await).expect("a mirror of a replica"));
     }
+    let replicas_urls = replicas.urls.clone();
+    let client_for_checks = client.clone();
     let clock = Clock::new();
     let now = clock.now();
     let mut d = Driver {
@@ -239,9 +249,11 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
         balance_judged: 0,
         balance_unsettled: 0,
         pauses: 0,
+        writes_checks: ha.is_some().then(|| check_writes(&replicas_urls, &client_for_checks)),
         ha,
         failing_over: None,
         failovers: Vec::new(),
+        unwritable_marks: Vec::new(),
     };
     let body = json!({"shard_count": primary_shards, "primary": true});
     let (status, answer) = d
@@ -295,6 +307,14 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
     }
     d.quiet().await;
     d.settle_unknown_outcomes().await;
+    if let Some(checks) = d.writes_checks.take() {
+        let last = d.unwritable_now().await;
+        d.unwritable_marks.push(last);
+        checks.abort();
+    }
+    let unwritable_s = (d.unwritable_marks.windows(2))
+        .map(|w| (w[0].iter().zip(&w[1])).map(|(a, b)| b - a).fold(0.0, f64::max))
+        .collect();
     let mut away_metrics = Vec::new();
     for url in &d.replicas.urls {
         let text = match d.client.get(format!("{url}/metrics")).send().await {
@@ -368,7 +388,26 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
         kept_keys: kept_keys.into_iter().collect(),
         failovers: d.failovers,
         away_metrics,
+        unwritable_s,
     }
+}
+
+/// Asks each replica's `GET /readyz/writes` every 500 ms until aborted, as a load balancer
+/// routing writers does: the replica counts the time without a writable database by what
+/// these checks find.
+fn check_writes(urls: &[String], client: &reqwest::Client) -> tokio::task::JoinHandle<()> {
+    let (urls, client) = (urls.to_vec(), client.clone());
+    tokio::spawn(async move {
+        loop {
+            let mut checks = tokio::task::JoinSet::new();
+            for url in &urls {
+                let check = client.get(format!("{url}/readyz/writes"));
+                checks.spawn(check.timeout(Duration::from_secs(3)).send());
+            }
+            checks.join_all().await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
 }
 
 impl Driver {
@@ -655,6 +694,25 @@ impl Driver {
         self.next_quiet = now + 1_000;
     }
 
+    /// Each replica's `keyspread_database_unwritable_seconds_total`, all reasons together
+    /// (NaN where the replica did not answer).
+    async fn unwritable_now(&self) -> Vec<f64> {
+        let mut seconds = Vec::new();
+        for url in &self.replicas.urls {
+            let answer = self.client.get(format!("{url}/metrics")).send().await;
+            let text = match answer {
+                Ok(answer) => answer.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            let counted = (text.lines())
+                .filter(|l| l.starts_with("keyspread_database_unwritable_seconds_total{"))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .reduce(|a, b| a + b);
+            seconds.push(counted.unwrap_or(f64::NAN));
+        }
+        seconds
+    }
+
     /// Sends every change answered 504 `outcome-unknown` again with its Idempotency-Key,
     /// now that the cluster has a leader: its answer is the change's outcome (op `settle`).
     async fn settle_unknown_outcomes(&mut self) {
@@ -672,6 +730,10 @@ impl Driver {
     async fn fault(&mut self) {
         let now = self.clock.now();
         self.next_fault = now + 4_000 + self.faults_rng.below(8_000) as i64;
+        if self.ha.is_some() {
+            let mark = self.unwritable_now().await;
+            self.unwritable_marks.push(mark);
+        }
         if let Some(ha) = &self.ha {
             let kind = failover::KINDS[self.failovers.len() % failover::KINDS.len()];
             let (ha, url, clock) = (ha.clone(), self.url.clone(), self.clock);
