@@ -23,22 +23,28 @@ pub(super) enum Found {
     /// The same name, but it ends before the events memory applied: rewound (an older
     /// copy of a SQLite file; on Postgres a point-in-time restore).
     Rewound,
-    /// The same name, but the newest event memory applied is not there as it was applied:
-    /// the history lost it and has given its id to another since (on Postgres a promotion
-    /// after asynchronous replication, where the new primary never received what the old
-    /// one acknowledged last and other replicas have written since).
+    /// The same name, and it reaches past memory's position, but the newest event memory
+    /// applied is not there as it was applied: the history lost it and others were
+    /// written since, under its id or (Postgres' sequences skip the values a standby never
+    /// heard were used) past it. On Postgres a promotion after asynchronous replication,
+    /// where the new primary never received what the old one acknowledged last.
     Diverged,
 }
 
 /// How the database's log, as `check` found it, stands to memory at `w`.
 pub(super) fn found(w: &Writer, check: LogCheck) -> Found {
-    let LogCheck { end, applied_at } = check;
+    let LogCheck {
+        end,
+        horizon,
+        applied_at,
+    } = check;
     if end.log_id != w.log {
         Found::Other
     } else if end.end < w.last_event {
         Found::Rewound
-    } else if applied_at.is_some_and(|at| at != w.last_at) {
-        // (None: compacted away, which the horizon tells; or memory has applied nothing.)
+    } else if w.last_event > horizon && applied_at != Some(w.last_at) {
+        // (At or below the horizon, the event may have been compacted away: a replica that
+        // far behind reads the table again anyway, see `retention`.)
         Found::Diverged
     } else {
         Found::Same

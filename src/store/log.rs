@@ -55,8 +55,10 @@ impl LogEnd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogCheck {
     pub end: LogEnd,
+    /// Events at or below it may have been compacted away.
+    pub horizon: i64,
     /// When the log says the event the replica applied last was logged (its `at`); none
-    /// when the log does not hold it (compacted, never written, or lost).
+    /// when the log does not hold it (compacted, or lost).
     pub applied_at: Option<i64>,
 }
 

@@ -27,7 +27,7 @@ use crate::keyspace::lease_state::LeaseShard;
 use crate::keyspace::{AccountId, HashKey, Move};
 use leases::{LeaseGroup, LeaseRow, WorkerRow};
 
-pub use log::{LogEnd, LogId, LogRead};
+pub use log::{LogCheck, LogEnd, LogId, LogRead};
 pub use postgres::CHANNEL;
 pub use reshard::{JobProgress, JobState, ReshardJob};
 pub use retention::Compaction;

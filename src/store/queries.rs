@@ -148,17 +148,21 @@ macro_rules! queries {
             crate::store::LogEnd::decode(log_id, end)
         }
 
-        /// The log's name and end, with the time event `applied` was logged at if the log
-        /// holds it, in one statement.
+        /// The log's name, end and horizon, with the time event `applied` was logged at if
+        /// the log holds it, in one statement.
         pub async fn log_check(conn: &mut Conn, applied: i64) -> Result<crate::store::LogCheck> {
-            let (log_id, end, applied_at): (Option<String>, i64, Option<i64>) = sqlx::query_as(
+            let (log_id, end, horizon, applied_at): (Option<String>, i64, Option<String>, Option<i64>) = sqlx::query_as(
                 "SELECT (SELECT value FROM meta WHERE name = 'log_id'), (SELECT COALESCE(MAX(id), 0) FROM events), \
-                 (SELECT at FROM events WHERE id = $1)",
+                 (SELECT value FROM meta WHERE name = 'event_horizon'), (SELECT at FROM events WHERE id = $1)",
             )
             .bind(applied)
             .fetch_one(&mut *conn)
             .await?;
-            Ok(crate::store::LogCheck { end: crate::store::LogEnd::decode(log_id, end)?, applied_at })
+            Ok(crate::store::LogCheck {
+                end: crate::store::LogEnd::decode(log_id, end)?,
+                horizon: crate::store::log::decode_horizon(horizon)?,
+                applied_at,
+            })
         }
 
         /// When event `id` was logged, if the log holds it.

@@ -360,22 +360,31 @@ async fn a_promotion_that_lost_acknowledged_events_is_another_log_to_every_reade
         kept.push((account.clone(), a.allocate(&account).await));
     }
     let before = log_id(&a).await;
-    eventually("the standby has the first events", Duration::from_secs(15), || async {
-        scalar_on(standby_port, "SELECT COUNT(*) FROM assignments").await == 10
-    })
+    eventually(
+        "the standby has the first events",
+        Duration::from_secs(15),
+        || async { scalar_on(standby_port, "SELECT COUNT(*) FROM assignments").await == 10 },
+    )
     .await;
 
     // The standby stops receiving; the primary goes on acknowledging, then dies.
     let mut on_standby = sqlx::PgConnection::connect(&Cluster::url_on(standby_port, "keyspread"))
         .await
         .expect("connect to the standby");
-    for sql in ["ALTER SYSTEM SET primary_conninfo = ''", "SELECT pg_reload_conf()"] {
+    for sql in [
+        "ALTER SYSTEM SET primary_conninfo = ''",
+        "SELECT pg_reload_conf()",
+    ] {
         sqlx::query(sql).execute(&mut on_standby).await.expect(sql);
     }
     drop(on_standby);
-    eventually("the standby stops receiving", Duration::from_secs(15), || async {
-        scalar_on(standby_port, "SELECT COUNT(*) FROM pg_stat_wal_receiver").await == 0
-    })
+    eventually(
+        "the standby stops receiving",
+        Duration::from_secs(15),
+        || async {
+            scalar_on(standby_port, "SELECT COUNT(*) FROM pg_stat_wal_receiver").await == 0
+        },
+    )
     .await;
     for i in 0..5 {
         a.allocate(&format!("lost-{i}")).await;
@@ -402,18 +411,29 @@ async fn a_promotion_that_lost_acknowledged_events_is_another_log_to_every_reade
     );
     switch.to(standby_port);
 
-    let moved = eventually("A reads the table again", Duration::from_secs(20), || async {
-        a.get("/keys/lost-0").await.status == 404
-    })
+    let moved = eventually(
+        "A reads the table again",
+        Duration::from_secs(20),
+        || async { a.get("/keys/lost-0").await.status == 404 },
+    )
     .await;
     let renamed = log_id(&a).await;
-    assert_ne!(renamed, before, "readers of the old history are told it is another log");
-    eventually("C follows the new name", Duration::from_secs(10), || async {
-        log_id(&c).await == renamed
-    })
+    assert_ne!(
+        renamed, before,
+        "readers of the old history are told it is another log"
+    );
+    eventually(
+        "C follows the new name",
+        Duration::from_secs(10),
+        || async { log_id(&c).await == renamed },
+    )
     .await;
     for i in 0..5 {
-        assert_eq!(a.get(&format!("/keys/lost-{i}")).await.status, 404, "lost-{i}");
+        assert_eq!(
+            a.get(&format!("/keys/lost-{i}")).await.status,
+            404,
+            "lost-{i}"
+        );
     }
     for (account, key) in kept.iter().chain(&after) {
         for (name, app) in [("A", &a), ("C", &c)] {

@@ -249,7 +249,9 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
         balance_judged: 0,
         balance_unsettled: 0,
         pauses: 0,
-        writes_checks: ha.is_some().then(|| check_writes(&replicas_urls, &client_for_checks)),
+        writes_checks: ha
+            .is_some()
+            .then(|| check_writes(&replicas_urls, &client_for_checks)),
         ha,
         failing_over: None,
         failovers: Vec::new(),
@@ -313,7 +315,11 @@ pub async fn run(seed: u64, url: &str, dir: &Path, run_for: Duration, ha: Option
         checks.abort();
     }
     let unwritable_s = (d.unwritable_marks.windows(2))
-        .map(|w| (w[0].iter().zip(&w[1])).map(|(a, b)| b - a).fold(0.0, f64::max))
+        .map(|w| {
+            (w[0].iter().zip(&w[1]))
+                .map(|(a, b)| b - a)
+                .fold(0.0, f64::max)
+        })
         .collect();
     let mut away_metrics = Vec::new();
     for url in &d.replicas.urls {
