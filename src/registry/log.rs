@@ -116,32 +116,29 @@ impl Registry {
         mut tx: Tx,
         found: Found,
     ) -> Result<(), Error> {
-        let why = match found {
+        let (lost, why) = match found {
             Found::Same => return Ok(()),
-            Found::Other => "the database holds another log than the one this replica followed",
-            Found::Rewound => {
-                let named = tx.rename_log(w.log, LogId::fresh()).await?;
-                tx.commit().await?;
-                tracing::warn!(
-                    applied = w.last_event,
-                    was = %w.log,
-                    now = %named,
-                    "the event log ends before events this replica applied (an older copy of the database, or a restore): it is a new log now, and its readers start again from a snapshot"
-                );
-                "the event log was rewound"
+            Found::Other => {
+                let why = "the database holds another log than the one this replica followed";
+                return self.reload(w, why).await;
             }
-            Found::Diverged => {
-                let named = tx.rename_log(w.log, LogId::fresh()).await?;
-                tx.commit().await?;
-                tracing::warn!(
-                    applied = w.last_event,
-                    was = %w.log,
-                    now = %named,
-                    "the event log holds another event under an id this replica applied (a promotion that lost what the old primary acknowledged, or a restore): it is a new log now, and its readers start again from a snapshot"
-                );
-                "the event log lost events this replica applied"
-            }
+            Found::Rewound => (
+                "the event log ends before events this replica applied (an older copy of the database, or a restore)",
+                "the event log was rewound",
+            ),
+            Found::Diverged => (
+                "the event log lacks an event this replica applied, as it was applied (a promotion that lost what the old primary acknowledged, or a restore)",
+                "the event log lost events this replica applied",
+            ),
         };
+        let named = tx.rename_log(w.log, LogId::fresh()).await?;
+        tx.commit().await?;
+        tracing::warn!(
+            applied = w.last_event,
+            was = %w.log,
+            now = %named,
+            "{lost}: it is a new log now, and its readers start again from a snapshot"
+        );
         self.reload(w, why).await
     }
 }
